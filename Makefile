@@ -1,0 +1,47 @@
+# padoc-ray: `make demo` and `make test` each set up a fresh machine by themselves.
+PY      ?= python3.11
+VENV    ?= .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.padoc-installed
+MODEL   ?= models/tiny
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-fast model clean-model help
+
+help:
+	@echo "make demo   - set up .venv (CPU profile), build the tiny model, parse examples/ and print a summary"
+	@echo "make test   - set up .venv (CPU profile) and run the whole test suite (real CPU vLLM engine included)"
+	@echo "make install, make model, make test-fast (no engine tests)"
+
+$(VPY):
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+
+# CPU profile. PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break imports next to
+# torch+cpu: remove them, then let padoc_ray.compat decide whether the torchvision stand-in is needed.
+$(STAMP): pyproject.toml | $(VPY)
+	$(VPY) -m pip install -e '.[cpu,dev]'
+	-$(VPY) -m pip uninstall -y -q torchaudio torchcodec
+	PADOC_RAY_DISABLE_TORCHVISION_SHIM=1 $(VPY) -c 'import torchvision.transforms.v2' >/dev/null 2>&1 \
+	  || $(VPY) -m pip uninstall -y -q torchvision || true
+	$(VPY) -m padoc_ray.compat.torchvision_fallback install
+	touch $(STAMP)
+
+install: $(STAMP)
+
+$(MODEL)/padoc_protocol.json: | $(STAMP)
+	$(VENV)/bin/padoc-ray build-tiny-model $(MODEL) --force
+
+model: $(MODEL)/padoc_protocol.json
+
+demo: install model
+	$(VENV)/bin/padoc-ray demo --model $(MODEL)
+
+test: install
+	$(VPY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(VPY) -m pytest -m "not engine and not slow" $(PYTEST_ARGS)
+
+clean-model:
+	rm -rf $(MODEL)

@@ -1,0 +1,240 @@
+"""The ``padoc-ray`` command line. Argument parsing lives here only; each command calls library code.
+
+Run ``padoc-ray --help`` for the list of commands and ``padoc-ray COMMAND --help`` for each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+
+EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+DEFAULT_MODEL = os.path.join(os.path.dirname(EXAMPLES_DIR), "models", "tiny")
+
+
+def _die(msg: str, code: int = 2) -> None:
+    print(f"padoc-ray: error: {msg}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def parse_page_ranges(text: str | None) -> list[int] | None:
+    """'1-3,7' (1-based, inclusive) -> [0, 1, 2, 6]; None -> None (all pages)."""
+    if not text:
+        return None
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                a, b = (int(x) for x in part.split("-", 1))
+            else:
+                a = b = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad page range {part!r}; use e.g. 1-3,7") from None
+        if a < 1 or b < a:
+            raise argparse.ArgumentTypeError(f"bad page range {part!r}: pages count from 1 and ranges go up")
+        out.update(range(a - 1, b))
+    return sorted(out)
+
+
+# ---- build-tiny-model ---------------------------------------------------------------------------
+def cmd_build_tiny_model(args) -> int:
+    import time
+
+    from padoc_ray.model_kit.tiny import TinyModelConfig, build_tiny_model
+
+    t = time.perf_counter()
+    try:
+        out = build_tiny_model(args.out, cfg=TinyModelConfig(seed=args.seed), force=args.force)
+    except FileExistsError as e:
+        _die(str(e))
+    n = os.path.getsize(os.path.join(out, "model.safetensors"))
+    print(f"built tiny PaDoc Qwen3-VL checkpoint in {out} ({n / 1e6:.1f} MB float32, "
+          f"{time.perf_counter() - t:.1f}s)")
+    return 0
+
+
+# ---- local parsing (demo, parse-page) -----------------------------------------------------------
+def _scheduler_cfg(args):
+    from padoc_ray.scheduler import SchedulerConfig
+
+    return SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches, deadline_s=args.deadline)
+
+
+def _add_generation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=("fork", "sequential"), default="fork",
+                   help="fork: layout stream + concurrent content branches (PaDoc); sequential: one "
+                        "interleaved stream (the paper's baseline). Default: fork")
+    p.add_argument("--max-tokens", type=int, default=8192, help="generated tokens per stream (default 8192)")
+    p.add_argument("--max-branches", type=int, default=255, help="content branches per page (default 255)")
+    p.add_argument("--deadline", type=float, default=None, help="seconds per page before it is cut (default: none)")
+    p.add_argument("--longest-side", type=int, default=1600, help="render PDF pages to this many pixels (default 1600)")
+    p.add_argument("--dpi", type=float, default=None, help="render PDF pages at this DPI instead of --longest-side")
+
+
+def _run_local(model: str, paths: list[str], args, *, pages=None, gt: str | None = None, replay: bool = False,
+               concurrency: int = 4):
+    from padoc_ray.hf_tokenizer import ModelProtocol
+    from padoc_ray.local import load_pages, load_truth, parse_local, start_engine
+    from padoc_ray.pdf import RenderConfig
+    from padoc_ray.protocol import ProtocolError
+
+    try:
+        proto = ModelProtocol(model)
+    except (ProtocolError, OSError) as e:
+        _die(f"cannot load model {model}: {e}")
+    truth = load_truth(gt) if gt else {}
+    render = RenderConfig(longest_side=args.longest_side, dpi=args.dpi)
+    items = load_pages(paths, render=render, pages=pages, truth=truth)
+
+    async def go():
+        engine = start_engine(model)
+        try:
+            return await parse_local(engine, proto, items, mode=args.mode, cfg=_scheduler_cfg(args),
+                                     concurrency=concurrency, replay=replay)
+        finally:
+            engine.shutdown()
+
+    return items, asyncio.run(go())
+
+
+def cmd_parse_page(args) -> int:
+    from padoc_ray.protocol import to_json, to_markdown
+
+    if not os.path.exists(args.input):
+        _die(f"no such file: {args.input}")
+    if not os.path.isdir(args.model):
+        _die(f"model directory not found: {args.model} (build one with: padoc-ray build-tiny-model {args.model})")
+    pages = [args.page - 1] if args.page else None
+    items, recs = _run_local(args.model, [args.input], args, pages=pages, gt=args.replay, replay=bool(args.replay),
+                             concurrency=1)
+    if not items:
+        _die(f"page {args.page} does not exist in {args.input}")
+    rc = 0
+    for it, rec in zip(items, recs):
+        if rec is None:
+            print(f"padoc-ray: {it.source}: {it.error.code}: {it.error.message}", file=sys.stderr)
+            rc = 1
+            continue
+        if args.format == "json":
+            obj = json.loads(to_json(rec.page))
+            obj.update(status=rec.status, valid=rec.valid, message=rec.message, e2e_s=round(rec.e2e_s, 4),
+                       n_branches=rec.n_branches, f_seq=rec.f_seq, f_padoc=rec.f_padoc)
+            print(json.dumps(obj, ensure_ascii=False, indent=2))
+        else:
+            print(to_markdown(rec.page), end="")
+        print(f"[{it.source} page {it.page_index + 1}: status={rec.status} valid={rec.valid} "
+              f"regions={len(rec.page.regions)} branches={rec.n_branches} {rec.e2e_s:.2f}s "
+              f"F_seq={rec.f_seq} F_PaDoc={rec.f_padoc}]", file=sys.stderr)
+        rc = rc or (0 if rec.status == "ok" else 1)
+    return rc
+
+
+def cmd_demo(args) -> int:
+    import glob
+
+    from padoc_ray.protocol import quantized, to_markdown
+
+    paths = sorted(glob.glob(os.path.join(args.examples, "*.pdf")))
+    if not paths:
+        _die(f"no PDFs in {args.examples} (make them with: python examples/make_examples.py)")
+    if not os.path.isdir(args.model):
+        _die(f"model directory not found: {args.model} (build it with: padoc-ray build-tiny-model {args.model})")
+    gt = os.path.join(args.examples, "ground_truth.json")
+    replay = not args.no_replay and os.path.exists(gt)
+    print(f"padoc-ray demo: {len(paths)} PDFs from {args.examples}, model {args.model}, mode {args.mode}")
+    if replay:
+        print("  the tiny model has random weights: its outputs are teacher-forced from ground_truth.json so the\n"
+              "  real engine and scheduler do a trained model's work (use --no-replay to see raw generation)")
+    items, recs = _run_local(args.model, paths, args, gt=gt if replay else None, replay=replay, concurrency=4)
+    print(f"\n{'document':<12} {'page':>4} {'status':<16} {'regions':>7} {'branches':>8} {'e2e s':>6} "
+          f"{'F_seq':>6} {'F_PaDoc':>7}  matches truth")
+    for it, rec in zip(items, recs):
+        if rec is None:
+            print(f"{it.source:<12} {'-':>4} {it.error.code:<16}")
+            continue
+        match = "-" if it.truth is None else ("yes" if _matches(rec.page, quantized(it.truth, _vocab(args.model))) else "NO")
+        print(f"{it.source:<12} {it.page_index + 1:>4} {rec.status:<16} {len(rec.page.regions):>7} {rec.n_branches:>8} "
+              f"{rec.e2e_s:>6.2f} {rec.f_seq:>6} {rec.f_padoc:>7}  {match}")
+    first = next((r for r in recs if r is not None), None)
+    if first is not None:
+        print(f"\n--- Markdown of {items[recs.index(first)].source} page 1 ---\n{to_markdown(first.page)}")
+    ok = sum(1 for r in recs if r is not None and r.status == "ok")
+    print(f"{ok}/{len(items)} pages ok")
+    return 0 if ok == len(items) or args.no_replay else 1
+
+
+def _vocab(model: str):
+    from padoc_ray.hf_tokenizer import load_model_protocol
+
+    return load_model_protocol(model).vocab
+
+
+def _matches(got, truth) -> bool:
+    return [(r.category, r.box, r.content) for r in got.regions] == [(r.category, r.box, r.content) for r in truth.regions]
+
+
+# ---- the parser -------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="padoc-ray",
+        description="PaDoc document parsing on Ray and vLLM: a layout stream forks one content branch per "
+                    "region, so a page decodes in the depth of its longest layout-content path.",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level (default: warnings only)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    b = sub.add_parser("build-tiny-model", help="build the tiny random-weight Qwen3-VL checkpoint (offline)",
+                       description="Build, offline and deterministically, a tiny random-weight Qwen3-VL PaDoc "
+                                   "checkpoint (float32) with tokenizer, processor configs, chat template and "
+                                   "padoc_protocol.json. For tests, demos and CPU benchmarks: its outputs are noise "
+                                   "unless teacher-forced.")
+    b.add_argument("out", help="directory to write (must be empty or missing)")
+    b.add_argument("--force", action="store_true", help="overwrite a non-empty OUT")
+    b.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    b.set_defaults(func=cmd_build_tiny_model)
+
+    pp = sub.add_parser("parse-page", help="parse one page of a PDF or one image with a local engine",
+                        description="Parse one PDF page (or an image) on a local vLLM engine, no Ray, and print "
+                                    "Markdown or JSON on stdout; a status line goes to stderr. Exit 1 if the page "
+                                    "did not parse cleanly.")
+    pp.add_argument("input", metavar="IMAGE_OR_PDF")
+    pp.add_argument("--model", required=True, help="checkpoint directory with padoc_protocol.json")
+    pp.add_argument("--page", type=int, default=None, help="1-based page of a PDF (default: every page)")
+    pp.add_argument("--format", choices=("markdown", "json"), default="markdown", help="output format (default markdown)")
+    pp.add_argument("--replay", metavar="GT.json", default=None,
+                    help="teacher-force the model with this OmniDocBench ground truth (matched by file name and page)")
+    _add_generation_args(pp)
+    pp.set_defaults(func=cmd_parse_page)
+
+    d = sub.add_parser("demo", help="parse the bundled sample PDFs on the tiny model (no Ray)",
+                       description="Parse examples/*.pdf with the tiny model on a local engine and print a summary. "
+                                   "The tiny model has random weights, so by default its outputs are teacher-forced "
+                                   "from examples/ground_truth.json.")
+    d.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint directory (default {DEFAULT_MODEL})")
+    d.add_argument("--examples", default=EXAMPLES_DIR, help="folder of PDFs (default: the bundled examples)")
+    d.add_argument("--no-replay", action="store_true", help="let the model generate freely (noise for the tiny model)")
+    _add_generation_args(d)
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Engine configuration: one dataclass whose defaults are the paper's serving setup.
+
+Pure: turning it into vLLM arguments happens in :mod:`padoc_ray.engine.vllm_engine`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    model: str  #: checkpoint directory (holds padoc_protocol.json)
+    enable_prefix_caching: bool = True  #: children reuse the image + layout prefix (the whole point)
+    max_num_seqs: int = 384  #: paper E.3: the PaDoc serving envelope
+    max_num_batched_tokens: int = 24576  #: paper E.3
+    max_model_len: int = 32768  #: paper E.3: 32k context
+    gpu_memory_utilization: float = 0.9  #: paper E.3 (on CPU vLLM reads it as a fraction of RAM)
+    dtype: str = "auto"  #: pin "float32" on CPU: "auto" ran the float32 tiny model in bf16
+    block_size: int | None = None  #: KV block size; None = vLLM's default (CPU needs a multiple of 32)
+    kv_cache_memory_bytes: int | None = None  #: fixed KV budget; overrides gpu_memory_utilization
+    enforce_eager: bool = False
+    attention_backend: str | None = None  #: e.g. "FLASHINFER"; None = vLLM picks (FlashInfer on GPU when present)
+    scheduling_policy: str = "fcfs"  #: "priority" lets the layout stream run ahead of branches
+    seed: int = 0
+    tensor_parallel_size: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)  #: any other AsyncEngineArgs field
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_model_len < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens and max_model_len must be positive")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError("scheduling_policy must be 'fcfs' or 'priority'")
+
+
+def cpu_engine_config(model: str, **overrides: Any) -> EngineConfig:
+    """Settings measured to work for the tiny model on a 2-core CPU machine.
+
+    float32 (bf16 outputs were not deterministic under concurrent load), eager mode, 32-token KV
+    blocks (CPU KV blocks must be multiples of 32), a 256 MiB KV budget instead of a fraction of
+    RAM, 4096 batched tokens (CPU prefill is slow; big chunks stall decode).
+    """
+    base = EngineConfig(
+        model=model, dtype="float32", enforce_eager=True, block_size=32,
+        kv_cache_memory_bytes=256 << 20, max_num_batched_tokens=4096,
+    )
+    return replace(base, **overrides)

@@ -1,0 +1,57 @@
+"""The narrow engine interface the scheduler talks to; a vLLM adapter and scripted fakes implement it.
+
+Pure: imports no vllm or torch. A request carries already-tokenized, *unexpanded* prompt ids (one
+image placeholder), the page image, and the ids that make prefix caching work across a page's
+requests (multimodal uuid, cache salt). Deltas carry only new token ids; the engine does no
+detokenization and knows nothing of the PaDoc protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Protocol, Sequence
+
+
+class EngineError(RuntimeError):
+    """A request the engine refused or failed; other requests are unaffected (page-level error)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine is gone; every in-flight request is lost (actor-level error: restart it)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenRequest:
+    request_id: str
+    prompt_ids: Sequence[int]
+    max_tokens: int
+    image: Any = None  # a PIL image, or None for text-only prompts
+    image_uuid: str | None = None  # same for every request of a page: the image is encoded once
+    cache_salt: str | None = None  # same for every request of a document: namespaces its cache
+    stop_token_ids: Sequence[int] = ()
+    forced_tokens: Sequence[int] | None = None  # teacher-forced replay (see engine.forcing)
+    temperature: float = 0.0
+    seed: int | None = None
+    priority: int = 0  # lower runs first, under the priority scheduling policy
+
+
+@dataclass
+class GenDelta:
+    request_id: str
+    token_ids: list[int]  # tokens generated since the previous delta (may be several)
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | engine-specific
+    num_prompt_tokens: int | None = None  # expanded prompt length, as the engine counts it
+    num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache
+
+
+class Engine(Protocol):
+    def generate(self, req: GenRequest) -> AsyncIterator[GenDelta]:
+        """Stream deltas of one request; raises EngineError / EngineDeadError."""
+        ...
+
+    async def abort(self, request_ids: Sequence[str]) -> None: ...
+
+    def num_unfinished_requests(self) -> int: ...
+
+    def shutdown(self) -> None: ...

@@ -1,0 +1,125 @@
+"""Open PDFs and rasterize their pages with pypdfium2, turning every kind of bad input into a
+specific error code instead of an exception that escapes.
+
+Pages are rendered one at a time (a thousand-page PDF is never held as images), at a longest
+side in pixels or at a DPI, with a guard against absurd page sizes. Knows nothing of models,
+engines or Ray.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Iterator
+
+# error codes (stable strings; they end up in Parquet rows)
+EMPTY_FILE = "empty_file"
+NOT_PDF = "not_pdf"
+ENCRYPTED = "encrypted_pdf"
+CORRUPT = "corrupt_pdf"
+NO_PAGES = "no_pages"
+PAGE_LOAD_FAILED = "page_load_failed"
+ABSURD_PAGE_SIZE = "absurd_page_size"
+RENDER_FAILED = "render_failed"
+
+#: a page larger than this (in points, either side) is refused: 200 inches
+MAX_PAGE_POINTS = 14400.0
+#: and a page smaller than this (points) is refused: a tenth of an inch
+MIN_PAGE_POINTS = 7.2
+#: never render more pixels than this per page, whatever the settings say
+MAX_RENDER_PIXELS = 40_000_000
+
+
+class PdfError(Exception):
+    """A document- or page-level failure with a stable ``code``."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
+
+
+@dataclass(frozen=True, kw_only=True)
+class RenderConfig:
+    """How pages become images. ``dpi`` wins when set; else the longest side is ``longest_side``."""
+
+    longest_side: int = 1600  #: pixels; the model's processor resizes further to its pixel budget
+    dpi: float | None = None
+    max_pixels: int = MAX_RENDER_PIXELS
+
+    def __post_init__(self) -> None:
+        if self.dpi is not None and not 10 <= self.dpi <= 1200:
+            raise ValueError("dpi must be in [10, 1200]")
+        if not 32 <= self.longest_side <= 20000:
+            raise ValueError("longest_side must be in [32, 20000]")
+
+    def scale_for(self, width_pt: float, height_pt: float) -> float:
+        scale = self.dpi / 72.0 if self.dpi else self.longest_side / max(width_pt, height_pt)
+        px = width_pt * height_pt * scale * scale
+        if px > self.max_pixels:
+            scale *= (self.max_pixels / px) ** 0.5
+        return scale
+
+
+def doc_id_of(data: bytes) -> str:
+    """The document id: sha256 of the file bytes."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def open_pdf(data: bytes):
+    """Open PDF bytes; raises :class:`PdfError` with a specific code."""
+    import pypdfium2 as pdfium
+
+    if not data:
+        raise PdfError(EMPTY_FILE, "the file is empty")
+    if b"%PDF-" not in data[:1024]:
+        raise PdfError(NOT_PDF, "no %PDF- header in the first 1024 bytes")
+    try:
+        doc = pdfium.PdfDocument(data)
+    except pdfium.PdfiumError as e:
+        if getattr(e, "err_code", None) == pdfium.raw.FPDF_ERR_PASSWORD:
+            raise PdfError(ENCRYPTED, "the PDF is encrypted and needs a password") from e
+        raise PdfError(CORRUPT, f"pdfium could not open it ({e})") from e
+    if len(doc) == 0:
+        doc.close()
+        raise PdfError(NO_PAGES, "the PDF has no pages")
+    return doc
+
+
+@dataclass
+class RenderedPage:
+    index: int
+    image: object  # PIL.Image (RGB)
+    width_pt: float
+    height_pt: float
+    rotation: int
+
+
+def render_page(doc, index: int, cfg: RenderConfig = RenderConfig()) -> RenderedPage:
+    """Render page ``index`` (0-based); rotation from /Rotate is applied. Raises PdfError."""
+    import pypdfium2 as pdfium
+
+    try:
+        page = doc[index]
+    except (pdfium.PdfiumError, IndexError) as e:
+        raise PdfError(PAGE_LOAD_FAILED, f"page {index}: {e}") from e
+    try:
+        w, h = page.get_size()
+        if not (MIN_PAGE_POINTS <= w <= MAX_PAGE_POINTS and MIN_PAGE_POINTS <= h <= MAX_PAGE_POINTS):
+            raise PdfError(ABSURD_PAGE_SIZE, f"page {index} is {w:.0f}x{h:.0f} pt")
+        rot = page.get_rotation()
+        try:
+            img = page.render(scale=cfg.scale_for(w, h), rotation=0, may_draw_forms=True).to_pil()
+        except Exception as e:  # noqa: BLE001 - pdfium raises several kinds
+            raise PdfError(RENDER_FAILED, f"page {index}: {e}") from e
+        return RenderedPage(index=index, image=img.convert("RGB"), width_pt=w, height_pt=h, rotation=rot)
+    finally:
+        page.close()
+
+
+def iter_pages(doc, indices: list[int] | None = None, cfg: RenderConfig = RenderConfig()) -> Iterator[RenderedPage | PdfError]:
+    """Yield pages one by one; a page that fails yields its PdfError instead (the rest go on)."""
+    for i in indices if indices is not None else range(len(doc)):
+        try:
+            yield render_page(doc, i, cfg)
+        except PdfError as e:
+            yield e

@@ -1,0 +1,37 @@
+"""The PaDoc token protocol: spec, page types, serializers/parsers, decode depth, rendering.
+
+Pure Python: imports no ray, vllm, torch or transformers (a test enforces it), so the scheduler's
+decisions, the evaluator and the trainer's packing can all build on it anywhere.
+"""
+
+from .codec import (
+    ERROR_CODES,
+    PaDocSample,
+    ParsedBranch,
+    RawRegion,
+    SerializeError,
+    StreamParser,
+    assemble_page,
+    child_prompt,
+    dequantize,
+    parse_branch,
+    parse_padoc,
+    parse_sequential,
+    quantize,
+    quantized,
+    serialize_padoc,
+    serialize_sequential,
+)
+from .depth import DecodeDepth, decode_depth, depth_from_trace
+from .page import Box, Page, PageFormatError, Region, load_omnidocbench, page_from_omnidocbench, page_to_omnidocbench
+from .render import to_json, to_markdown
+from .spec import SPEC_FILENAME, ProtocolError, ProtocolSpec, TextTokenizer, Vocab
+
+__all__ = [
+    "ERROR_CODES", "PaDocSample", "ParsedBranch", "RawRegion", "SerializeError", "StreamParser",
+    "assemble_page", "child_prompt", "dequantize", "parse_branch", "parse_padoc", "parse_sequential",
+    "quantize", "quantized", "serialize_padoc", "serialize_sequential", "DecodeDepth", "decode_depth",
+    "depth_from_trace", "Box", "Page", "PageFormatError", "Region", "load_omnidocbench",
+    "page_from_omnidocbench", "page_to_omnidocbench", "to_json", "to_markdown", "SPEC_FILENAME",
+    "ProtocolError", "ProtocolSpec", "TextTokenizer", "Vocab",
+]

@@ -1,0 +1,9 @@
+"""The layout-fork scheduler: pure per-page decisions (``state``), the async page runner over the
+engine interface (``runner``), and teacher-forced replay (``replay``)."""
+
+from .replay import replay_input
+from .runner import PageInput, PageRecord, run_page
+from .state import ForkAction, PageState, PageStatus, SchedulerConfig
+
+__all__ = ["replay_input", "PageInput", "PageRecord", "run_page", "ForkAction", "PageState", "PageStatus",
+           "SchedulerConfig"]

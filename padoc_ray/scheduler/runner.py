@@ -1,0 +1,223 @@
+"""Drive one page through an engine: the layout stream, its forked content branches, or one
+sequential stream; assemble the result in reading order into a :class:`PageRecord`.
+
+All decisions come from :class:`~padoc_ray.scheduler.state.PageState`; this module only moves
+tokens between it and an :class:`~padoc_ray.engine.interface.Engine`, keeps time, enforces the
+deadline, and makes sure that a page that ends for any reason (done, limit, deadline, cancel,
+error) leaves no request of its own alive in the engine. It knows nothing of vLLM or Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from padoc_ray.engine.interface import Engine, EngineDeadError, EngineError, GenRequest
+from padoc_ray.protocol import Page, assemble_page, decode_depth, depth_from_trace, parse_branch
+from padoc_ray.protocol.codec import ParsedBranch
+
+from .state import ForkAction, PageState, PageStatus, SchedulerConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PageInput:
+    page_id: str  #: unique per page (e.g. "<doc_id>:<page_index>"); request ids derive from it
+    image: Any  #: the page image (PIL)
+    width: int  #: pixel size of the image, for the result's page size
+    height: int
+    cache_salt: str | None = None  #: one per document: namespaces its prefix cache
+    page_no: int = 0
+    image_path: str | None = None
+    #: teacher-forced replay: the main stream (layout stream or sequential stream) ...
+    forced_main: Sequence[int] | None = None
+    #: ... and, in fork mode, branch k's generated tokens (content + end-of-stream)
+    forced_branches: Sequence[Sequence[int]] | None = None
+
+
+@dataclass
+class PageRecord:
+    page_id: str
+    mode: str
+    status: str
+    valid: bool  #: completed normally, structurally valid, no limit reached (paper E.3)
+    page: Page
+    message: str = ""
+    e2e_s: float = 0.0
+    ttft_s: float | None = None
+    layout_s: float | None = None  #: main stream's wall time
+    n_branches: int = 0
+    branch_tokens: list[int] = field(default_factory=list)
+    branch_prompt_tokens: list[int] = field(default_factory=list)
+    branch_cached_tokens: list[int] = field(default_factory=list)
+    main_tokens: int = 0
+    output_tokens: int = 0
+    prompt_tokens: int = 0  #: over all requests of the page (expanded, as the engine counts)
+    cached_tokens: int = 0  #: of those, served from the prefix cache
+    f_seq: int = 0
+    f_padoc: int = 0
+    finish_reasons: dict[str, str | None] = field(default_factory=dict)
+
+
+class _Page:
+    """One run of one page; keeps the live request ids so every exit path can abort them."""
+
+    def __init__(self, engine: Engine, proto, inp: PageInput, mode: str, cfg: SchedulerConfig):
+        self.engine, self.proto, self.inp, self.mode, self.cfg = engine, proto, inp, mode, cfg
+        self.state = PageState(proto.vocab, proto.prompt_ids(mode), cfg, mode)
+        self.run_id = f"{inp.page_id}/{uuid.uuid4().hex[:8]}"
+        self.live: set[str] = set()
+        self.tasks: list[asyncio.Task] = []
+        self.stop = asyncio.Event()
+        self.t0 = time.perf_counter()
+        self.ttft: float | None = None
+        self.main_done: float | None = None
+
+    def _request(self, rid: str, prompt: Sequence[int], forced, priority: int) -> GenRequest:
+        return GenRequest(
+            request_id=rid, prompt_ids=prompt, max_tokens=self.cfg.max_tokens, image=self.inp.image,
+            image_uuid=self.inp.page_id, cache_salt=self.inp.cache_salt,
+            stop_token_ids=(self.proto.vocab.end_of_stream,), forced_tokens=forced,
+            temperature=self.cfg.temperature, priority=priority,
+        )
+
+    async def _consume(self, req: GenRequest, branch: int | None) -> None:
+        st = self.state
+        self.live.add(req.request_id)
+        finished = False
+        first = None
+        try:
+            async with contextlib.aclosing(self.engine.generate(req)) as gen:
+                async for d in gen:
+                    first = first or d
+                    if branch is None:
+                        if self.ttft is None and d.token_ids:
+                            self.ttft = time.perf_counter() - self.t0
+                        forks, halt = st.on_main_tokens(d.token_ids)
+                        for f in forks:
+                            self._spawn(f)
+                    else:
+                        halt = st.on_branch_tokens(branch, d.token_ids)
+                    if d.finished:
+                        finished = True
+                        args = (d.finish_reason, first.num_prompt_tokens, first.num_cached_tokens)
+                        st.on_main_finished(*args) if branch is None else st.on_branch_finished(branch, *args)
+                    if halt or st.stop_all:
+                        break
+        finally:
+            self.live.discard(req.request_id)
+            if not finished:
+                await self.engine.abort([req.request_id])
+                args = ("stopped", getattr(first, "num_prompt_tokens", None), getattr(first, "num_cached_tokens", None))
+                st.on_main_finished(*args) if branch is None else st.on_branch_finished(branch, *args)
+            if branch is None:
+                self.main_done = time.perf_counter() - self.t0
+            if st.stop_all:
+                self.stop.set()
+
+    def _spawn(self, f: ForkAction) -> None:
+        forced = None
+        if self.inp.forced_branches is not None and f.index < len(self.inp.forced_branches):
+            forced = self.inp.forced_branches[f.index]
+        prio = 1 if self.cfg.layout_priority else 0
+        req = self._request(f"{self.run_id}/b{f.index}", f.prompt_ids, forced, prio)
+        self.tasks.append(asyncio.create_task(self._consume(req, f.index)))
+
+    async def _wait(self) -> None:
+        stopper = asyncio.create_task(self.stop.wait())
+        try:
+            while not self.stop.is_set():
+                pending = [t for t in self.tasks if not t.done()]
+                if not pending:
+                    break
+                await asyncio.wait([*pending, stopper], return_when=asyncio.FIRST_COMPLETED)
+                for t in self.tasks:
+                    if t.done() and not t.cancelled() and t.exception() is not None:
+                        raise t.exception()
+        finally:
+            stopper.cancel()
+
+    async def _cleanup(self) -> None:
+        for t in self.tasks:
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.live:
+            await self.engine.abort(sorted(self.live))
+            self.live.clear()
+
+    async def run(self) -> PageRecord:
+        st = self.state
+        main = self._request(f"{self.run_id}/main", st.prompt_ids, self.inp.forced_main, 0)
+        self.tasks.append(asyncio.create_task(self._consume(main, None)))
+        try:
+            async with asyncio.timeout(self.cfg.deadline_s):
+                await self._wait()
+        except TimeoutError:
+            st.flag(PageStatus.DEADLINE, f"page deadline of {self.cfg.deadline_s}s passed")
+        except EngineDeadError:
+            await asyncio.shield(self._cleanup())
+            raise
+        except EngineError as e:
+            st.flag(PageStatus.ENGINE_ERROR, str(e))
+        except asyncio.CancelledError:
+            st.flag(PageStatus.CANCELLED, "page cancelled")
+            await asyncio.shield(self._cleanup())
+            raise
+        await self._cleanup()
+        return self._record()
+
+    # ---- result ----------------------------------------------------------------------------------
+    def _record(self) -> PageRecord:
+        st, inp, vocab = self.state, self.inp, self.proto.vocab
+        regions = st.finish()
+        kw = dict(width=inp.width, height=inp.height, page_no=inp.page_no, image_path=inp.image_path)
+        if self.mode == "fork":
+            parsed: list[ParsedBranch | None] = []
+            for r in regions:
+                if r.index in st.skipped:
+                    parsed.append(ParsedBranch([], True, []))
+                elif r.index in st.branches:
+                    parsed.append(parse_branch(vocab, st.branches[r.index].tokens))
+                else:
+                    parsed.append(None)
+            page = assemble_page(vocab, self.proto.tokenizer, regions, st.parser.error_codes, parsed, **kw)
+            br = [st.branches[i] for i in sorted(st.branches)]
+            depth = depth_from_trace(len(st.main.tokens), [regions[i].fork_point for i in sorted(st.branches)],
+                                     [len(b.tokens) for b in br])
+        else:
+            page = assemble_page(vocab, self.proto.tokenizer, regions, st.parser.error_codes, None, **kw)
+            br = []
+            n_fields = len(vocab.spec.coordinates.region_fields) + 2
+            d = decode_depth([n_fields] * len(regions), [len(r.content_ids) for r in regions])
+            depth = type(d)(f_seq=len(st.main.tokens), f_padoc=min(d.f_padoc, len(st.main.tokens)))
+        reasons = {"main": st.main.finish_reason}
+        reasons.update({f"b{i}": st.branches[i].finish_reason for i in sorted(st.branches)})
+        valid = (st.status == PageStatus.OK and not page.errors
+                 and all(r == "stop" for r in reasons.values()))
+        streams = [st.main, *br]
+        return PageRecord(
+            page_id=inp.page_id, mode=self.mode, status=st.status.label, valid=valid, page=page,
+            message="; ".join(st.messages), e2e_s=time.perf_counter() - self.t0, ttft_s=self.ttft,
+            layout_s=self.main_done, n_branches=len(br), branch_tokens=[len(b.tokens) for b in br],
+            branch_prompt_tokens=[b.prompt_tokens or 0 for b in br],
+            branch_cached_tokens=[b.cached_tokens or 0 for b in br],
+            main_tokens=len(st.main.tokens), output_tokens=sum(len(s.tokens) for s in streams),
+            prompt_tokens=sum(s.prompt_tokens or 0 for s in streams),
+            cached_tokens=sum(s.cached_tokens or 0 for s in streams),
+            f_seq=depth.f_seq, f_padoc=depth.f_padoc, finish_reasons=reasons,
+        )
+
+
+async def run_page(engine: Engine, proto, inp: PageInput, *, mode: str = "fork",
+                   cfg: SchedulerConfig | None = None) -> PageRecord:
+    """Parse one page. ``proto`` provides ``vocab``, ``tokenizer`` and ``prompt_ids(mode)``
+    (e.g. :class:`padoc_ray.hf_tokenizer.ModelProtocol`). Page-level failures come back as the
+    record's status; only :class:`EngineDeadError` and cancellation propagate."""
+    return await _Page(engine, proto, inp, mode, cfg or SchedulerConfig()).run()
