@@ -178,6 +178,53 @@ def _matches(got, truth) -> bool:
     return [(r.category, r.box, r.content) for r in got.regions] == [(r.category, r.box, r.content) for r in truth.regions]
 
 
+# ---- bench ---------------------------------------------------------------------------------------------
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError("values must be positive integers")
+    return vals
+
+
+def cmd_bench_replay(args) -> int:
+    from padoc_ray.bench.replay import format_table, load_bench_pages, run_bench
+    from padoc_ray.hf_tokenizer import ModelProtocol
+    from padoc_ray.local import start_engine
+    from padoc_ray.scheduler import SchedulerConfig
+
+    for path, what in ((args.gt, "--gt"), (args.images, "--images"), (args.model, "--model")):
+        if not os.path.exists(path):
+            _die(f"{what}: {path} does not exist")
+    try:
+        pages = load_bench_pages(args.gt, args.images, args.limit)
+    except (FileNotFoundError, ValueError) as e:
+        _die(str(e))
+    proto = ModelProtocol(args.model)
+    cfg = SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
+                          layout_priority=args.layout_priority)
+    modes = [m for m in args.modes.split(",") if m]
+    if not set(modes) <= {"fork", "sequential"}:
+        _die("--modes takes fork and/or sequential")
+    overrides = {"scheduling_policy": "priority"} if args.layout_priority else {}
+    if args.max_num_seqs:
+        overrides["max_num_seqs"] = args.max_num_seqs
+
+    async def go():
+        engine = start_engine(args.model, **overrides)
+        try:
+            return await run_bench(engine, proto, pages, args.concurrency, modes, cfg, args.out, warmup=args.warmup)
+        finally:
+            engine.shutdown()
+
+    summary = asyncio.run(go())
+    print(format_table(summary))
+    print(f"wrote {os.path.join(args.out, 'summary.json')} and pages.jsonl")
+    return 0
+
+
 # ---- the parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -220,6 +267,30 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-replay", action="store_true", help="let the model generate freely (noise for the tiny model)")
     _add_generation_args(d)
     d.set_defaults(func=cmd_demo)
+
+    bench = sub.add_parser("bench", help="benchmarks (replay: fork vs sequential serving)",
+                           description="Benchmarks whose figures go in reports, never in tests.")
+    bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
+    br = bsub.add_parser("replay", help="fork vs sequential on one engine, teacher-forced with ground truth",
+                         description="Replay OmniDocBench-format pages on one engine, fork vs sequential, at each "
+                                     "concurrency (closed loop), teacher-forced so a random-weight model does a "
+                                     "trained model's work. Writes OUT/summary.json and OUT/pages.jsonl and prints "
+                                     "a table.")
+    br.add_argument("--gt", required=True, help="OmniDocBench-format ground-truth JSON")
+    br.add_argument("--images", required=True, help="folder holding each page's image_path")
+    br.add_argument("--model", required=True, help="checkpoint directory")
+    br.add_argument("--concurrency", type=_int_list, default=[1, 4, 16], help="comma list (default 1,4,16)")
+    br.add_argument("--modes", default="fork,sequential", help="comma list (default fork,sequential)")
+    br.add_argument("--out", required=True, help="output folder")
+    br.add_argument("--limit", type=int, default=None, help="use only the first N pages")
+    br.add_argument("--warmup", type=int, default=2, help="untimed warm-up pages per mode (default 2)")
+    br.add_argument("--max-tokens", type=int, default=8192, help="generated tokens per stream (default 8192)")
+    br.add_argument("--max-branches", type=int, default=255, help="branches per page (default 255)")
+    br.add_argument("--max-num-seqs", type=int, default=None, help="engine max_num_seqs (default: 384)")
+    br.add_argument("--layout-priority", action="store_true",
+                    help="run layout streams ahead of branches (vLLM priority scheduling)")
+    br.set_defaults(func=cmd_bench_replay)
+    bench.set_defaults(func=lambda a: (bench.print_help(), 2)[1])
     return p
 
 

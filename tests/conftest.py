@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -51,9 +52,13 @@ def cpu_engine(tiny_model_dir, loop_thread):
     async def make():
         return VllmEngine(cpu_engine_config(tiny_model_dir))
 
+    async def stop():  # shut down inside the loop so vLLM's output tasks are cancelled there
+        eng.shutdown()
+        await asyncio.sleep(0.1)
+
     eng = loop_thread.run(make(), timeout=300)
     yield eng
-    eng.shutdown()
+    loop_thread.run(stop(), timeout=120)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from padoc_ray.engine.interface import Engine, EngineDeadError, EngineError, Gen
 from padoc_ray.protocol import Page, assemble_page, decode_depth, depth_from_trace, parse_branch
 from padoc_ray.protocol.codec import ParsedBranch
 
-from .state import ForkAction, PageState, PageStatus, SchedulerConfig
+from .state import MODES, ForkAction, PageState, PageStatus, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -220,4 +220,6 @@ async def run_page(engine: Engine, proto, inp: PageInput, *, mode: str = "fork",
     """Parse one page. ``proto`` provides ``vocab``, ``tokenizer`` and ``prompt_ids(mode)``
     (e.g. :class:`padoc_ray.hf_tokenizer.ModelProtocol`). Page-level failures come back as the
     record's status; only :class:`EngineDeadError` and cancellation propagate."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     return await _Page(engine, proto, inp, mode, cfg or SchedulerConfig()).run()

@@ -1,0 +1,171 @@
+"""The layout-fork scheduler on the real CPU vLLM engine (tiny Qwen3-VL, float32), teacher-forced."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import json
+import os
+
+import pytest
+
+from padoc_ray.protocol import page_from_omnidocbench, quantized, serialize_padoc, serialize_sequential
+from padoc_ray.scheduler import PageInput, SchedulerConfig, replay_input, run_page
+
+from .conftest import ROOT, demo_image
+
+pytestmark = pytest.mark.engine
+
+
+class Recording:
+    """Wraps the real engine and records every request (the engine does all the work)."""
+
+    def __init__(self, inner):
+        self.inner, self.requests = inner, []
+
+    def generate(self, req):
+        self.requests.append(req)
+        return self.inner.generate(req)
+
+    async def abort(self, ids):
+        await self.inner.abort(ids)
+
+    def num_unfinished_requests(self):
+        return self.inner.num_unfinished_requests()
+
+
+def _example_pages():
+    from padoc_ray.local import load_pages, load_truth
+
+    items = load_pages(sorted(glob.glob(os.path.join(ROOT, "examples", "*.pdf"))),
+                       truth=load_truth(os.path.join(ROOT, "examples", "ground_truth.json")))
+    return [(f"ex-{it.source}-{it.page_index}", it.inp, it.truth) for it in items]
+
+
+@pytest.fixture(scope="module")
+def corpus(demo_gt):
+    """(name, PageInput, truth) for the 18 OmniDocBench demo pages and the 5 synthetic example pages."""
+    out = []
+    for i, obj in enumerate(demo_gt):
+        truth = page_from_omnidocbench(obj)
+        img = demo_image(truth.image_path)
+        out.append((f"demo-{i}", PageInput(page_id=f"demo{i}:0", image=img, width=img.width, height=img.height,
+                                           cache_salt=f"demo{i}", image_path=truth.image_path), truth))
+    out += _example_pages()
+    assert len(out) == 23
+    return out
+
+
+@pytest.fixture(scope="module")
+def replays(corpus, cpu_engine, model_protocol, loop_thread):
+    """All 23 pages at once in each mode (so >= 20 pages are in flight with forks)."""
+    rec_engine = Recording(cpu_engine)
+
+    async def go(mode):
+        return await asyncio.gather(*(run_page(rec_engine, model_protocol, replay_input(model_protocol, t, inp, mode),
+                                               mode=mode) for _, inp, t in corpus))
+
+    fork = loop_thread.run(go("fork"), timeout=900)
+    fork_requests = list(rec_engine.requests)
+    seq = loop_thread.run(go("sequential"), timeout=900)
+    return {"fork": fork, "sequential": seq, "fork_requests": fork_requests}
+
+
+def test_fork_equals_truth_for_every_page_with_all_in_flight(corpus, replays, model_protocol, cpu_engine):
+    for (name, _, truth), rec in zip(corpus, replays["fork"]):
+        assert rec.status == "ok" and rec.valid, (name, rec.status, rec.message)
+        assert rec.page.regions == quantized(truth, model_protocol.vocab).regions and not rec.page.errors, name
+        assert rec.f_padoc <= rec.f_seq
+    assert cpu_engine.num_unfinished_requests() == 0
+
+
+def test_sequential_equals_fork_equals_truth_within_the_token_limit(corpus, replays, model_protocol):
+    limit = SchedulerConfig().max_tokens
+    over = 0
+    for (name, _, truth), f, s in zip(corpus, replays["fork"], replays["sequential"]):
+        n = len(serialize_sequential(model_protocol.vocab, model_protocol.tokenizer, truth))
+        if n <= limit:
+            assert s.status == "ok" and s.page == f.page, name
+            assert s.page.regions == quantized(truth, model_protocol.vocab).regions, name
+            assert s.f_seq == f.f_seq == n  # the trace the fork run reconstructs is the real sequential length
+        else:  # the paper's failure mode of sequential decoding: the page does not fit one stream
+            over += 1
+            assert s.status == "token_limit" and not s.valid and f.status == "ok", name
+    assert over >= 1  # the 87-region demo page needs ~26k sequential tokens
+
+
+def test_every_child_hits_the_prefix_cache(replays):
+    block = 32
+    n = 0
+    for rec in replays["fork"]:
+        for prompt, cached in zip(rec.branch_prompt_tokens, rec.branch_cached_tokens):
+            assert cached >= (prompt - 1) // block * block, (rec.page_id, prompt, cached)
+            n += 1
+    assert n > 300
+
+
+def test_child_prompts_are_branch_isolated(corpus, replays, model_protocol):
+    v = model_protocol.vocab
+    prompt = list(model_protocol.prompt_ids("fork"))
+    reqs = replays["fork_requests"]
+    for (name, inp, truth) in corpus[:6]:
+        s = serialize_padoc(v, model_protocol.tokenizer, truth)
+        children = [r for r in reqs if r.request_id.startswith(inp.page_id + "/") and "/b" in r.request_id]
+        assert children
+        for r in children:
+            k = int(r.request_id.rsplit("/b", 1)[1])
+            assert list(r.prompt_ids) == prompt + list(s.layout[: s.fork_points[k]]) + [v.branch_start], (name, k)
+            assert r.image_uuid == inp.page_id and r.cache_salt == inp.cache_salt and r.image is inp.image
+
+
+def _one(corpus, name):
+    return next((inp, t) for n, inp, t in corpus if n == name)
+
+
+def _run(loop_thread, engine, proto, inp, mode="fork", **cfg):
+    return loop_thread.run(run_page(engine, proto, inp, mode=mode, cfg=SchedulerConfig(**cfg)), timeout=300)
+
+
+def test_limits_give_their_status_and_leave_no_live_requests(corpus, cpu_engine, model_protocol, loop_thread):
+    mp, v = model_protocol, model_protocol.vocab
+    inp, truth = _one(corpus, "demo-3")  # 38 regions
+    cases = {
+        "branch_limit": (replay_input(mp, truth, inp, "fork"), "fork", dict(max_branches=3)),
+        "token_limit": (replay_input(mp, truth, inp, "sequential"), "sequential", dict(max_tokens=40)),
+    }
+    # a branch that repeats itself forever
+    rp = replay_input(mp, truth, inp, "fork")
+    loop = mp.tokenizer.encode("ab") * 400
+    cases["runaway"] = (type(rp)(**{**rp.__dict__, "forced_branches": [loop] * len(rp.forced_branches)}), "fork",
+                        dict(runaway_window=64, runaway_max_period=4))
+    # a layout stream with a broken region
+    bad = [v.region_open, v.coord_ids[5], v.region_close, *serialize_padoc(v, mp.tokenizer, truth).layout]
+    cases["malformed_layout"] = (type(rp)(**{**rp.__dict__, "forced_main": bad}), "fork", {})
+    for status, (page_in, mode, cfg) in cases.items():
+        rec = _run(loop_thread, cpu_engine, mp, page_in, mode, **cfg)
+        assert rec.status == status and not rec.valid, (status, rec.status, rec.message)
+        assert cpu_engine.num_unfinished_requests() == 0, status
+    big_inp, big = _one(corpus, "demo-14")  # the 87-region page
+    rec = _run(loop_thread, cpu_engine, mp, replay_input(mp, big, big_inp, "sequential"), "sequential", deadline_s=0.5)
+    assert rec.status == "deadline" and rec.e2e_s < 5
+    assert cpu_engine.num_unfinished_requests() == 0
+
+
+def test_cancelling_mid_page_leaves_no_live_requests(corpus, cpu_engine, model_protocol, loop_thread):
+    inp, truth = _one(corpus, "demo-14")
+    spy = Recording(cpu_engine)
+
+    async def go():
+        task = asyncio.create_task(run_page(spy, model_protocol, replay_input(model_protocol, truth, inp, "fork")))
+        while sum("/b" in r.request_id for r in spy.requests) < 5:
+            await asyncio.sleep(0.01)
+        assert cpu_engine.num_unfinished_requests() >= 2
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert loop_thread.run(go(), timeout=300)
+    assert cpu_engine.num_unfinished_requests() == 0
