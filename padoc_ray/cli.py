@@ -91,6 +91,9 @@ def _run_local(model: str, paths: list[str], args, *, pages=None, gt: str | None
     render = RenderConfig(longest_side=args.longest_side, dpi=args.dpi)
     items = load_pages(paths, render=render, pages=pages, truth=truth)
 
+    if not any(it.inp is not None for it in items):
+        return items, [None] * len(items)
+
     async def go():
         engine = start_engine(model)
         try:
@@ -136,8 +139,13 @@ def cmd_parse_page(args) -> int:
 
 def cmd_demo(args) -> int:
     import glob
+    import shutil
 
-    from padoc_ray.protocol import quantized, to_markdown
+    import pyarrow.dataset as pads
+
+    from padoc_ray.pipeline.config import BatchConfig
+    from padoc_ray.pipeline.job import run_batch
+    from padoc_ray.protocol import page_from_omnidocbench, quantized
 
     paths = sorted(glob.glob(os.path.join(args.examples, "*.pdf")))
     if not paths:
@@ -146,36 +154,61 @@ def cmd_demo(args) -> int:
         _die(f"model directory not found: {args.model} (build it with: padoc-ray build-tiny-model {args.model})")
     gt = os.path.join(args.examples, "ground_truth.json")
     replay = not args.no_replay and os.path.exists(gt)
-    print(f"padoc-ray demo: {len(paths)} PDFs from {args.examples}, model {args.model}, mode {args.mode}")
+    print(f"padoc-ray demo: the batch job on {len(paths)} PDFs from {args.examples} on a local Ray cluster, "
+          f"model {args.model}, mode {args.mode}")
     if replay:
         print("  the tiny model has random weights: its outputs are teacher-forced from ground_truth.json so the\n"
               "  real engine and scheduler do a trained model's work (use --no-replay to see raw generation)")
-    items, recs = _run_local(args.model, paths, args, gt=gt if replay else None, replay=replay, concurrency=4)
+    if os.path.isdir(args.output):
+        shutil.rmtree(args.output)  # the demo always parses afresh (the batch job itself resumes)
+    import ray
+    import ray.data
+
+    ray.init(ignore_reinit_error=True, log_to_driver=args.verbose, logging_level=logging.WARNING)
+    ray.data.DataContext.get_current().enable_progress_bars = args.verbose
+    cfg = BatchConfig(input=os.path.join(args.examples, "*.pdf"), output=args.output, model=args.model,
+                      mode=args.mode, replay_gt=gt if replay else None, scheduler=_scheduler_cfg(args))
+    summary = run_batch(cfg)
+    table = pads.dataset(os.path.join(args.output, "pages"), format="parquet").to_table().to_pylist()
+    table.sort(key=lambda r: (r["source_uri"], r["page_index"]))
+    truth = {}
+    if replay:
+        for o in json.load(open(gt, encoding="utf-8")):
+            truth[(o["page_info"]["source_pdf"], o["page_info"]["page_no"])] = page_from_omnidocbench(o)
+    vocab = _vocab(args.model)
     print(f"\n{'document':<12} {'page':>4} {'status':<16} {'regions':>7} {'branches':>8} {'e2e s':>6} "
           f"{'F_seq':>6} {'F_PaDoc':>7}  matches truth")
-    for it, rec in zip(items, recs):
-        if rec is None:
-            print(f"{it.source:<12} {'-':>4} {it.error.code:<16}")
-            continue
-        match = "-" if it.truth is None else ("yes" if _matches(rec.page, quantized(it.truth, _vocab(args.model))) else "NO")
-        print(f"{it.source:<12} {it.page_index + 1:>4} {rec.status:<16} {len(rec.page.regions):>7} {rec.n_branches:>8} "
-              f"{rec.e2e_s:>6.2f} {rec.f_seq:>6} {rec.f_padoc:>7}  {match}")
-    first = next((r for r in recs if r is not None), None)
-    if first is not None:
-        print(f"\n--- Markdown of {items[recs.index(first)].source} page 1 ---\n{to_markdown(first.page)}")
-    ok = sum(1 for r in recs if r is not None and r.status == "ok")
-    print(f"{ok}/{len(items)} pages ok")
-    return 0 if ok == len(items) or args.no_replay else 1
+    for r in table:
+        name = os.path.basename(r["source_uri"])
+        t = truth.get((name, r["page_index"]))
+        match = "-" if t is None else ("yes" if _row_matches(r, quantized(t, vocab)) else "NO")
+        print(f"{name:<12} {r['page_index'] + 1:>4} {r['status']:<16} {len(r['regions']):>7} {r['n_branches'] or 0:>8} "
+              f"{r['e2e_s'] or 0:>6.2f} {r['f_seq'] or 0:>6} {r['f_padoc'] or 0:>7}  {match}")
+    if table:
+        print(f"\n--- Markdown of {os.path.basename(table[0]['source_uri'])} page 1 ---\n{table[0]['markdown']}")
+    print(f"summary: {json.dumps({k: summary[k] for k in ('pages_written', 'page_status', 'document_status', 'wall_s', 'pages_per_s', 'all_inputs_accounted')})}")
+    print(f"output: {os.path.abspath(args.output)}/pages (Parquet, one row per page), documents/, summary.json")
+    ok = summary["all_inputs_accounted"] and (not replay or summary["page_status"] == {"ok": summary["pages_written"]})
+    return 0 if ok else 1
+
+
+def _row_matches(row: dict, truth) -> bool:
+    import math
+
+    if len(row["regions"]) != len(truth.regions):
+        return False
+    for r, t in zip(row["regions"], truth.regions):
+        if r["category"] != t.category or r["content"] != t.content:
+            return False
+        if any(not math.isclose(a, b, abs_tol=1e-6) for a, b in zip(r["bbox"], t.box.as_tuple())):
+            return False
+    return True
 
 
 def _vocab(model: str):
     from padoc_ray.hf_tokenizer import load_model_protocol
 
     return load_model_protocol(model).vocab
-
-
-def _matches(got, truth) -> bool:
-    return [(r.category, r.box, r.content) for r in got.regions] == [(r.category, r.box, r.content) for r in truth.regions]
 
 
 # ---- bench ---------------------------------------------------------------------------------------------
@@ -204,7 +237,7 @@ def cmd_bench_replay(args) -> int:
         _die(str(e))
     proto = ModelProtocol(args.model)
     cfg = SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
-                          layout_priority=args.layout_priority)
+                          layout_priority=args.layout_priority, stream_branches=not args.final_only_branches)
     modes = [m for m in args.modes.split(",") if m]
     if not set(modes) <= {"fork", "sequential"}:
         _die("--modes takes fork and/or sequential")
@@ -215,7 +248,8 @@ def cmd_bench_replay(args) -> int:
     async def go():
         engine = start_engine(args.model, **overrides)
         try:
-            return await run_bench(engine, proto, pages, args.concurrency, modes, cfg, args.out, warmup=args.warmup)
+            return await run_bench(engine, proto, pages, args.concurrency, modes, cfg, args.out, warmup=args.warmup,
+                                   max_live_branches=args.max_live_branches)
         finally:
             engine.shutdown()
 
@@ -258,15 +292,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_args(pp)
     pp.set_defaults(func=cmd_parse_page)
 
-    d = sub.add_parser("demo", help="parse the bundled sample PDFs on the tiny model (no Ray)",
-                       description="Parse examples/*.pdf with the tiny model on a local engine and print a summary. "
+    d = sub.add_parser("demo", help="run the batch job on the bundled sample PDFs with the tiny model",
+                       description="Run the batch job (Ray Data, local Ray cluster, one engine actor) on "
+                                   "examples/*.pdf with the tiny model, write Parquet, and print a summary. "
                                    "The tiny model has random weights, so by default its outputs are teacher-forced "
                                    "from examples/ground_truth.json.")
     d.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint directory (default {DEFAULT_MODEL})")
     d.add_argument("--examples", default=EXAMPLES_DIR, help="folder of PDFs (default: the bundled examples)")
     d.add_argument("--no-replay", action="store_true", help="let the model generate freely (noise for the tiny model)")
+    d.add_argument("--output", default=os.path.join(os.path.dirname(EXAMPLES_DIR), "out", "demo"),
+                   help="output folder, wiped first (default out/demo)")
     _add_generation_args(d)
     d.set_defaults(func=cmd_demo)
+
+    from padoc_ray.pipeline.cli_args import DESCRIPTION, add_batch_args, run_from_args
+
+    bp = sub.add_parser("parse", help="the batch job: PDFs -> Ray Data -> engine actors -> Parquet",
+                        description=DESCRIPTION + " Same flags as jobs/batch_parse.py; runs on a local Ray "
+                                                  "cluster unless --address or RAY_ADDRESS says otherwise.")
+    add_batch_args(bp)
+    bp.set_defaults(func=run_from_args)
 
     bench = sub.add_parser("bench", help="benchmarks (replay: fork vs sequential serving)",
                            description="Benchmarks whose figures go in reports, never in tests.")
@@ -289,6 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--max-num-seqs", type=int, default=None, help="engine max_num_seqs (default: 384)")
     br.add_argument("--layout-priority", action="store_true",
                     help="run layout streams ahead of branches (vLLM priority scheduling)")
+    br.add_argument("--max-live-branches", type=int, default=None,
+                    help="cap on content branches live in the engine at once, over all pages (default: none)")
+    br.add_argument("--final-only-branches", action="store_true",
+                    help="take each branch's output once at its end instead of streaming it")
     br.set_defaults(func=cmd_bench_replay)
     bench.set_defaults(func=lambda a: (bench.print_help(), 2)[1])
     return p

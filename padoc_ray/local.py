@@ -33,8 +33,12 @@ def load_truth(gt_path: str | None) -> dict[tuple[str, int], Page]:
     """Ground truth keyed by (source file name or image name, page_no)."""
     if not gt_path:
         return {}
-    with open(gt_path, encoding="utf-8") as f:
-        objs = json.load(f)
+    with open(gt_path, "rb") as f:
+        return truth_from_json(f.read())
+
+
+def truth_from_json(data: bytes) -> dict[tuple[str, int], Page]:
+    objs = json.loads(data.decode("utf-8"))
     out = {}
     for o in objs:
         page = page_from_omnidocbench(o)
@@ -107,5 +111,12 @@ def start_engine(model: str, **overrides):
         gpu = torch.cuda.is_available()
     except Exception:  # noqa: BLE001
         gpu = False
-    cfg = EngineConfig(model=model, **overrides) if gpu else cpu_engine_config(model, **overrides)
+    if gpu:
+        import importlib.util
+
+        if importlib.util.find_spec("flashinfer") is not None:
+            overrides.setdefault("attention_backend", "FLASHINFER")  # the paper's serving setup
+        cfg = EngineConfig(model=model, **overrides)
+    else:
+        cfg = cpu_engine_config(model, **overrides)
     return VllmEngine(cfg)

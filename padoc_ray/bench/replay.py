@@ -20,6 +20,7 @@ from typing import Sequence
 
 from padoc_ray.protocol import Page, page_from_omnidocbench, quantized
 from padoc_ray.scheduler import PageInput, PageRecord, SchedulerConfig, replay_input, run_page
+from padoc_ray.scheduler.runner import branch_admission
 
 
 def quantile(xs: Sequence[float], q: float) -> float | None:
@@ -59,7 +60,8 @@ def load_bench_pages(gt_path: str, images_dir: str, limit: int | None = None) ->
 
 
 async def closed_loop(engine, proto, pages: list[BenchPage], mode: str, concurrency: int, cfg: SchedulerConfig,
-                      tag: str) -> tuple[list[PageRecord], float]:
+                      tag: str, max_live_branches: int | None = None) -> tuple[list[PageRecord], float]:
+    admission = branch_admission(max_live_branches)
     queue: asyncio.Queue = asyncio.Queue()
     for i, p in enumerate(pages):
         queue.put_nowait((i, p))
@@ -74,7 +76,7 @@ async def closed_loop(engine, proto, pages: list[BenchPage], mode: str, concurre
             inp = replay_input(proto, p.truth, p.inp, mode)
             # a fresh page id and salt per run: no run profits from another run's cache
             inp = type(inp)(**{**inp.__dict__, "page_id": f"{tag}-{p.inp.page_id}", "cache_salt": f"{tag}-{i}"})
-            results[i] = await run_page(engine, proto, inp, mode=mode, cfg=cfg)
+            results[i] = await run_page(engine, proto, inp, mode=mode, cfg=cfg, admission=admission)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
@@ -118,7 +120,8 @@ def _cache_delta(engine, before: dict[str, float]) -> dict[str, float]:
 
 
 async def run_bench(engine, proto, pages: list[BenchPage], concurrencies: Sequence[int], modes: Sequence[str],
-                    cfg: SchedulerConfig, out_dir: str, warmup: int = 2, log=print) -> dict:
+                    cfg: SchedulerConfig, out_dir: str, warmup: int = 2, log=print,
+                    max_live_branches: int | None = None) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     truths = [quantized(p.truth, proto.vocab) for p in pages]
     for mode in modes:  # warm-up: not timed
@@ -131,7 +134,7 @@ async def run_bench(engine, proto, pages: list[BenchPage], concurrencies: Sequen
             for mode in modes:
                 get = getattr(engine, "prefix_cache_counters", dict)
                 before = get()
-                recs, wall = await closed_loop(engine, proto, pages, mode, c, cfg, f"c{c}-{mode}")
+                recs, wall = await closed_loop(engine, proto, pages, mode, c, cfg, f"c{c}-{mode}", max_live_branches)
                 per_mode[mode] = recs
                 block[mode] = mode_summary(recs, wall, _cache_delta(engine, before))
                 for p, r, t in zip(pages, recs, truths):

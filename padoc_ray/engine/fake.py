@@ -71,15 +71,16 @@ class ScriptedEngine:
             else:
                 reason = "stop" if len(out) < req.max_tokens else "length"
             cached = self._cached(req.prompt_ids)
-            for i in range(0, max(len(out), 1), self.chunk):
+            chunk = self.chunk if req.stream else max(len(out), 1)
+            for i in range(0, max(len(out), 1), chunk):
                 if self.token_delay_s:
                     await asyncio.sleep(self.token_delay_s)
                 else:
                     await asyncio.sleep(0)
                 if req.request_id not in self.live:
                     return
-                part = out[i:i + self.chunk]
-                last = i + self.chunk >= len(out)
+                part = out[i:i + chunk]
+                last = i + chunk >= len(out)
                 done = last
                 yield GenDelta(req.request_id, part, finished=last, finish_reason=reason if last else None,
                                num_prompt_tokens=len(req.prompt_ids), num_cached_tokens=cached)

@@ -33,6 +33,7 @@ class GenRequest:
     temperature: float = 0.0
     seed: int | None = None
     priority: int = 0  # lower runs first, under the priority scheduling policy
+    stream: bool = True  # False: one delta at the end (far less per-token work in the frontend)
 
 
 @dataclass

@@ -77,7 +77,7 @@ class VllmEngine:
             temperature=req.temperature,
             seed=req.seed,
             stop_token_ids=list(req.stop_token_ids),
-            output_kind=RequestOutputKind.DELTA,
+            output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
             detokenize=False,
             skip_special_tokens=False,
             extra_args=extra,

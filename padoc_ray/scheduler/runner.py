@@ -63,13 +63,19 @@ class PageRecord:
     f_seq: int = 0
     f_padoc: int = 0
     finish_reasons: dict[str, str | None] = field(default_factory=dict)
+    #: per region of ``page`` (reading order): its branch's finish reason ("skipped" for
+    #: contentless regions, None where no branch ran or in sequential mode) and generated tokens
+    region_finish_reasons: list[str | None] = field(default_factory=list)
+    region_tokens: list[int] = field(default_factory=list)
 
 
 class _Page:
     """One run of one page; keeps the live request ids so every exit path can abort them."""
 
-    def __init__(self, engine: Engine, proto, inp: PageInput, mode: str, cfg: SchedulerConfig):
+    def __init__(self, engine: Engine, proto, inp: PageInput, mode: str, cfg: SchedulerConfig,
+                 admission: asyncio.Semaphore | None = None):
         self.engine, self.proto, self.inp, self.mode, self.cfg = engine, proto, inp, mode, cfg
+        self.admission = admission
         self.state = PageState(proto.vocab, proto.prompt_ids(mode), cfg, mode)
         self.run_id = f"{inp.page_id}/{uuid.uuid4().hex[:8]}"
         self.live: set[str] = set()
@@ -79,12 +85,12 @@ class _Page:
         self.ttft: float | None = None
         self.main_done: float | None = None
 
-    def _request(self, rid: str, prompt: Sequence[int], forced, priority: int) -> GenRequest:
+    def _request(self, rid: str, prompt: Sequence[int], forced, priority: int, stream: bool = True) -> GenRequest:
         return GenRequest(
             request_id=rid, prompt_ids=prompt, max_tokens=self.cfg.max_tokens, image=self.inp.image,
             image_uuid=self.inp.page_id, cache_salt=self.inp.cache_salt,
             stop_token_ids=(self.proto.vocab.end_of_stream,), forced_tokens=forced,
-            temperature=self.cfg.temperature, priority=priority,
+            temperature=self.cfg.temperature, priority=priority, stream=stream,
         )
 
     async def _consume(self, req: GenRequest, branch: int | None) -> None:
@@ -126,8 +132,14 @@ class _Page:
         if self.inp.forced_branches is not None and f.index < len(self.inp.forced_branches):
             forced = self.inp.forced_branches[f.index]
         prio = 1 if self.cfg.layout_priority else 0
-        req = self._request(f"{self.run_id}/b{f.index}", f.prompt_ids, forced, prio)
-        self.tasks.append(asyncio.create_task(self._consume(req, f.index)))
+        req = self._request(f"{self.run_id}/b{f.index}", f.prompt_ids, forced, prio, self.cfg.stream_branches)
+        self.tasks.append(asyncio.create_task(self._admitted(req, f.index)))
+
+    async def _admitted(self, req: GenRequest, branch: int) -> None:
+        if self.admission is None:
+            return await self._consume(req, branch)
+        async with self.admission:
+            return await self._consume(req, branch)
 
     async def _wait(self) -> None:
         stopper = asyncio.create_task(self.stop.wait())
@@ -197,6 +209,13 @@ class _Page:
             n_fields = len(vocab.spec.coordinates.region_fields) + 2
             d = decode_depth([n_fields] * len(regions), [len(r.content_ids) for r in regions])
             depth = type(d)(f_seq=len(st.main.tokens), f_padoc=min(d.f_padoc, len(st.main.tokens)))
+        if self.mode == "fork":
+            region_finish = [("skipped" if r.index in st.skipped else
+                              st.branches[r.index].finish_reason if r.index in st.branches else None) for r in regions]
+            region_tokens = [len(st.branches[r.index].tokens) if r.index in st.branches else 0 for r in regions]
+        else:
+            region_finish = [None] * len(regions)
+            region_tokens = [len(r.content_ids) for r in regions]
         reasons = {"main": st.main.finish_reason}
         reasons.update({f"b{i}": st.branches[i].finish_reason for i in sorted(st.branches)})
         valid = (st.status == PageStatus.OK and not page.errors
@@ -212,14 +231,24 @@ class _Page:
             prompt_tokens=sum(s.prompt_tokens or 0 for s in streams),
             cached_tokens=sum(s.cached_tokens or 0 for s in streams),
             f_seq=depth.f_seq, f_padoc=depth.f_padoc, finish_reasons=reasons,
+            region_finish_reasons=region_finish, region_tokens=region_tokens,
         )
 
 
 async def run_page(engine: Engine, proto, inp: PageInput, *, mode: str = "fork",
-                   cfg: SchedulerConfig | None = None) -> PageRecord:
+                   cfg: SchedulerConfig | None = None, admission: asyncio.Semaphore | None = None) -> PageRecord:
     """Parse one page. ``proto`` provides ``vocab``, ``tokenizer`` and ``prompt_ids(mode)``
-    (e.g. :class:`padoc_ray.hf_tokenizer.ModelProtocol`). Page-level failures come back as the
-    record's status; only :class:`EngineDeadError` and cancellation propagate."""
+    (e.g. :class:`padoc_ray.hf_tokenizer.ModelProtocol`). ``admission``, shared by every page on
+    one engine, caps the branches live in it at once (see :func:`branch_admission`). Page-level
+    failures come back as the record's status; only :class:`EngineDeadError` and cancellation
+    propagate."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    return await _Page(engine, proto, inp, mode, cfg or SchedulerConfig()).run()
+    return await _Page(engine, proto, inp, mode, cfg or SchedulerConfig(), admission).run()
+
+
+def branch_admission(max_live_branches: int | None) -> asyncio.Semaphore | None:
+    """A cap on content branches live in one engine across all its pages (None: no cap). Under
+    load, fewer live branches make each engine step cheaper, so pages with few regions finish
+    sooner; branches wait for a slot in fork order."""
+    return asyncio.Semaphore(max_live_branches) if max_live_branches else None

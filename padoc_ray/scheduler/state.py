@@ -52,6 +52,10 @@ class SchedulerConfig:
     skip_contentless: bool = True
     #: run the layout stream at a higher priority than branches (needs scheduling_policy="priority")
     layout_priority: bool = False
+    #: stream branch tokens (True: the runaway guard can stop a branch early) or take each branch's
+    #: output once at its end (False: far less per-token work in the frontend under load; a runaway
+    #: branch then runs to max_tokens and is flagged at the end)
+    stream_branches: bool = True
     temperature: float = 0.0
 
     def __post_init__(self) -> None:

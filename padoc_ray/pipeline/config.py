@@ -1,0 +1,53 @@
+"""The batch job's configuration: one dataclass, validated, with documented defaults."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from padoc_ray.pdf import RenderConfig
+from padoc_ray.pipeline.storage import StorageConfig
+from padoc_ray.scheduler import SchedulerConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchConfig:
+    input: str  #: folder, glob, s3://bucket/prefix, or a manifest (.txt/.manifest) of URIs
+    output: str  #: folder or s3://bucket/prefix; holds pages/, documents/, summary.json
+    model: str  #: checkpoint directory, local or s3://
+    mode: str = "fork"  #: fork (PaDoc) or sequential (baseline)
+    render: RenderConfig = field(default_factory=RenderConfig)
+    pages: tuple[int, ...] | None = None  #: 0-based page indices to parse (None: all)
+    max_pages_per_doc: int | None = None  #: parse at most this many pages of each document
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    # engine actors
+    num_actors: tuple[int, int] = (1, 1)  #: (min, max) engine actors (autoscaled between)
+    gpus_per_actor: float = 0.0  #: 1 on GPU clusters
+    cpus_per_actor: float = 1.0
+    pages_in_flight: int = 16  #: pages one actor runs concurrently
+    max_live_branches: int | None = None  #: per actor: cap on concurrently live branches (None: no cap)
+    engine_overrides: dict = field(default_factory=dict)  #: EngineConfig fields (e.g. max_num_seqs)
+    engine: str = "vllm"  #: "vllm", or "noop" (no model: measures the pipeline's own overhead)
+    #: teacher-forced replay: OmniDocBench-format ground truth whose pages (matched by file name
+    #: and page_no, see examples/ground_truth.json) force the model's output (tiny-model demos, benchmarks)
+    replay_gt: str | None = None
+    # rasterization
+    raster_cpus: float = 0.5  #: CPUs per rasterization task
+    raster_block_mb: int = 16  #: target size of blocks of rendered pages (bounds memory in flight)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("fork", "sequential"):
+            raise ValueError(f"mode must be fork or sequential, got {self.mode!r}")
+        lo, hi = self.num_actors
+        if not 1 <= lo <= hi:
+            raise ValueError(f"actor range must satisfy 1 <= min <= max, got {self.num_actors}")
+        if self.engine not in ("vllm", "noop"):
+            raise ValueError(f"engine must be vllm or noop, got {self.engine!r}")
+        if self.pages_in_flight < 1:
+            raise ValueError("pages_in_flight must be >= 1")
+        if self.max_pages_per_doc is not None and self.max_pages_per_doc < 1:
+            raise ValueError("max_pages_per_doc must be >= 1")
+        if self.gpus_per_actor < 0 or self.cpus_per_actor < 0:
+            raise ValueError("resources per actor cannot be negative")

@@ -1,0 +1,165 @@
+"""Output rows of the batch job: the page and document schemas and how rows are built.
+
+A page row is written for every selected page of every input, whatever happened to it; a document
+that cannot be opened at all (not a PDF, empty, encrypted, corrupt, no pages) gets one row with
+``page_index = -1`` carrying its error, so every input is accounted for in ``pages/``. The
+``documents/`` table is derived from ``pages/``. Pure: pyarrow only (no ray, vllm or torch).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from padoc_ray.protocol import to_markdown
+
+REGION_TYPE = pa.struct([
+    ("order", pa.int32()),  # reading-order position, 0-based
+    ("category", pa.string()),
+    ("bbox", pa.list_(pa.float32(), 4)),  # x1, y1, x2, y2 normalized to [0, 1], origin top-left
+    ("content", pa.string()),
+    ("content_format", pa.string()),  # text | latex | html | none
+    ("finish_reason", pa.string()),  # of the region's branch: stop | length | stopped | skipped | null
+    ("tokens", pa.int32()),  # generated tokens of the region's branch (content in sequential mode)
+    ("errors", pa.list_(pa.string())),
+])
+
+PAGE_SCHEMA = pa.schema([
+    ("run_id", pa.string()),
+    ("processed_at", pa.timestamp("ms", tz="UTC")),
+    ("doc_id", pa.string()),  # sha256 of the file bytes (null when the file could not be read)
+    ("source_uri", pa.string()),
+    ("page_index", pa.int32()),  # 0-based; -1 for a document-level error row
+    ("page_count", pa.int32()),  # pages in the document (null when it could not be opened)
+    ("status", pa.string()),
+    ("error_code", pa.string()),
+    ("error_message", pa.string()),
+    ("valid", pa.bool_()),  # completed normally, structurally valid, no limit reached
+    ("image_width", pa.int32()),
+    ("image_height", pa.int32()),
+    ("page_width_pt", pa.float32()),
+    ("page_height_pt", pa.float32()),
+    ("rotation", pa.int32()),
+    ("regions", pa.list_(REGION_TYPE)),
+    ("markdown", pa.string()),
+    ("mode", pa.string()),
+    ("model_id", pa.string()),
+    ("render_s", pa.float32()),
+    ("e2e_s", pa.float32()),
+    ("ttft_s", pa.float32()),
+    ("layout_s", pa.float32()),
+    ("n_branches", pa.int32()),
+    ("output_tokens", pa.int32()),
+    ("prompt_tokens", pa.int32()),
+    ("cached_tokens", pa.int32()),
+    ("f_seq", pa.int32()),
+    ("f_padoc", pa.int32()),
+])
+
+DOCUMENT_SCHEMA = pa.schema([
+    ("source_uri", pa.string()),
+    ("doc_id", pa.string()),
+    ("page_count", pa.int32()),
+    ("pages_selected", pa.int32()),  # pages this job was asked to parse (--pages, --max-pages-per-doc)
+    ("pages_ok", pa.int32()),
+    ("pages_failed", pa.int32()),
+    ("status", pa.string()),  # ok | partial | failed | skipped | <document error code>
+    ("error_code", pa.string()),
+])
+
+#: document-level codes that mean "not a document we parse" rather than a failure
+SKIPPED_CODES = frozenset({"not_pdf"})
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def select_pages(page_count: int, ranges: Sequence[int] | None, max_pages: int | None) -> list[int]:
+    """0-based page indices to parse: ``ranges`` (0-based, any order) clipped to the document,
+    then at most ``max_pages`` of them."""
+    idx = list(range(page_count)) if ranges is None else sorted({i for i in ranges if 0 <= i < page_count})
+    return idx[:max_pages] if max_pages is not None else idx
+
+
+def base_row(*, run_id: str, uri: str, doc_id: str | None, page_index: int, page_count: int | None,
+             mode: str, model_id: str) -> dict:
+    row = {f.name: None for f in PAGE_SCHEMA}
+    row.update(run_id=run_id, processed_at=now(), doc_id=doc_id, source_uri=uri, page_index=page_index,
+               page_count=page_count, mode=mode, model_id=model_id, valid=False, regions=[])
+    return row
+
+
+def error_row(base: dict, code: str, message: str) -> dict:
+    return {**base, "status": code, "error_code": code,
+            "error_message": message[:2000], "processed_at": now()}
+
+
+def page_row(base: dict, rec, *, render_s: float | None = None) -> dict:
+    """A row from a scheduler :class:`~padoc_ray.scheduler.PageRecord`."""
+    page = rec.page
+    regions = []
+    for i, r in enumerate(page.regions):
+        regions.append({
+            "order": i, "category": r.category, "bbox": list(r.box.as_tuple()), "content": r.content,
+            "content_format": r.content_format,
+            "finish_reason": rec.region_finish_reasons[i] if i < len(rec.region_finish_reasons) else None,
+            "tokens": rec.region_tokens[i] if i < len(rec.region_tokens) else None,
+            "errors": list(r.errors),
+        })
+    ok = rec.status == "ok"
+    return {
+        **base, "processed_at": now(), "status": rec.status, "valid": rec.valid,
+        "error_code": None if ok else rec.status, "error_message": None if ok else (rec.message or None),
+        "regions": regions, "markdown": to_markdown(page), "render_s": render_s, "e2e_s": rec.e2e_s,
+        "ttft_s": rec.ttft_s, "layout_s": rec.layout_s, "n_branches": rec.n_branches,
+        "output_tokens": rec.output_tokens, "prompt_tokens": rec.prompt_tokens, "cached_tokens": rec.cached_tokens,
+        "f_seq": rec.f_seq, "f_padoc": rec.f_padoc,
+    }
+
+
+def to_table(rows: Iterable[dict]) -> pa.Table:
+    return pa.Table.from_pylist(list(rows), schema=PAGE_SCHEMA)
+
+
+def documents_table(pages: pa.Table, listed: Sequence[tuple[str, int]], ranges, max_pages) -> pa.Table:
+    """One row per listed input, from the page rows written so far (this run and earlier ones)."""
+    cols = pages.select(["source_uri", "doc_id", "page_index", "page_count", "status", "error_code"]).to_pylist()
+    by_uri: dict[str, list[dict]] = {}
+    for r in cols:
+        by_uri.setdefault(r["source_uri"], []).append(r)
+    out = []
+    for uri, _size in listed:
+        rows = by_uri.get(uri, [])
+        doc_err = next((r for r in rows if r["page_index"] < 0), None)
+        pages_rows = {r["page_index"]: r for r in rows if r["page_index"] >= 0}
+        doc_id = next((r["doc_id"] for r in rows if r["doc_id"]), None)
+        count = next((r["page_count"] for r in rows if r["page_count"] is not None), None)
+        if doc_err is not None:
+            code = doc_err["error_code"]
+            out.append(dict(source_uri=uri, doc_id=doc_id, page_count=count, pages_selected=0, pages_ok=0,
+                            pages_failed=0, status="skipped" if code in SKIPPED_CODES else code, error_code=code))
+            continue
+        selected = select_pages(count, ranges, max_pages) if count is not None else []
+        ok = sum(1 for i in selected if i in pages_rows and pages_rows[i]["status"] == "ok")
+        failed = sum(1 for i in selected if i in pages_rows and pages_rows[i]["status"] != "ok")
+        missing = len(selected) - ok - failed
+        if count is None:
+            status = "missing"
+        elif missing:
+            status = "incomplete"
+        else:
+            status = "ok" if failed == 0 else ("failed" if ok == 0 else "partial")
+        out.append(dict(source_uri=uri, doc_id=doc_id, page_count=count, pages_selected=len(selected), pages_ok=ok,
+                        pages_failed=failed, status=status, error_code=None))
+    return pa.Table.from_pylist(out, schema=DOCUMENT_SCHEMA)
+
+
+def status_counts(table: pa.Table) -> dict[str, int]:
+    if table.num_rows == 0:
+        return {}
+    vc = pc.value_counts(table.column("status"))
+    return {str(v["values"]): int(v["counts"]) for v in vc.to_pylist()}

@@ -1,0 +1,158 @@
+"""Ray Data stages of the batch job: thin plumbing around pure code, no parsing logic.
+
+* :func:`rasterize` (map_batches over input files, in tasks): read bytes, open the PDF, and yield
+  one row per selected page with the rendered image (PNG), page by page, so a large document is
+  never held whole as images. Bad files become error rows, never exceptions.
+* :class:`EngineStage` (map_batches over pages, in an actor pool): one vLLM engine with the
+  layout-fork scheduler per actor, many pages in flight; a page error becomes its row's status,
+  an engine death ends the actor process so Ray restarts it and retries its pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+import time
+from typing import AsyncIterator, Iterator
+
+import pyarrow as pa
+
+from padoc_ray.pdf import PdfError, doc_id_of, open_pdf, render_page
+from padoc_ray.pipeline import rows
+from padoc_ray.pipeline.config import BatchConfig
+from padoc_ray.pipeline.storage import read_bytes
+
+logger = logging.getLogger(__name__)
+
+RASTER_SCHEMA = rows.PAGE_SCHEMA.append(pa.field("image_png", pa.binary()))
+
+
+def _raster_table(row: dict, png: bytes | None = None) -> pa.Table:
+    return pa.Table.from_pylist([{**row, "image_png": png}], schema=RASTER_SCHEMA)
+
+
+def rasterize(batch: pa.Table, cfg: BatchConfig, model_id: str) -> Iterator[pa.Table]:
+    """Input rows: ``uri``, ``size``, ``done`` (page indices already written). Yields page rows."""
+    for item in batch.to_pylist():
+        uri, done = item["uri"], set(item["done"] or ())
+        base = dict(run_id=cfg.run_id, uri=uri, mode=cfg.mode, model_id=model_id)
+        if item["size"] is not None and item["size"] < 0:
+            yield _raster_table(rows.error_row(rows.base_row(doc_id=None, page_index=-1, page_count=None, **base),
+                                               "missing_file", "listed in the manifest but not found"))
+            continue
+        yield from _rasterize_doc(uri, done, cfg, base)
+
+
+def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> Iterator[pa.Table]:
+    try:
+        data = read_bytes(uri, cfg.storage)
+    except OSError as e:
+        yield _raster_table(rows.error_row(rows.base_row(doc_id=None, page_index=-1, page_count=None, **base),
+                                           "read_failed", str(e)))
+        return
+    doc_id = doc_id_of(data)
+    try:
+        doc = open_pdf(data)
+    except PdfError as e:
+        yield _raster_table(rows.error_row(rows.base_row(doc_id=doc_id, page_index=-1, page_count=None, **base),
+                                           e.code, e.message))
+        return
+    try:
+        n = len(doc)
+        selected = rows.select_pages(n, cfg.pages, cfg.max_pages_per_doc)
+        logger.info("doc %s (%s): %d pages, %d selected, %d already done", doc_id[:12], uri, n, len(selected),
+                    len(done & set(selected)))
+        for i in selected:
+            if i in done:
+                continue
+            b = rows.base_row(doc_id=doc_id, page_index=i, page_count=n, **base)
+            t = time.perf_counter()
+            try:
+                r = render_page(doc, i, cfg.render)
+            except PdfError as e:
+                yield _raster_table(rows.error_row(b, e.code, e.message))
+                continue
+            buf = io.BytesIO()
+            r.image.save(buf, format="PNG", compress_level=1)
+            b.update(image_width=r.image.width, image_height=r.image.height, page_width_pt=r.width_pt,
+                     page_height_pt=r.height_pt, rotation=r.rotation, render_s=time.perf_counter() - t)
+            yield _raster_table(b, buf.getvalue())
+    finally:
+        doc.close()
+
+
+class EngineStage:
+    """One engine per actor. Created lazily inside the actor's event loop on the first batch."""
+
+    def __init__(self, cfg: BatchConfig):
+        self.cfg = cfg
+        self.engine = None
+        self._init_lock = asyncio.Lock()
+        self.pages_done = 0
+
+    async def _ensure_engine(self) -> None:
+        if self.engine is not None:
+            return
+        async with self._init_lock:
+            if self.engine is not None:
+                return
+            from padoc_ray.hf_tokenizer import ModelProtocol
+            from padoc_ray.local import start_engine
+            from padoc_ray.pipeline.storage import local_model_dir
+            from padoc_ray.scheduler.runner import branch_admission
+
+            model_dir = local_model_dir(self.cfg.model, self.cfg.storage)
+            self.proto = ModelProtocol(model_dir)
+            self.truth = {}
+            if self.cfg.replay_gt:
+                from padoc_ray.local import truth_from_json
+                from padoc_ray.pipeline.storage import read_bytes as _read
+
+                self.truth = truth_from_json(_read(self.cfg.replay_gt, self.cfg.storage))
+            self.sem = asyncio.Semaphore(self.cfg.pages_in_flight)
+            self.admission = branch_admission(self.cfg.max_live_branches)
+            if self.cfg.engine == "noop":  # pipeline-overhead benchmark: every page is an empty layout
+                from padoc_ray.engine.fake import ScriptedEngine
+
+                eos = self.proto.vocab.end_of_stream
+                self.engine = ScriptedEngine(lambda req: [eos])
+            else:
+                self.engine = start_engine(model_dir, **dict(self.cfg.engine_overrides))
+            logger.info("engine actor pid %d ready (model %s)", os.getpid(), self.cfg.model)
+
+    async def __call__(self, batch: pa.Table) -> AsyncIterator[pa.Table]:
+        from padoc_ray.engine.interface import EngineDeadError
+
+        await self._ensure_engine()
+        items = batch.to_pylist()
+        tasks = [asyncio.create_task(self._one(r)) for r in items]
+        try:
+            for t in tasks:  # input order: a retried task yields the same rows in the same order
+                yield rows.to_table([await t])
+        except EngineDeadError:
+            logger.exception("engine died in actor pid %d: exiting so Ray restarts the actor", os.getpid())
+            os._exit(1)
+
+    async def _one(self, row: dict) -> dict:
+        from PIL import Image
+
+        from padoc_ray.scheduler import PageInput, replay_input, run_page
+
+        png = row.pop("image_png", None)
+        if row.get("status") is not None or png is None:
+            return row  # an error row from rasterization: passes through
+        img = Image.open(io.BytesIO(png)).convert("RGB")
+        inp = PageInput(page_id=f"{row['doc_id'][:16]}:{row['page_index']}", image=img, width=img.width,
+                        height=img.height, cache_salt=row["doc_id"], page_no=row["page_index"],
+                        image_path=row["source_uri"])
+        truth = self.truth.get((os.path.basename(row["source_uri"]), row["page_index"]))
+        if truth is not None:
+            inp = replay_input(self.proto, truth, inp, self.cfg.mode)
+        async with self.sem:
+            rec = await run_page(self.engine, self.proto, inp, mode=self.cfg.mode, cfg=self.cfg.scheduler,
+                                 admission=self.admission)
+        self.pages_done += 1
+        logger.info("page %s:%d %s in %.2fs", row["doc_id"][:12], row["page_index"], rec.status, rec.e2e_s)
+        return rows.page_row(row, rec, render_s=row.get("render_s"))
