@@ -9,6 +9,7 @@ engines or Ray.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -28,6 +29,10 @@ MAX_PAGE_POINTS = 14400.0
 MIN_PAGE_POINTS = 7.2
 #: never render more pixels than this per page, whatever the settings say
 MAX_RENDER_PIXELS = 40_000_000
+
+
+_PAGES_COUNT_ZERO = re.compile(rb"/Count\s*0(?![0-9])")
+_PAGES_COUNT_NONZERO = re.compile(rb"/Count\s*[1-9]")
 
 
 class PdfError(Exception):
@@ -76,8 +81,12 @@ def open_pdf(data: bytes):
     try:
         doc = pdfium.PdfDocument(data)
     except pdfium.PdfiumError as e:
-        if getattr(e, "err_code", None) == pdfium.raw.FPDF_ERR_PASSWORD:
+        # pdfium's last-error code is per thread and not reset on success, so it can be stale:
+        # confirm each diagnosis from the bytes themselves
+        if getattr(e, "err_code", None) == pdfium.raw.FPDF_ERR_PASSWORD and b"/Encrypt" in data:
             raise PdfError(ENCRYPTED, "the PDF is encrypted and needs a password") from e
+        if _PAGES_COUNT_ZERO.search(data) and not _PAGES_COUNT_NONZERO.search(data):
+            raise PdfError(NO_PAGES, "the PDF has no pages") from e  # pdfium refuses page-less documents
         raise PdfError(CORRUPT, f"pdfium could not open it ({e})") from e
     if len(doc) == 0:
         doc.close()
@@ -95,7 +104,8 @@ class RenderedPage:
 
 
 def render_page(doc, index: int, cfg: RenderConfig = RenderConfig()) -> RenderedPage:
-    """Render page ``index`` (0-based); rotation from /Rotate is applied. Raises PdfError."""
+    """Render page ``index`` (0-based) as a viewer shows it: the page's /Rotate is applied (so a
+    /Rotate 90 portrait page comes out landscape). Raises PdfError."""
     import pypdfium2 as pdfium
 
     try:
@@ -108,7 +118,8 @@ def render_page(doc, index: int, cfg: RenderConfig = RenderConfig()) -> Rendered
             raise PdfError(ABSURD_PAGE_SIZE, f"page {index} is {w:.0f}x{h:.0f} pt")
         rot = page.get_rotation()
         try:
-            img = page.render(scale=cfg.scale_for(w, h), rotation=0, may_draw_forms=True).to_pil()
+            # pdfium renders the unrotated page; apply /Rotate so the image is upright as viewers show it
+            img = page.render(scale=cfg.scale_for(w, h), rotation=rot, may_draw_forms=True).to_pil()
         except Exception as e:  # noqa: BLE001 - pdfium raises several kinds
             raise PdfError(RENDER_FAILED, f"page {index}: {e}") from e
         return RenderedPage(index=index, image=img.convert("RGB"), width_pt=w, height_pt=h, rotation=rot)

@@ -46,20 +46,28 @@ def union(boxes: list[Rect]) -> Rect:
     return (min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes))
 
 
+#: CJK punctuation that may not open a line (kinsoku): the char before it moves down with it
+NO_LINE_START = frozenset("，。、；：？！）》」』”’·…%")
+
+
 def wrap(tokens: list[str], sep: str, font: str, size: float, width: float, first: float = 0.0,
          hang: float = 0.0) -> list[tuple[float, int, int]]:
     """Greedy wrap by real advance widths: (x offset, token start, token end) per line."""
     sw = text_width(sep, font, size) if sep else 0.0
     lines: list[tuple[float, int, int]] = []
     start, cur, off = 0, 0.0, first
-    for i, t in enumerate(tokens):
-        w = text_width(t, font, size)
+    i = 0
+    while i < len(tokens):
+        w = text_width(tokens[i], font, size)
         trial = cur + sw + w if i > start else w
         if i > start and trial > width - off:
+            if not sep and tokens[i] in NO_LINE_START and i - 1 > start:
+                i -= 1
             lines.append((off, start, i))
-            start, cur, off = i, w, hang
-        else:
-            cur = trial
+            start, cur, off = i, 0.0, hang
+            continue
+        cur = trial
+        i += 1
     lines.append((off, start, len(tokens)))
     return lines
 

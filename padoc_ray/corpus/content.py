@@ -343,6 +343,7 @@ def table_spec(rng: random.Random, lang: str, n_rows: int, n_cols: int, *, merge
 _VARS = list("xyzabnkt") + [r"\alpha", r"\beta", r"\gamma", r"\lambda", r"\mu", r"\sigma", r"\theta", r"\phi", r"\omega"]
 _FUNCS = ["f", "g", "h", "F", "L", "P", "E"]
 _OPS = ["+", "-", "+", r"\cdot", r"\times"]
+_RELS2 = ["=", "=", r"\leq"]
 
 
 def _atom(rng: random.Random) -> str:
@@ -392,7 +393,10 @@ def formula(rng: random.Random) -> str:
     """A display formula in LaTeX that mathtext can draw (no delimiters)."""
     lhs = rng.choice([_atom(rng), rf"{rng.choice(_FUNCS)}\left( {_atom(rng)} \right)", rng.choice(_VARS)])
     rel = rng.choice(["=", "=", "=", r"\leq", r"\geq", r"\approx"])
-    return f"{lhs} {rel} {_expr(rng, 2, 3)}"
+    out = f"{lhs} {rel} {_expr(rng, 2, 4)}"
+    if rng.random() < 0.35:  # a second relation, as in derivations
+        out += f" {rng.choice(_RELS2)} {_expr(rng, 1, 3)}"
+    return out
 
 
 # ---- figures --------------------------------------------------------------------------------------
@@ -423,10 +427,10 @@ def caption(rng: random.Random, lang: str, what: str, k: int) -> str:
     L = LANGS[lang]
     label = L.figure if what == "figure" else L.table
     if lang == "zh":
-        return f"{label}{k} {short_phrase(rng, lang, 3, 8)}"
-    body = short_phrase(rng, lang, 3, 7) + "."
-    if rng.random() < 0.5:
-        body += " " + sentence(rng, lang)
+        return f"{label}{k} {short_phrase(rng, lang, 2, 7)}"
+    body = short_phrase(rng, lang, 2, 6)
+    if rng.random() < 0.3:
+        body += ". " + sentence(rng, lang)
     sep = rng.choice([":", "."])
     return f"{label} {k}{sep} {body}"
 

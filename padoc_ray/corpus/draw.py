@@ -85,7 +85,7 @@ def _formula_path(latex: str, size: float, family: str):
     from matplotlib.font_manager import FontProperties
     from matplotlib.textpath import TextPath
 
-    logging.getLogger("matplotlib._mathtext").setLevel(logging.ERROR)  # "Underful Vlist" chatter
+    logging.getLogger("matplotlib.mathtext").setLevel(logging.ERROR)  # "Underful Vlist" chatter
     prop = FontProperties(family="DejaVu Serif", size=size, math_fontfamily=family)
     path = TextPath((0, 0), f"${latex}$", prop=prop)
     return path, path.get_extents()

@@ -33,6 +33,7 @@ import os
 import random
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from padoc_ray.protocol import Box, Page, Region, page_from_omnidocbench, page_to_omnidocbench
@@ -148,9 +149,29 @@ def to_omnidocbench(page: Page) -> dict:
     return obj
 
 
+@contextmanager
+def _binary_streams():
+    """reportlab ASCII85-encodes streams by default, in pure Python (slow for images): off while we
+    build, restored after."""
+    from reportlab import rl_config
+
+    old = rl_config.useA85
+    rl_config.useA85 = 0
+    try:
+        yield
+    finally:
+        rl_config.useA85 = old
+
+
 def build_document(out_dir: str, seed: int, profile: str, doc_index: int, n_pages: int, dpi: float,
                    images: bool, image_format: str = "jpg") -> list[dict]:
     """Build, write and (optionally) render one document; return its GT pages."""
+    with _binary_streams():
+        return _build_document(out_dir, seed, profile, doc_index, n_pages, dpi, images, image_format)
+
+
+def _build_document(out_dir: str, seed: int, profile: str, doc_index: int, n_pages: int, dpi: float,
+                    images: bool, image_format: str) -> list[dict]:
     from reportlab.pdfgen import canvas
 
     from .draw import Painter, ensure_fonts

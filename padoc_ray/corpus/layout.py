@@ -109,8 +109,10 @@ def plan_document(rng: random.Random, prof: Profile, n_pages: int) -> DocPlan:
         pn_style=rng.randrange(4) if rng.random() < prof.p_page_number else None,
         pn_pos=rng.choice(["bottom-center", "bottom-center", "bottom-right", "top-right"]),
         title=rng.random() < prof.p_title, abstract=rng.random() < prof.p_abstract and not slides,
-        scanned=rng.random() < prof.p_scanned_doc,
-        rotated={i for i in range(n_pages) if rng.random() < prof.p_rotated_page} if not slides else set(),
+        # Chinese pages are never scanned or rotated: STSong-Light is not embedded, and pdfium without a
+        # CJK font can neither rasterize it nor keep its text layer on rotated text (see draw.cjk_renders)
+        scanned=rng.random() < prof.p_scanned_doc and lang != "zh",
+        rotated={i for i in range(n_pages) if rng.random() < prof.p_rotated_page and not slides and lang != "zh"},
         references=rng.random() < prof.p_references and lang == "en" and not slides,
     )
     doc.stream = BlockStream(rng, doc)
@@ -127,6 +129,7 @@ class BlockStream:
         self.sec = [0, 0]
         self.n_fig = self.n_tab = self.n_eq = self.n_ref = 0
         self.last = ""
+        self.ended = False
         weights = dict(doc.profile.blocks)
         if self.st.slides:
             weights = {"list": 0.45, "paragraph": 0.2, "figure": 0.25, "table": 0.1}
@@ -166,7 +169,8 @@ class BlockStream:
         st, rng, prof = self.st, self.rng, self.doc.profile
         size = st.size * (0.9 if not st.slides else 0.75)
         max_cols = max(2, min(8, int(width / (size * 6))))
-        spec = C.table_spec(rng, st.lang, rng.randrange(3, 12 if not st.slides else 6), rng.randrange(2, max_cols + 1),
+        lo, hi = prof.table_rows if not st.slides else (3, 5)
+        spec = C.table_spec(rng, st.lang, rng.randint(lo, hi), rng.randrange(2, max_cols + 1),
                             merged=prof.p_merged_cells)
         self.n_tab += 1
         cap = self.caption("table", self.n_tab) if rng.random() < 0.85 else None
@@ -219,8 +223,11 @@ class BlockStream:
         return [head] + items
 
     def next(self, width: float):
+        """The next block, or None once the document has ended (after its reference list)."""
         if self.pending:
             return self.pending.popleft()
+        if self.ended:
+            return None
         kind = weighted(self.rng, self.weights)
         if self.last == "heading" or (kind == "heading" and self.last in ("", "heading")):
             kind = "paragraph"
@@ -238,28 +245,40 @@ class BlockStream:
             return self.formula()
         if kind == "figure":
             return self.figure()
-        return self.para((1, 4) if self.st.slides else (2, 7))
+        if self.st.slides:
+            return self.para((1, 4))
+        return self.para((8, 15) if self.rng.random() < self.doc.profile.long_paragraphs else (2, 8))
 
 
 # ---- composing a page ----------------------------------------------------------------------------
 def _fill(p: Painter, stream: BlockStream, x: float, width: float, y0: float, y1: float, out: list[RSpec]) -> None:
-    """Fill one column, top to bottom, with blocks from the stream."""
+    """Fill one column, top to bottom, with blocks from the stream. A table, figure or formula that
+    does not fit waits (at most two of them) while text goes on filling the column, as floats do."""
     y = y0
+    deferred: list = []
+    first: list = []  # what must open the next column: a split paragraph's rest, or a block that did not fit
     for _ in range(200):
         if y1 - y <= 6:
-            return
+            break
         block = stream.next(width)
+        if block is None:
+            break
         placed: Placed | None = block.fit(width, y1 - y)
         if placed is None:
-            if y > y0:  # the next column or page gets it
-                stream.push(block)
-                return
-            continue  # it does not fit even an empty column: drop it
+            if y == y0:  # it does not fit even an empty column: drop it
+                continue
+            if isinstance(block, (TableBlock, FigureBlock, FormulaBlock)) and len(deferred) < 2:
+                deferred.append(block)
+                continue
+            first.append(block)
+            break
         out.extend(placed.draw(p, x, y))
-        y += placed.height + block.gap
+        y += placed.height + max(block.gap, 4.0)  # padded boxes (1.5 pt each) never touch
         if placed.rest is not None:
-            stream.push(placed.rest)
-            return
+            first.append(placed.rest)
+            break
+    for b in reversed(first + deferred):
+        stream.push(b)
 
 
 def _furniture(p: Painter, doc: DocPlan, page_no: int, W: float, H: float) -> list[RSpec]:
@@ -281,11 +300,10 @@ def _furniture(p: Painter, doc: DocPlan, page_no: int, W: float, H: float) -> li
         text = C.page_number_text(doc.pn_style, page_no + 1, doc.n_pages, doc.lang)
         pfont = "Times-Roman" if doc.lang == "zh" and text.isascii() else font
         w = text_width(text, pfont, small)
-        if pos == "top-right" and not doc.header:
+        if pos == "top-right" and len(doc.header) != 1:
             pos = "bottom-right"
-        if pos == "top-right":
-            y, x = y_head - line_height(pfont, small) - 6, W - right - w
-            y = max(4.0, y)
+        if pos == "top-right":  # on the header line, at the right margin
+            y, x = y_head + line_height(font, small) - line_height(pfont, small), W - right - w
         elif pos == "bottom-right" or (doc.footer and pos == "bottom-center"):
             y, x = y_foot, W - right - w
         else:
@@ -351,6 +369,7 @@ def compose_page(p: Painter, rng: random.Random, doc: DocPlan, page_no: int) -> 
     for k in range(cols):
         if page_no == doc.n_pages - 1 and doc.references and k == cols - 1:
             stream.pending.extend(stream.references())  # the reference list closes the document
+            stream.ended = True
         _fill(p, stream, left + k * (col_w + st.col_gap), col_w, y, bottoms[k], body)
     for i, r in enumerate(body):
         r.order = i + 1

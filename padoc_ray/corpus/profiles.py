@@ -49,6 +49,8 @@ class Profile:
     p_table_note: float = 0.25
     p_merged_cells: float = 0.5
     photo_share: float = 0.25  # figures that are photos rather than charts
+    long_paragraphs: float = 0.12  # share of long (8-14 sentence) paragraphs
+    table_rows: tuple[int, int] = (3, 16)  # body rows, inclusive
     promises: tuple[str, ...] = field(default=())
 
 
@@ -59,12 +61,13 @@ PROFILES: dict[str, Profile] = {
         name="mixed",
         description="a blend of papers, reports, books and slides in English, Chinese, Greek and Russian; "
                     "one to three columns; some scanned and some rotated pages (the default)",
-        languages={"en": 0.62, "zh": 0.28, "el": 0.05, "ru": 0.05},
-        columns={1: 0.55, 2: 0.4, 3: 0.05},
+        languages={"en": 0.64, "zh": 0.30, "el": 0.03, "ru": 0.03},
+        columns={1: 0.6, 2: 0.36, 3: 0.04},
         page_sizes={"letter": 0.45, "a4": 0.45, "b5": 0.10},
         doc_pages=(1, 6),
-        blocks={"paragraph": 0.50, "heading": 0.13, "list": 0.07, "table": 0.09, "formula": 0.09, "figure": 0.12},
-        body_size=(9.5, 11.5),
+        blocks={"paragraph": 0.45, "heading": 0.16, "list": 0.07, "table": 0.09, "formula": 0.09, "figure": 0.14},
+        body_size=(10.0, 12.0),
+        long_paragraphs=0.2,
         p_footnote=0.12,
         p_scanned_doc=0.08,
         p_rotated_page=0.05,

@@ -8,10 +8,10 @@ For every GT page with a text layer:
   and a page passes at ``>= min_coverage`` (0.95). Rectangles pdfium reports with zero height (text
   in a font it cannot load, e.g. the non-embedded STSong-Light on a machine without CJK fonts)
   are given the height of the characters' loose boxes (from the font descriptor's ascent/descent);
-* **text**: for every region whose content is text or an HTML table, the text-layer text inside
-  its box (``get_text_bounded``) equals the annotated text (tags stripped for tables) once all
-  whitespace is removed (line breaks become spaces or nothing depending on the producer, so
-  whitespace carries no signal);
+* **text**: for every region whose content is text or an HTML table, the text-layer characters
+  whose loose boxes are centred in its box (in text-layer order) equal the annotated text (tags
+  stripped for tables) once all whitespace is removed (line breaks become spaces or nothing
+  depending on the producer, so whitespace carries no signal);
 * **geometry**: the page's rendered size at ``page_info.dpi`` equals the annotated width and
   height, and no two GT boxes overlap.
 
@@ -140,22 +140,33 @@ class VerifyReport:
         }
 
 
-def _rects_px(tp, pm: PageMap) -> list[tuple[float, float, float, float]]:
-    rects = [tp.get_rect(i) for i in range(tp.count_rects())]
-    if any(t - b < 0.5 for (_, b, _, t) in rects):  # zero-height: take the chars' loose boxes
-        chars = []
-        for i in range(tp.count_chars()):
-            tight, loose = tp.get_charbox(i), tp.get_charbox(i, loose=True)
-            chars.append((tight, loose))
-        fixed = []
-        for (l, b, r, t) in rects:
-            if t - b < 0.5:
-                boxes = [lo for ti, lo in chars if abs(ti[1] - b) < 0.6 and ti[0] >= l - 0.6 and ti[2] <= r + 0.6]
-                if boxes:
-                    b, t = min(x[1] for x in boxes), max(x[3] for x in boxes)
-            fixed.append((l, b, r, t))
-        rects = fixed
-    return [pm.rect_to_px(*r) for r in rects]
+def _chars(tp) -> list[tuple[str, tuple, tuple]]:
+    """(char, tight box, loose box) in PDF user space for every non-whitespace char of the layer."""
+    n = tp.count_chars()
+    full = tp.get_text_range(0, n) if n else ""
+    out = []
+    for i in range(n):
+        ch = full[i] if len(full) == n else tp.get_text_range(i, 1)
+        if not ch or ch.isspace() or ch in "\x00\ufffe\ufeff":
+            continue
+        out.append((ch, tp.get_charbox(i), tp.get_charbox(i, loose=True)))
+    return out
+
+
+def _rects_px(tp, pm: PageMap, chars) -> list[tuple[float, float, float, float]]:
+    """Text-layer rectangles in GT pixels. A degenerate one (zero height or width: a font pdfium
+    could not load) takes the union of its characters' loose boxes."""
+    out = []
+    for i in range(tp.count_rects()):
+        l, b, r, t = tp.get_rect(i)
+        if t - b < 0.5 or r - l < 0.5:
+            inside = [lo for _, ti, lo in chars
+                      if l - 0.6 <= ti[0] and ti[2] <= r + 0.6 and b - 0.6 <= ti[1] and ti[3] <= t + 0.6]
+            if inside:
+                l, b = min(min(x[0] for x in inside), l), min(min(x[1] for x in inside), b)
+                r, t = max(max(x[2] for x in inside), r), max(max(x[3] for x in inside), t)
+        out.append(pm.rect_to_px(l, b, r, t))
+    return out
 
 
 def check_page(pdf, gt_page: dict, min_coverage: float = 0.95) -> PageCheck:
@@ -187,12 +198,13 @@ def check_page(pdf, gt_page: dict, min_coverage: float = 0.95) -> PageCheck:
                 if n_chars:
                     pc.problems.append(f"scanned page has a text layer ({n_chars} chars)")
                 return pc
-            rects = _rects_px(tp, pm)
+            chars = _chars(tp)
+            rects = _rects_px(tp, pm, chars)
             pc.rects = len(rects)
             total = covered = 0.0
             for r in rects:
-                area = max(r[2] - r[0], 1.0) * max(r[3] - r[1], 1.0)
                 rr = (r[0], r[1], max(r[2], r[0] + 1.0), max(r[3], r[1] + 1.0))
+                area = (rr[2] - rr[0]) * (rr[3] - rr[1])
                 got = min(area, sum(_inter(rr, b) for b in boxes))
                 total += area
                 covered += got
@@ -203,13 +215,21 @@ def check_page(pdf, gt_page: dict, min_coverage: float = 0.95) -> PageCheck:
             pc.coverage = covered / total if total else 1.0
             if pc.coverage < min_coverage:
                 pc.problems.append(f"coverage {pc.coverage:.3f} < {min_coverage}")
-            for det, box in zip(gt_page["layout_dets"], boxes):
-                fmt = next((k for k in TEXT_FORMATS if k in det), None)
+            # each char goes to the GT box holding the centre of its loose box, in text-layer order
+            owner_text: dict[int, list[str]] = {}
+            for ch, _, lo in chars:
+                x0, y0, x1, y1 = pm.rect_to_px(*lo)
+                cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+                for k, b in enumerate(boxes):
+                    if b[0] <= cx <= b[2] and b[1] <= cy <= b[3]:
+                        owner_text.setdefault(k, []).append(ch)
+                        break
+            for k, det in enumerate(gt_page["layout_dets"]):
+                fmt = next((f for f in TEXT_FORMATS if f in det), None)
                 if fmt is None:
                     continue
                 want = norm(html_text(det[fmt]) if fmt == "html" else det[fmt])
-                l, b_, r_, t = pm.px_to_rect(box)
-                got = norm(tp.get_text_bounded(l, b_, r_, t))
+                got = "".join(owner_text.get(k, []))
                 pc.text_regions += 1
                 if got == want:
                     pc.text_matched += 1

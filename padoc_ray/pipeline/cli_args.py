@@ -68,6 +68,8 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
     act.add_argument("--engine", choices=("vllm", "noop"), default="vllm",
                      help="noop: no model, every page an empty layout (measures pipeline overhead)")
     p.add_argument("--raster-cpus", type=float, default=0.5, help="CPUs per rasterization task (default 0.5)")
+    p.add_argument("--rows-per-file", type=int, default=32,
+                   help="page rows per Parquet file; progress is saved file by file (default 32)")
     p.add_argument("--address", default=None,
                    help="Ray cluster address (default: RAY_ADDRESS, else a local cluster started for this run)")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -84,7 +86,7 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
         storage=StorageConfig(endpoint=args.s3_endpoint), num_actors=args.actors,
         gpus_per_actor=args.gpus_per_actor, cpus_per_actor=args.cpus_per_actor, pages_in_flight=args.pages_in_flight,
         max_live_branches=args.max_live_branches, engine_overrides=overrides, engine=args.engine,
-        raster_cpus=args.raster_cpus, replay_gt=args.replay,
+        raster_cpus=args.raster_cpus, replay_gt=args.replay, rows_per_file=args.rows_per_file,
     )
 
 

@@ -35,6 +35,7 @@ class BatchConfig:
     # rasterization
     raster_cpus: float = 0.5  #: CPUs per rasterization task
     raster_block_mb: int = 16  #: target size of blocks of rendered pages (bounds memory in flight)
+    rows_per_file: int = 32  #: page rows per Parquet file: smaller files = finer-grained resume
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:

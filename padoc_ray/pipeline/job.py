@@ -95,7 +95,7 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
     fs, path = filesystem(join(cfg.output, "pages"), cfg.storage)
     if not is_s3(cfg.output):
         os.makedirs(path, exist_ok=True)
-    ds.write_parquet(path, filesystem=fs, min_rows_per_file=64)
+    ds.write_parquet(path, filesystem=fs, min_rows_per_file=cfg.rows_per_file)
 
 
 def run_batch(cfg: BatchConfig, *, log=print) -> dict:

@@ -1,0 +1,68 @@
+"""PDFs of every bad-input kind the batch job must account for, made on the fly."""
+
+from __future__ import annotations
+
+import io
+import os
+
+from reportlab.lib import pdfencrypt
+from reportlab.pdfgen import canvas
+
+
+def text_pdf(pages: int = 1, size=(612, 792), rotate: int = 0, encrypt: str | None = None, label: str = "Page") -> bytes:
+    buf = io.BytesIO()
+    kw = {"encrypt": pdfencrypt.StandardEncryption(encrypt, canPrint=0)} if encrypt else {}
+    c = canvas.Canvas(buf, pagesize=size, invariant=1, **kw)
+    for i in range(pages):
+        if rotate:
+            c.setPageRotation(rotate)
+        c.setFont("Helvetica", 14)
+        c.drawString(36, size[1] / 2, f"{label} {i + 1}: some text for the parser.")
+        c.showPage()
+    c.save()
+    return buf.getvalue()
+
+
+def image_only_pdf() -> bytes:
+    from PIL import Image, ImageDraw
+    from reportlab.lib.utils import ImageReader
+
+    img = Image.new("RGB", (400, 500), "white")
+    ImageDraw.Draw(img).rectangle([40, 40, 360, 120], fill="black")
+    buf = io.BytesIO()
+    c = canvas.Canvas(buf, pagesize=(612, 792), invariant=1)
+    c.drawImage(ImageReader(img), 0, 0, width=612, height=792)
+    c.showPage()
+    c.save()
+    return buf.getvalue()
+
+
+def zero_page_pdf() -> bytes:
+    import pypdfium2 as pdfium
+
+    doc = pdfium.PdfDocument.new()
+    buf = io.BytesIO()
+    doc.save(buf)
+    return buf.getvalue()
+
+
+def write_bad_input_folder(d: str, big_pages: int = 1000) -> dict[str, dict]:
+    """Writes one file per kind into ``d``; returns name -> expectations."""
+    good = text_pdf(2)
+    files = {
+        "good.pdf": (good, {"doc_status_in": ("ok", "failed", "partial"), "pages": 2}),
+        "notes.txt": (b"just some text, not a PDF", {"doc_status": "skipped", "code": "not_pdf"}),
+        "zero.pdf": (b"", {"doc_status": "empty_file", "code": "empty_file"}),
+        "truncated.pdf": (good[: len(good) // 3], {"doc_status_in": ("corrupt_pdf", "ok", "failed", "partial")}),
+        "corrupt.pdf": (b"%PDF-1.7\n" + bytes(range(256)) * 40, {"doc_status": "corrupt_pdf", "code": "corrupt_pdf"}),
+        "encrypted.pdf": (text_pdf(1, encrypt="secret"), {"doc_status": "encrypted_pdf", "code": "encrypted_pdf"}),
+        "nopages.pdf": (zero_page_pdf(), {"doc_status": "no_pages", "code": "no_pages"}),
+        "huge.pdf": (text_pdf(1, size=(20000, 20000)), {"page_status": "absurd_page_size", "pages": 1}),
+        "rotated.pdf": (text_pdf(2, rotate=90), {"pages": 2}),
+        "scan.pdf": (image_only_pdf(), {"pages": 1}),
+        "thousand.pdf": (text_pdf(big_pages, size=(200, 200)), {"pages": big_pages}),
+    }
+    for name, (data, _) in files.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+    return {name: exp for name, (_, exp) in files.items()}

@@ -1,0 +1,66 @@
+"""PDF opening and rasterization: every bad kind of file gets its specific code."""
+
+from __future__ import annotations
+
+import pytest
+
+from padoc_ray.pdf import PdfError, RenderConfig, iter_pages, open_pdf, render_page
+
+from .pdf_factory import image_only_pdf, text_pdf, zero_page_pdf
+
+
+@pytest.mark.parametrize("data, code", [
+    (b"", "empty_file"),
+    (b"hello world", "not_pdf"),
+    (b"%PDF-1.7\n" + bytes(range(256)) * 20, "corrupt_pdf"),
+    (None, "encrypted_pdf"),
+    ("zero", "no_pages"),
+])
+def test_document_errors_have_codes(data, code):
+    if data is None:
+        data = text_pdf(1, encrypt="secret")
+    elif data == "zero":
+        data = zero_page_pdf()
+    with pytest.raises(PdfError) as ei:
+        open_pdf(data)
+    assert ei.value.code == code
+
+
+def test_codes_do_not_leak_between_documents():
+    # pdfium's last-error code is sticky per thread: an encrypted file first must not make the next
+    # failure look encrypted too
+    for _ in range(2):
+        with pytest.raises(PdfError, match="encrypted_pdf"):
+            open_pdf(text_pdf(1, encrypt="secret"))
+        with pytest.raises(PdfError, match="no_pages"):
+            open_pdf(zero_page_pdf())
+        with pytest.raises(PdfError, match="corrupt_pdf"):
+            open_pdf(b"%PDF-1.4\n%%EOF garbage")
+
+
+def test_rendering_respects_size_rotation_and_guards():
+    doc = open_pdf(text_pdf(1))
+    p = render_page(doc, 0, RenderConfig(longest_side=800))
+    assert max(p.image.size) == 800 and p.image.mode == "RGB"
+    assert render_page(doc, 0, RenderConfig(dpi=72)).image.size == (612, 792)
+    rot = render_page(open_pdf(text_pdf(1, rotate=90)), 0, RenderConfig(longest_side=400))
+    assert rot.rotation == 90 and rot.image.width > rot.image.height
+    with pytest.raises(PdfError, match="absurd_page_size"):
+        render_page(open_pdf(text_pdf(1, size=(20000, 20000))), 0)
+    with pytest.raises(PdfError, match="absurd_page_size"):
+        render_page(open_pdf(text_pdf(1, size=(3, 3))), 0)
+    scan = render_page(open_pdf(image_only_pdf()), 0, RenderConfig(longest_side=500))
+    assert scan.image.getextrema()[0][0] == 0  # the drawn black bar is there
+
+
+def test_pixel_cap_bounds_huge_renders():
+    cfg = RenderConfig(dpi=1200, max_pixels=2_000_000)
+    p = render_page(open_pdf(text_pdf(1)), 0, cfg)
+    assert p.image.width * p.image.height <= 2_000_000 * 1.01
+
+
+def test_iter_pages_yields_errors_in_place():
+    doc = open_pdf(text_pdf(3))
+    out = list(iter_pages(doc, [0, 7, 2], RenderConfig(longest_side=200)))
+    assert [type(o).__name__ for o in out] == ["RenderedPage", "PdfError", "RenderedPage"]
+    assert out[1].code == "page_load_failed"

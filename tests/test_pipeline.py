@@ -1,0 +1,244 @@
+"""The batch job against real components: a `ray start --head` cluster on loopback, an S3 server
+(moto) on loopback, `ray job submit`, and the real CPU vLLM engine in the engine actors."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pypdfium2 as pdfium
+import pytest
+
+from .conftest import ROOT
+from .pdf_factory import write_bad_input_folder
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+BIN = os.path.dirname(sys.executable)
+EXAMPLES = os.path.join(ROOT, "examples")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra) -> dict:
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1", **extra)
+    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")  # as with an activated venv: `python` is this one
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """`ray start --head` on loopback (2 CPUs); stopped at the end."""
+    port, dash = _free_port(), _free_port()
+    tmp = str(tmp_path_factory.mktemp("ray"))
+    cmd = [os.path.join(BIN, "ray"), "start", "--head", "--num-cpus=2", "--disable-usage-stats",
+           f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--node-ip-address=127.0.0.1",
+           f"--temp-dir={tmp}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    info = {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}"}
+    yield info
+    subprocess.run([os.path.join(BIN, "ray"), "stop", "--force"], capture_output=True, env=_env(), timeout=120)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """An S3-compatible server (moto) on loopback, with test credentials in the environment."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port), "-H", "127.0.0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    endpoint = f"http://127.0.0.1:{port}"
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                          aws_secret_access_key="testing")
+    for _ in range(100):
+        try:
+            client.list_buckets()
+            break
+        except Exception:  # noqa: BLE001 - not up yet
+            time.sleep(0.1)
+    yield {"endpoint": endpoint, "client": client, "env": creds}
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def parse_cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "padoc_ray.cli", "parse", *args]
+
+
+def read_pages(out: str):
+    return pads.dataset(os.path.join(out, "pages"), format="parquet").to_table().to_pylist()
+
+
+def keys(rows):
+    return [(r["source_uri"], r["page_index"]) for r in rows]
+
+
+def test_job_submit_reads_and_writes_s3(ray_cluster, s3, tiny_model_dir, tmp_path):
+    c = s3["client"]
+    c.create_bucket(Bucket="padoc-in")
+    c.create_bucket(Bucket="padoc-out")
+    for f in glob.glob(os.path.join(EXAMPLES, "*.pdf")):
+        c.upload_file(f, "padoc-in", f"docs/{os.path.basename(f)}")
+    c.put_object(Bucket="padoc-in", Key="docs/readme.txt", Body=b"not a pdf")
+    c.upload_file(os.path.join(EXAMPLES, "ground_truth.json"), "padoc-in", "gt.json")
+    for f in os.listdir(tiny_model_dir):
+        c.upload_file(os.path.join(tiny_model_dir, f), "padoc-in", f"model/tiny/{f}")
+    runtime_env = {"env_vars": {**s3["env"], "AWS_ENDPOINT_URL": s3["endpoint"]},
+                   "excludes": [".venv", "models", "out", ".git", "*.parquet"]}
+    cmd = [os.path.join(BIN, "ray"), "job", "submit", "--address", ray_cluster["dashboard"], "--working-dir", ROOT,
+           "--runtime-env-json", json.dumps(runtime_env), "--",
+           "python", "jobs/batch_parse.py", "--input", "s3://padoc-in/docs", "--output", "s3://padoc-out/run1",
+           "--model", "s3://padoc-in/model/tiny", "--replay", "s3://padoc-in/gt.json", "--rows-per-file", "2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    print(out.stdout[-6000:], out.stderr[-3000:])
+    assert out.returncode == 0
+    assert "all inputs accounted: True" in out.stdout
+    summary = json.loads(c.get_object(Bucket="padoc-out", Key="run1/summary.json")["Body"].read())
+    assert summary["pages_written"] == 5 and summary["page_status"] == {"ok": 5}
+    assert summary["document_status"] == {"ok": 3, "skipped": 1}
+    from padoc_ray.pipeline.storage import StorageConfig, filesystem
+
+    fs, path = filesystem("s3://padoc-out/run1/pages", StorageConfig(endpoint=s3["endpoint"]))
+    os.environ.update(s3["env"])
+    rows = pads.dataset(path, filesystem=fs, format="parquet").to_table().to_pylist()
+    assert len(rows) == 6 and len(set(keys(rows))) == 6
+    memo = next(r for r in rows if r["source_uri"].endswith("memo.pdf"))
+    assert memo["status"] == "ok" and memo["regions"][0]["content"] == "MEMORANDUM"
+    assert memo["doc_id"] == __import__("hashlib").sha256(open(os.path.join(EXAMPLES, "memo.pdf"), "rb").read()).hexdigest()
+    assert memo["markdown"].startswith("# MEMORANDUM") and memo["f_padoc"] < memo["f_seq"]
+    skipped = next(r for r in rows if r["source_uri"].endswith("readme.txt"))
+    assert skipped["page_index"] == -1 and skipped["error_code"] == "not_pdf"
+
+
+def test_bad_inputs_are_all_accounted_for(ray_cluster, tiny_model_dir, tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    expect = write_bad_input_folder(str(src), big_pages=30)
+    out = tmp_path / "out"
+    args = ["--input", str(src), "--output", str(out), "--model", tiny_model_dir, "--address", ray_cluster["gcs"],
+            "--max-tokens", "24", "--longest-side", "400"]
+    run = subprocess.run(parse_cmd(*args), capture_output=True, text=True, env=_env(), timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = read_pages(str(out))
+    assert len(keys(rows)) == len(set(keys(rows)))  # no duplicates
+    docs = {os.path.basename(r["source_uri"]): r for r in pq.read_table(out / "documents").to_pylist()}
+    assert set(docs) == set(expect)  # every file accounted for
+    for name, exp in expect.items():
+        d = docs[name]
+        if "doc_status" in exp:
+            assert d["status"] == exp["doc_status"], (name, d)
+        if "doc_status_in" in exp:
+            assert d["status"] in exp["doc_status_in"], (name, d)
+        if "pages" in exp:
+            data = (src / name).read_bytes()
+            assert d["page_count"] == len(pdfium.PdfDocument(data)) == exp["pages"], name
+            page_rows = [r for r in rows if r["source_uri"].endswith("/" + name) and r["page_index"] >= 0]
+            assert sorted(r["page_index"] for r in page_rows) == list(range(exp["pages"])), name
+        if "page_status" in exp:
+            assert {r["status"] for r in rows if r["source_uri"].endswith("/" + name)} == {exp["page_status"]}
+    rotated = [r for r in rows if r["source_uri"].endswith("/rotated.pdf")]
+    assert all(r["rotation"] == 90 and r["image_width"] > r["image_height"] for r in rotated)
+    # a page whose generation fails gets its status (the random tiny model never closes the page)
+    assert {r["status"] for r in rows if r["source_uri"].endswith("/good.pdf")} <= {"token_limit", "runaway",
+                                                                                    "malformed_layout", "ok"}
+    # rerun: nothing to do, nothing added
+    again = subprocess.run(parse_cmd(*args), capture_output=True, text=True, env=_env(), timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "0 to do" in again.stdout
+    assert len(read_pages(str(out))) == len(rows)
+
+
+def _ray_state_pids(dashboard: str, class_fragment: str) -> list[int]:
+    from ray.util.state import list_actors
+
+    acts = list_actors(address=dashboard, filters=[("state", "=", "ALIVE")], limit=100)
+    return [a.pid for a in acts if class_fragment in (a.class_name or "")]
+
+
+def _example_copies(d, n: int) -> None:
+    os.makedirs(d, exist_ok=True)
+    for i in range(n):
+        for f in glob.glob(os.path.join(EXAMPLES, "*.pdf")):
+            shutil.copy(f, os.path.join(d, f"{i}_{os.path.basename(f)}"))
+
+
+def _gt_for_copies(path, n: int) -> str:
+    gt = json.load(open(os.path.join(EXAMPLES, "ground_truth.json")))
+    out = []
+    for i in range(n):
+        for p in gt:
+            q = json.loads(json.dumps(p))
+            q["page_info"]["source_pdf"] = f"{i}_{p['page_info']['source_pdf']}"
+            out.append(q)
+    with open(path, "w") as f:
+        json.dump(out, f)
+    return str(path)
+
+
+def test_killed_engine_actor_is_restarted_and_every_page_lands_once(ray_cluster, tiny_model_dir, tmp_path):
+    n = 6  # 30 pages
+    _example_copies(tmp_path / "in", n)
+    gt = _gt_for_copies(tmp_path / "gt.json", n)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(parse_cmd("--input", str(tmp_path / "in"), "--output", str(out), "--model", tiny_model_dir,
+                                      "--address", ray_cluster["gcs"], "--replay", gt, "--pages-in-flight", "4",
+                                      "--rows-per-file", "2"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    killed = None
+    deadline = time.time() + 300
+    while time.time() < deadline and killed is None:
+        pids = _ray_state_pids(ray_cluster["dashboard"], "EngineStage")
+        files = glob.glob(str(out / "pages" / "*.parquet"))
+        if pids and files:  # the engine is up and pages are landing: kill it mid-run
+            os.kill(pids[0], signal.SIGKILL)
+            killed = pids[0]
+        time.sleep(0.5)
+    assert killed, "the engine actor never started"
+    stdout, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr[-4000:]
+    rows = read_pages(str(out))
+    assert len(rows) == 30 and len(set(keys(rows))) == 30  # every page exactly once
+    assert all(r["status"] == "ok" for r in rows)
+
+
+def test_interrupted_driver_completes_on_rerun_without_duplicates(ray_cluster, tiny_model_dir, tmp_path):
+    n = 4  # 20 pages
+    _example_copies(tmp_path / "in", n)
+    gt = _gt_for_copies(tmp_path / "gt.json", n)
+    out = tmp_path / "out"
+    args = ["--input", str(tmp_path / "in"), "--output", str(out), "--model", tiny_model_dir, "--address",
+            ray_cluster["gcs"], "--replay", gt, "--rows-per-file", "1", "--pages-in-flight", "2"]
+    proc = subprocess.Popen(parse_cmd(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(glob.glob(str(out / "pages" / "*.parquet"))) < 3:
+        time.sleep(0.2)
+    assert glob.glob(str(out / "pages" / "*.parquet")), "no page was written before the deadline"
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver dies mid-run
+    proc.wait(timeout=60)
+    run = subprocess.run(parse_cmd(*args), capture_output=True, text=True, env=_env(), timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = read_pages(str(out))
+    assert len(rows) == 20 and len(set(keys(rows))) == 20
+    assert all(r["status"] == "ok" for r in rows)
+    summary = json.load(open(out / "summary.json"))
+    partial = sum(r["run_id"] != summary["run_id"] for r in rows)
+    assert 0 < partial < 20  # the killed run had written some pages, the rerun did the rest
+    assert summary["all_inputs_accounted"] and summary["pages_written"] == 20 - partial

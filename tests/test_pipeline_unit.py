@@ -1,0 +1,103 @@
+"""Pure parts of the batch job: input listing, page selection, resume planning, documents table."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from padoc_ray.pipeline import rows
+from padoc_ray.pipeline.config import BatchConfig
+from padoc_ray.pipeline.job import plan, read_pages
+from padoc_ray.pipeline.storage import InputError, list_inputs
+
+
+def _files(d, names):
+    for n in names:
+        p = d / n
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"%PDF-1.4 x" if n.endswith(".pdf") else b"x")
+
+
+def test_list_inputs_folder_glob_and_manifest(tmp_path):
+    _files(tmp_path, ["a.pdf", "b.pdf", "sub/c.pdf", "notes.txt", ".hidden.pdf"])
+    got = [os.path.relpath(u, tmp_path) for u, _ in list_inputs(str(tmp_path))]
+    assert got == ["a.pdf", "b.pdf", "notes.txt", "sub/c.pdf"]
+    got = [os.path.relpath(u, tmp_path) for u, _ in list_inputs(str(tmp_path / "*.pdf"))]
+    assert got == ["a.pdf", "b.pdf"]
+    man = tmp_path / "list.txt"
+    man.write_text(f"# inputs\n{tmp_path / 'a.pdf'}\n\n{tmp_path / 'gone.pdf'}\n")
+    got = dict(list_inputs(str(man)))
+    assert got[str(tmp_path / "a.pdf")] > 0 and got[str(tmp_path / "gone.pdf")] == -1
+    with pytest.raises(InputError, match="no such file"):
+        list_inputs(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no files"):
+        list_inputs(str(tmp_path / "empty"))
+
+
+def test_select_pages():
+    assert rows.select_pages(5, None, None) == [0, 1, 2, 3, 4]
+    assert rows.select_pages(5, [0, 2, 9], None) == [0, 2]
+    assert rows.select_pages(5, None, 2) == [0, 1]
+    assert rows.select_pages(0, None, None) == []
+
+
+def _page(uri, i, n, status="ok", run="r1"):
+    b = rows.base_row(run_id=run, uri=uri, doc_id="d" + uri, page_index=i, page_count=n, mode="fork", model_id="m")
+    return {**b, "status": status, "error_code": None if status == "ok" else status}
+
+
+def test_plan_skips_complete_documents_and_done_pages(tmp_path):
+    cfg = BatchConfig(input="x", output="y", model="m")
+    existing = rows.to_table([_page("a", 0, 2), _page("a", 1, 2), _page("b", 0, 3),
+                              {**_page("c", -1, None, "not_pdf")}])
+    listed = [("a", 1), ("b", 1), ("c", 1), ("d", 1)]
+    todo, complete = plan(listed, existing, cfg)
+    assert complete == 2
+    assert todo == [{"uri": "b", "size": 1, "done": [0]}, {"uri": "d", "size": 1, "done": []}]
+    cfg2 = BatchConfig(input="x", output="y", model="m", max_pages_per_doc=1)
+    assert [t["uri"] for t in plan(listed, existing, cfg2)[0]] == ["d"]
+
+
+def test_documents_table_statuses():
+    t = rows.to_table([
+        _page("ok", 0, 1), _page("part", 0, 2), _page("part", 1, 2, "runaway"), _page("bad", 0, 1, "token_limit"),
+        _page("inc", 0, 3), _page("txt", -1, None, "not_pdf"), _page("enc", -1, None, "encrypted_pdf"),
+    ])
+    listed = [(u, 1) for u in ("ok", "part", "bad", "inc", "txt", "enc", "never")]
+    d = {r["source_uri"]: r for r in rows.documents_table(t, listed, None, None).to_pylist()}
+    assert {k: v["status"] for k, v in d.items()} == {
+        "ok": "ok", "part": "partial", "bad": "failed", "inc": "incomplete", "txt": "skipped",
+        "enc": "encrypted_pdf", "never": "missing"}
+    assert d["part"]["pages_ok"] == 1 and d["part"]["pages_failed"] == 1 and d["inc"]["pages_selected"] == 3
+
+
+def test_read_pages_removes_half_written_files(tmp_path):
+    cfg = BatchConfig(input="x", output=str(tmp_path), model="m")
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    pq.write_table(rows.to_table([_page("a", 0, 1)]), pages / "good.parquet")
+    (pages / "torn.parquet").write_bytes(b"PAR1 half a file")
+    got = read_pages(str(pages), cfg)
+    assert got.num_rows == 1 and not (pages / "torn.parquet").exists()
+    assert read_pages(str(tmp_path / "none"), cfg).num_rows == 0
+
+
+def test_page_rows_round_trip_the_schema():
+    from padoc_ray.protocol import Box, Page, Region
+    from padoc_ray.scheduler import PageRecord
+
+    page = Page(width=10, height=10, regions=(Region(category="title", box=Box(0.1, 0.2, 0.3, 0.4), content="T"),))
+    rec = PageRecord(page_id="p", mode="fork", status="ok", valid=True, page=page, n_branches=1,
+                     region_finish_reasons=["stop"], region_tokens=[2], f_seq=10, f_padoc=9)
+    row = rows.page_row(rows.base_row(run_id="r", uri="u", doc_id="d", page_index=0, page_count=1, mode="fork",
+                                      model_id="m"), rec)
+    t = rows.to_table([row])
+    assert t.schema == rows.PAGE_SCHEMA
+    r = t.to_pylist()[0]
+    assert r["regions"][0]["category"] == "title" and r["regions"][0]["finish_reason"] == "stop"
+    assert r["markdown"] == "# T\n" and r["error_code"] is None
+    assert pa.types.is_timestamp(t.schema.field("processed_at").type)
