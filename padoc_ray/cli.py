@@ -259,6 +259,23 @@ def cmd_bench_replay(args) -> int:
     return 0
 
 
+def cmd_bench_raster(args) -> int:
+    import glob
+
+    from padoc_ray.bench.raster import run
+
+    paths = sorted(glob.glob(os.path.join(args.input, "**", "*.pdf"), recursive=True)) if os.path.isdir(args.input) \
+        else sorted(glob.glob(args.input))
+    if not paths:
+        _die(f"no PDFs at {args.input}")
+    res = run(paths, args.dpi, args.workers)
+    print(json.dumps(res, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
 # ---- the parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -339,6 +356,15 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--final-only-branches", action="store_true",
                     help="take each branch's output once at its end instead of streaming it")
     br.set_defaults(func=cmd_bench_replay)
+    bra = bsub.add_parser("raster", help="rasterization pages/s: padoc-ray's raster stage vs pdftoppm",
+                          description="Rasterize the same PDFs at the same DPI with pypdfium2 (render only; render + "
+                                      "PNG as the pipeline's raster stage does) and with pdftoppm (poppler), with 1 "
+                                      "and N processes, and print pages/s.")
+    bra.add_argument("--input", required=True, help="folder (searched recursively) or glob of PDFs")
+    bra.add_argument("--dpi", type=float, default=144, help="resolution for every tool (default 144)")
+    bra.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
+    bra.add_argument("--json", default=None, help="also write the results here")
+    bra.set_defaults(func=cmd_bench_raster)
     bench.set_defaults(func=lambda a: (bench.print_help(), 2)[1])
     return p
 

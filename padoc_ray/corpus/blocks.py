@@ -10,6 +10,7 @@ page are ``layout``'s business.
 
 from __future__ import annotations
 
+import io
 import random
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -303,6 +304,10 @@ class FigureBlock:
 
         def draw(p: Painter, x: float, y: float) -> list[RSpec]:
             img = render_figure(self.spec, round(w * FIG_PX_PER_PT), round(h * FIG_PX_PER_PT))
+            if self.spec.kind == "photo":  # photos go in as JPEG (DCT), as in real PDFs; charts losslessly
+                buf = io.BytesIO()
+                img.save(buf, "JPEG", quality=85)
+                img = buf.getvalue()
             box = p.image(img, x + (width - w) / 2, y, w, h)
             out = [RSpec("figure", box, None, "none", pad=FIG_PAD)]
             if cap:

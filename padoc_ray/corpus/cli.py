@@ -85,7 +85,7 @@ def cmd_verify(args) -> int:
     if not 0 < args.min_coverage <= 1:
         return _error(f"--min-coverage must be in (0, 1], got {args.min_coverage}")
     try:
-        rep = verify_corpus(args.dir, gt, min_coverage=args.min_coverage)
+        rep = verify_corpus(args.dir, gt, pdf_dir=args.pdfs, min_coverage=args.min_coverage)
     except (ValueError, OSError) as e:
         return _error(str(e))
     for p in rep.pages:
@@ -174,6 +174,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                     "have no text layer: they are skipped and counted. Exit 1 on any failure.")
     v.add_argument("dir", metavar="DIR", help="corpus folder holding gt.json and pdfs/")
     v.add_argument("--gt", default=None, help="ground truth file (default DIR/gt.json)")
+    v.add_argument("--pdfs", default=None, metavar="PDF_DIR",
+                   help="folder holding the PDFs named by page_info.source_pdf (default DIR/pdfs)")
     v.add_argument("--min-coverage", type=float, default=0.95, help="per-page coverage needed (default 0.95)")
     v.add_argument("--json", default=None, metavar="OUT", help="also write the per-page results to OUT")
     v.add_argument("-v", "--verbose", action="store_true", help="print every page, not only failing ones")

@@ -123,7 +123,8 @@ def _en_sentence(rng: random.Random) -> str:
     if t == 0:
         s = f"the {a} {n} {rng.choice(VERBS)} the {rng.choice(NOUNS)} {rng.choice(PREPS)} {n2}"
     elif t == 1:
-        s = f"we {rng.choice(VERBS_PAST)} the {n} {rng.choice(PREPS)} each {n2} and {rng.choice(VERBS_PAST)} the {rng.choice(ADJS)} {rng.choice(NOUNS)}"
+        v1, p1 = rng.choice(VERBS_PAST), rng.choice(PREPS)
+        s = f"we {v1} the {n} {p1} each {n2} and {rng.choice(VERBS_PAST)} the {rng.choice(ADJS)} {rng.choice(NOUNS)}"
     elif t == 2:
         s = f"this {n} {rng.choice(ADVS)} {rng.choice(VERBS)} {a} {n2}s {rng.choice(PREPS)} the {rng.choice(NOUNS)}"
     elif t == 3:
@@ -135,7 +136,8 @@ def _en_sentence(rng: random.Random) -> str:
     elif t == 5:
         s = f"{rng.choice(ADJS)} {n}s {rng.choice(VERBS_PAST[:10])} the {n2} of {rng.choice(ADJS)} {rng.choice(NOUNS)}s"
     elif t == 6:
-        s = f"the {n} and the {n2} {rng.choice(VERBS)} a {a} {rng.choice(NOUNS)} {rng.choice(PREPS)} the {rng.choice(ADJS)} {rng.choice(NOUNS)}"
+        v1, n3 = rng.choice(VERBS), rng.choice(NOUNS)
+        s = f"the {n} and the {n2} {v1} a {a} {n3} {rng.choice(PREPS)} the {rng.choice(ADJS)} {rng.choice(NOUNS)}"
     else:
         s = f"in the {a} {n}, the {n2} {rng.choice(VERBS)} the {rng.choice(NOUNS)}"
     if rng.random() < 0.25:
@@ -266,7 +268,8 @@ class TableSpec:
             out.append("<tr>")
             for c in by_row.get(r, []):
                 tag = "th" if c.header else "td"
-                attrs = (f' colspan="{c.colspan}"' if c.colspan > 1 else "") + (f' rowspan="{c.rowspan}"' if c.rowspan > 1 else "")
+                attrs = (f' colspan="{c.colspan}"' if c.colspan > 1 else "") + \
+                    (f' rowspan="{c.rowspan}"' if c.rowspan > 1 else "")
                 out.append(f" <{tag}{attrs}>{html.escape(c.text, quote=False)}</{tag}>")
             out.append("</tr>")
         out.append("</tbody>")
@@ -340,7 +343,8 @@ def table_spec(rng: random.Random, lang: str, n_rows: int, n_cols: int, *, merge
 
 
 # ---- formulas -------------------------------------------------------------------------------------
-_VARS = list("xyzabnkt") + [r"\alpha", r"\beta", r"\gamma", r"\lambda", r"\mu", r"\sigma", r"\theta", r"\phi", r"\omega"]
+_VARS = list("xyzabnkt") + [r"\alpha", r"\beta", r"\gamma", r"\lambda", r"\mu", r"\sigma", r"\theta", r"\phi",
+                            r"\omega"]
 _FUNCS = ["f", "g", "h", "F", "L", "P", "E"]
 _OPS = ["+", "-", "+", r"\cdot", r"\times"]
 _RELS2 = ["=", "=", r"\leq"]
@@ -454,9 +458,11 @@ def running_header(rng: random.Random, lang: str, kind: str) -> list[str]:
         return [a, f"{rng.randrange(2000, 2025)}年{rng.randrange(1, 13)}月"] if rng.random() < 0.5 else [a]
     if kind == "academic":
         j = rng.choice(JOURNALS)
-        return [f"{j} {rng.randrange(1, 80)} ({rng.randrange(1990, 2025)}) {rng.randrange(1, 900)}-{rng.randrange(900, 2000)}"]
+        vol, year = rng.randrange(1, 80), rng.randrange(1990, 2025)
+        return [f"{j} {vol} ({year}) {rng.randrange(1, 900)}-{rng.randrange(900, 2000)}"]
     if kind == "report":
-        return [rng.choice(COMPANIES), f"{rng.choice(['Annual', 'Quarterly', 'Research'])} Report {rng.randrange(2015, 2026)}"]
+        company, kind_name = rng.choice(COMPANIES), rng.choice(["Annual", "Quarterly", "Research"])
+        return [company, f"{kind_name} Report {rng.randrange(2015, 2026)}"]
     return [short_phrase(rng, lang, 2, 6)]
 
 
@@ -464,7 +470,8 @@ def footer_text(rng: random.Random, lang: str) -> str:
     if lang == "zh":
         return "请务必阅读正文之后的" + short_phrase(rng, lang, 2, 4)
     return rng.choice([f"\u00a9 {rng.randrange(2010, 2026)} {rng.choice(COMPANIES)}. All rights reserved.",
-                       "Confidential. For internal use only.", f"{rng.choice(COMPANIES)} | {short_phrase(rng, lang, 2, 4)}",
+                       "Confidential. For internal use only.",
+                       f"{rng.choice(COMPANIES)} | {short_phrase(rng, lang, 2, 4)}",
                        "Please see the disclosures at the end of this report."])
 
 

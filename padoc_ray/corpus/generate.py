@@ -8,8 +8,8 @@ count or on scheduling; results are gathered in document order. PDFs are written
 same software stack.
 
 Pixel space: every GT box is in pixels of the page image pypdfium2 renders by default (it applies
-/Rotate) at ``dpi`` (default 144, i.e. scale 2): ``width = ceil(display_width_pt * dpi / 72)``, and
-likewise the height. Boxes are the drawn extents (font ascent/descent, formula ink, image and
+/Rotate) at ``dpi`` (default 144, i.e. scale 2): ``width = ceil(display_width_pt * (dpi / 72))``,
+and likewise the height. Boxes are the drawn extents (font ascent/descent, formula ink, image and
 table rules) padded by 1-1.5 pt and rounded outwards to whole pixels.
 
 Scanned pages are drawn as vectors on a scratch canvas, rendered by pdfium at 110-200 dpi, made
@@ -122,8 +122,14 @@ def _scan(pdf_bytes: bytes, rng: random.Random) -> bytes:
     return out.getvalue()
 
 
+def render_size(width_pt: float, height_pt: float, dpi: float) -> tuple[int, int]:
+    """The bitmap size pypdfium2's ``page.render(scale=dpi / 72)`` makes (its own float expression)."""
+    scale = dpi / 72
+    return math.ceil(width_pt * scale), math.ceil(height_pt * scale)
+
+
 def _page_gt(specs, W: float, H: float, dpi: float, page_no: int, image_path: str, extra: dict) -> dict:
-    wpx, hpx = math.ceil(W * dpi / 72), math.ceil(H * dpi / 72)
+    wpx, hpx = render_size(W, H, dpi)
     sx, sy = wpx / W, hpx / H
     regions = []
     for r in specs:
@@ -364,7 +370,7 @@ def _write_manifest(cfg: GenerateConfig, pages: list[dict], n_docs: int) -> None
         "rotated_pages": sum(1 for p in pages if p["page_info"]["rotation"]),
         "categories": dict(sorted(cats.items())),
         "pixel_space": "pixels of the page as pypdfium2 renders it by default (with /Rotate) at dpi; "
-                       "width = ceil(width_pt * dpi / 72)",
+                       "width = ceil(width_pt * (dpi / 72))",
     }
     if cfg.images and any(p["page_info"]["page_attribute"]["language"] == "simplified_chinese" for p in pages):
         from .draw import cjk_renders

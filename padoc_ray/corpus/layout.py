@@ -337,14 +337,14 @@ def compose_page(p: Painter, rng: random.Random, doc: DocPlan, page_no: int) -> 
             regions += placed.draw(p, left, fy)
             p.line(left, fy - 5, left + col_w * 0.35, fy - 5, 0.4)
             bottoms[0] = fy - 12
-    # title block (first page), full width
-    if page_no == 0 and doc.title:
-        tsize = st.size * (1.9 if not st.slides else 1.6)
-        title = text_block("title", C.short_phrase(rng, doc.lang, 4, 11) if not st.slides else C.short_phrase(rng, doc.lang, 2, 6),
-                           st.spaced, st.fonts.heading, tsize, tsize * 1.2, splittable=False,
-                           align="center" if not st.slides else "left")
+    # title block (first page; every slide), full width
+    if (page_no == 0 and doc.title) or st.slides:
+        tsize = st.size * (1.6 if st.slides else 1.9)
+        text = C.short_phrase(rng, doc.lang, 2, 6) if st.slides else C.short_phrase(rng, doc.lang, 4, 11)
+        title = text_block("title", text, st.spaced, st.fonts.heading, tsize, tsize * 1.2, splittable=False,
+                           align="left" if st.slides else "center")
         intro = [title]
-        if doc.abstract:
+        if doc.abstract and page_no == 0:
             intro.append(text_block("text_block", C.author_line(rng, doc.lang), st.spaced, st.fonts.italic, st.size,
                                     st.leading, align="center", splittable=False))
             intro.append(text_block("title", "Abstract" if doc.lang == "en" else {"zh": "摘要", "el": "Περίληψη",

@@ -13,7 +13,8 @@ For every GT page with a text layer:
   stripped for tables) once all whitespace is removed (line breaks become spaces or nothing
   depending on the producer, so whitespace carries no signal);
 * **geometry**: the page's rendered size at ``page_info.dpi`` equals the annotated width and
-  height, and no two GT boxes overlap.
+  height (and so does the page image in ``images/``, where there is one), and no two GT boxes
+  overlap.
 
 Scanned pages (``page_info.scanned``) have no text layer: they are skipped, counted, and reported
 as skipped; a scanned page that *does* have a text layer is a failure. Formulas (drawn as vector
@@ -169,9 +170,18 @@ def _rects_px(tp, pm: PageMap, chars) -> list[tuple[float, float, float, float]]
     return out
 
 
-def check_page(pdf, gt_page: dict, min_coverage: float = 0.95) -> PageCheck:
+def check_page(pdf, gt_page: dict, min_coverage: float = 0.95, image_dir: str | None = None) -> PageCheck:
     info = gt_page["page_info"]
     pc = PageCheck(info.get("source_pdf", "?"), int(info["page_no"]), bool(info.get("scanned", False)))
+    if image_dir and info.get("image_path"):
+        path = os.path.join(image_dir, os.path.basename(info["image_path"]))
+        if os.path.exists(path):
+            from PIL import Image
+
+            with Image.open(path) as im:
+                if im.size != (round(float(info["width"])), round(float(info["height"]))):
+                    pc.problems.append(f"image {info['image_path']} is {im.size}, "
+                                       f"GT says {info['width']}x{info['height']}")
     if pc.page_no >= len(pdf):
         pc.problems.append(f"page {pc.page_no} does not exist (the PDF has {len(pdf)})")
         return pc
@@ -181,7 +191,7 @@ def check_page(pdf, gt_page: dict, min_coverage: float = 0.95) -> PageCheck:
         pm = PageMap(page, W, H)
         dpi = info.get("dpi")
         if dpi:
-            want = (math.ceil(pm.w_disp * dpi / 72), math.ceil(pm.h_disp * dpi / 72))
+            want = (math.ceil(pm.w_disp * (dpi / 72)), math.ceil(pm.h_disp * (dpi / 72)))  # as pypdfium2 renders
             if want != (round(W), round(H)):
                 pc.problems.append(f"rendered size at {dpi} dpi is {want}, GT says {(W, H)}")
         boxes = [_bounds(d["poly"]) for d in gt_page["layout_dets"]]
@@ -244,7 +254,8 @@ def check_page(pdf, gt_page: dict, min_coverage: float = 0.95) -> PageCheck:
 
 def verify_corpus(corpus_dir: str, gt_path: str | None = None, pdf_dir: str | None = None,
                   min_coverage: float = 0.95, limit: int | None = None) -> VerifyReport:
-    """Verify ``corpus_dir/gt.json`` against ``corpus_dir/pdfs`` (or the given paths)."""
+    """Verify ``corpus_dir/gt.json`` against ``corpus_dir/pdfs`` (or the given paths), and the sizes of
+    the page images in ``corpus_dir/images`` where they exist."""
     import pypdfium2 as pdfium
 
     gt_path = gt_path or os.path.join(corpus_dir, "gt.json")
@@ -279,7 +290,7 @@ def verify_corpus(corpus_dir: str, gt_path: str | None = None, pdf_dir: str | No
                 pc.problems.append(err)
                 checks.append(pc)
                 continue
-            checks.append(check_page(pdf, g, min_coverage))
+            checks.append(check_page(pdf, g, min_coverage, os.path.join(corpus_dir, "images")))
     finally:
         if pdf is not None:
             pdf.close()

@@ -68,6 +68,9 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
     act.add_argument("--engine", choices=("vllm", "noop"), default="vllm",
                      help="noop: no model, every page an empty layout (measures pipeline overhead)")
     p.add_argument("--raster-cpus", type=float, default=0.5, help="CPUs per rasterization task (default 0.5)")
+    p.add_argument("--image-encoding", choices=("png", "ppm"), default="png",
+                   help="how rendered pages travel to engine actors: png (lossless, small) or ppm (raw, fast to "
+                        "encode; for single-node clusters) (default png)")
     p.add_argument("--rows-per-file", type=int, default=32,
                    help="page rows per Parquet file; progress is saved file by file (default 32)")
     p.add_argument("--address", default=None,
@@ -87,6 +90,7 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
         gpus_per_actor=args.gpus_per_actor, cpus_per_actor=args.cpus_per_actor, pages_in_flight=args.pages_in_flight,
         max_live_branches=args.max_live_branches, engine_overrides=overrides, engine=args.engine,
         raster_cpus=args.raster_cpus, replay_gt=args.replay, rows_per_file=args.rows_per_file,
+        image_encoding=args.image_encoding,
     )
 
 

@@ -87,7 +87,7 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
     lo, hi = cfg.num_actors
     ds = ds.map_batches(
         EngineStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=1, batch_format="pyarrow",
-        compute=ActorPoolStrategy(min_size=lo, max_size=hi, max_tasks_in_flight_per_actor=2),
+        compute=ActorPoolStrategy(min_size=lo, max_size=hi, max_tasks_in_flight_per_actor=4),
         num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor or None,
         # pages of one block run concurrently in the actor, up to pages_in_flight
         runtime_env={"env_vars": {"RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY": str(cfg.pages_in_flight)}},

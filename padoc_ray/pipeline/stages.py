@@ -26,11 +26,11 @@ from padoc_ray.pipeline.storage import read_bytes
 
 logger = logging.getLogger(__name__)
 
-RASTER_SCHEMA = rows.PAGE_SCHEMA.append(pa.field("image_png", pa.binary()))
+RASTER_SCHEMA = rows.PAGE_SCHEMA.append(pa.field("image_bytes", pa.binary()))
 
 
-def _raster_table(row: dict, png: bytes | None = None) -> pa.Table:
-    return pa.Table.from_pylist([{**row, "image_png": png}], schema=RASTER_SCHEMA)
+def _raster_table(row: dict, image: bytes | None = None) -> pa.Table:
+    return pa.Table.from_pylist([{**row, "image_bytes": image}], schema=RASTER_SCHEMA)
 
 
 def rasterize(batch: pa.Table, cfg: BatchConfig, model_id: str) -> Iterator[pa.Table]:
@@ -75,7 +75,10 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> It
                 yield _raster_table(rows.error_row(b, e.code, e.message))
                 continue
             buf = io.BytesIO()
-            r.image.save(buf, format="PNG", compress_level=1)
+            if cfg.image_encoding == "png":
+                r.image.save(buf, format="PNG", compress_level=1)
+            else:
+                r.image.save(buf, format="PPM")
             b.update(image_width=r.image.width, image_height=r.image.height, page_width_pt=r.width_pt,
                      page_height_pt=r.height_pt, rotation=r.rotation, render_s=time.perf_counter() - t)
             yield _raster_table(b, buf.getvalue())
@@ -140,10 +143,10 @@ class EngineStage:
 
         from padoc_ray.scheduler import PageInput, replay_input, run_page
 
-        png = row.pop("image_png", None)
-        if row.get("status") is not None or png is None:
+        data = row.pop("image_bytes", None)
+        if row.get("status") is not None or data is None:
             return row  # an error row from rasterization: passes through
-        img = Image.open(io.BytesIO(png)).convert("RGB")
+        img = Image.open(io.BytesIO(data)).convert("RGB")
         inp = PageInput(page_id=f"{row['doc_id'][:16]}:{row['page_index']}", image=img, width=img.width,
                         height=img.height, cache_salt=row["doc_id"], page_no=row["page_index"],
                         image_path=row["source_uri"])
