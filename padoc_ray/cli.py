@@ -330,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_batch_args(bp)
     bp.set_defaults(func=run_from_args)
 
+    from padoc_ray.corpus.cli import register as register_corpus
+
+    register_corpus(sub)
+
     bench = sub.add_parser("bench", help="benchmarks (replay: fork vs sequential serving)",
                            description="Benchmarks whose figures go in reports, never in tests.")
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
@@ -374,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # vLLM logs to stdout by default; keep stdout for results (Markdown/JSON), in engine processes too
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if not args.verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if not getattr(args, "func", None):

@@ -104,8 +104,8 @@ class RenderedPage:
 
 
 def render_page(doc, index: int, cfg: RenderConfig = RenderConfig()) -> RenderedPage:
-    """Render page ``index`` (0-based) as a viewer shows it: the page's /Rotate is applied (so a
-    /Rotate 90 portrait page comes out landscape). Raises PdfError."""
+    """Render page ``index`` (0-based) as a viewer shows it: pdfium applies the page's /Rotate
+    (a portrait MediaBox with /Rotate 90 comes out landscape). Raises PdfError."""
     import pypdfium2 as pdfium
 
     try:
@@ -118,8 +118,8 @@ def render_page(doc, index: int, cfg: RenderConfig = RenderConfig()) -> Rendered
             raise PdfError(ABSURD_PAGE_SIZE, f"page {index} is {w:.0f}x{h:.0f} pt")
         rot = page.get_rotation()
         try:
-            # pdfium renders the unrotated page; apply /Rotate so the image is upright as viewers show it
-            img = page.render(scale=cfg.scale_for(w, h), rotation=rot, may_draw_forms=True).to_pil()
+            # pdfium applies /Rotate itself (get_size is the displayed size); no extra rotation here
+            img = page.render(scale=cfg.scale_for(w, h), rotation=0, may_draw_forms=True).to_pil()
         except Exception as e:  # noqa: BLE001 - pdfium raises several kinds
             raise PdfError(RENDER_FAILED, f"page {index}: {e}") from e
         return RenderedPage(index=index, image=img.convert("RGB"), width_pt=w, height_pt=h, rotation=rot)

@@ -10,6 +10,8 @@ from reportlab.pdfgen import canvas
 
 
 def text_pdf(pages: int = 1, size=(612, 792), rotate: int = 0, encrypt: str | None = None, label: str = "Page") -> bytes:
+    """``size`` is the displayed size; with ``rotate=90`` reportlab stores the MediaBox swapped plus
+    /Rotate 90 (a landscape page kept as a portrait MediaBox, as scanners often write them)."""
     buf = io.BytesIO()
     kw = {"encrypt": pdfencrypt.StandardEncryption(encrypt, canPrint=0)} if encrypt else {}
     c = canvas.Canvas(buf, pagesize=size, invariant=1, **kw)
@@ -58,7 +60,7 @@ def write_bad_input_folder(d: str, big_pages: int = 1000) -> dict[str, dict]:
         "encrypted.pdf": (text_pdf(1, encrypt="secret"), {"doc_status": "encrypted_pdf", "code": "encrypted_pdf"}),
         "nopages.pdf": (zero_page_pdf(), {"doc_status": "no_pages", "code": "no_pages"}),
         "huge.pdf": (text_pdf(1, size=(20000, 20000)), {"page_status": "absurd_page_size", "pages": 1}),
-        "rotated.pdf": (text_pdf(2, rotate=90), {"pages": 2}),
+        "rotated.pdf": (text_pdf(2, size=(792, 612), rotate=90), {"pages": 2}),
         "scan.pdf": (image_only_pdf(), {"pages": 1}),
         "thousand.pdf": (text_pdf(big_pages, size=(200, 200)), {"pages": big_pages}),
     }

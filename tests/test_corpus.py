@@ -132,33 +132,35 @@ def test_reading_order_and_round_trip(corpora):
             assert all(e.startswith("$$\n") and e.endswith("\n$$") for e in eq)
 
 
-def test_rotated_pages_boxes_land_on_ink(corpora):
+def test_boxes_land_on_ink_rotated_and_scanned_pages_included(corpora):
+    """Render each page as a user would (pypdfium2's default applies /Rotate) and check that every GT box
+    holds ink and that nearly all ink is inside GT boxes. Chinese pages are left out: their font is not
+    embedded and this machine's pdfium may have no CJK font to draw it with."""
     import numpy as np
+    from PIL import Image
 
     d, gt = corpora["mixed"]
-    rotated = [g for g in gt if g["page_info"]["rotation"] == 90]
-    assert rotated
-    for g in rotated:
+    pages = [g for g in gt if g["page_info"]["page_attribute"]["language"] != "simplified_chinese"]
+    assert any(g["page_info"]["rotation"] == 90 for g in pages) and any(g["page_info"]["scanned"] for g in pages)
+    for g in pages:
         info = g["page_info"]
         doc = pdfium.PdfDocument(os.path.join(d, "pdfs", info["source_pdf"]))
         page = doc[info["page_no"]]
-        assert page.get_rotation() == 90
-        img = page.render(scale=info["dpi"] / 72).to_pil().convert("L")  # pypdfium2's default applies /Rotate
+        assert page.get_rotation() == info["rotation"]
+        img = page.render(scale=info["dpi"] / 72).to_pil().convert("L")
         doc.close()
-        assert img.size == (info["width"], info["height"]) and img.width > img.height  # landscape as displayed
+        assert img.size == (info["width"], info["height"])
+        if info["rotation"] == 90:
+            assert img.width > img.height  # a landscape page, as displayed
         ink = np.asarray(img) < 128
         inside = np.zeros_like(ink)
         for det in g["layout_dets"]:
             xs, ys = det["poly"][0::2], det["poly"][1::2]
             x0, y0, x1, y1 = int(min(xs)), int(min(ys)), int(np.ceil(max(xs))), int(np.ceil(max(ys)))
-            assert ink[y0:y1, x0:x1].sum() > 5, f"{det['category_type']} box holds no ink"
+            assert ink[y0:y1, x0:x1].sum() > 5, f"{info['image_path']}: {det['category_type']} box holds no ink"
             inside[y0:y1, x0:x1] = True
-        assert ink[inside].sum() / ink.sum() > 0.95  # what is drawn is annotated (the rest: rules)
-        # the images written by --images are that rendering
-        saved = os.path.join(d, "images", info["image_path"])
-        from PIL import Image
-
-        assert Image.open(saved).size == img.size
+        assert ink[inside].sum() / ink.sum() > 0.95, info["image_path"]  # the rest: header and footnote rules
+        assert Image.open(os.path.join(d, "images", info["image_path"])).size == img.size  # --images wrote it
 
 
 # ---- determinism, partial runs, bad options -----------------------------------------------------------

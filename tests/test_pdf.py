@@ -43,8 +43,12 @@ def test_rendering_respects_size_rotation_and_guards():
     p = render_page(doc, 0, RenderConfig(longest_side=800))
     assert max(p.image.size) == 800 and p.image.mode == "RGB"
     assert render_page(doc, 0, RenderConfig(dpi=72)).image.size == (612, 792)
-    rot = render_page(open_pdf(text_pdf(1, rotate=90)), 0, RenderConfig(longest_side=400))
-    assert rot.rotation == 90 and rot.image.width > rot.image.height
+    rot = render_page(open_pdf(text_pdf(1, size=(792, 612), rotate=90)), 0, RenderConfig(longest_side=400))
+    assert rot.rotation == 90 and rot.image.size == (400, 310)  # displayed landscape (ceil of 309.1)
+    import pypdfium2 as pdfium
+
+    raw = pdfium.PdfDocument(text_pdf(1, size=(792, 612), rotate=90))[0]
+    assert raw.get_rotation() == 90 and [round(v) for v in raw.get_mediabox()[2:]] == [612, 792]  # stored portrait
     with pytest.raises(PdfError, match="absurd_page_size"):
         render_page(open_pdf(text_pdf(1, size=(20000, 20000))), 0)
     with pytest.raises(PdfError, match="absurd_page_size"):

@@ -306,4 +306,7 @@ def test_markdown_rendering_follows_reading_order_and_formats():
     assert md.splitlines()[0] == "# Results"
     assert "$$\nE = m c^{2}\n$$" in md and "<table><tr><td>1</td></tr></table>" in md
     assert "Running head" not in md and "Running head" in to_markdown(page, include_furniture=True)
+    delimited = Page(width=1, height=1, regions=(Region(category="equation_isolated", box=Box(0, 0, 1, 1),
+                                                        content="$$\nx^{2}\n$$", content_format="latex"),))
+    assert to_markdown(delimited) == "$$\nx^{2}\n$$\n"  # OmniDocBench's own delimiters are not doubled
     assert md.index("Some text.") < md.index("$$") < md.index("<table>") < md.index("![figure")

@@ -4,7 +4,7 @@ A :class:`Painter` draws one page in points with the origin at the top-left of t
 viewer shows it (y grows downwards), whatever the page's /Rotate is. Every drawing call returns
 the box of what it drew: text boxes come from the font's advance widths and its ascent/descent
 (reportlab's metrics, the same numbers reportlab writes into the PDF's font descriptors), formula
-boxes from the exact extents of matplotlib's mathtext glyph outlines, images and rules from their
+boxes from the hull of matplotlib's mathtext glyph outlines, images and rules from their
 placement. Callers pad and convert them; this module knows nothing of regions or reading order.
 
 Rotated pages (``rotated=True``): the page is *displayed* landscape, ``width x height`` points, and
@@ -87,8 +87,13 @@ def _formula_path(latex: str, size: float, family: str):
 
     logging.getLogger("matplotlib.mathtext").setLevel(logging.ERROR)  # "Underful Vlist" chatter
     prop = FontProperties(family="DejaVu Serif", size=size, math_fontfamily=family)
+    from matplotlib.transforms import Bbox
+
     path = TextPath((0, 0), f"${latex}$", prop=prop)
-    return path, path.get_extents()
+    # the hull of all on- and off-curve points encloses the ink (TrueType glyphs put their extremes on
+    # curve, so it is the exact box in practice) at a hundredth of Path.get_extents' cost
+    v = path.vertices[path.codes != 79]  # CLOSEPOLY vertices carry no position
+    return path, Bbox.from_extents(*v.min(axis=0), *v.max(axis=0))
 
 
 def formula_extent(latex: str, size: float, family: str = "cm") -> tuple[float, float]:

@@ -181,7 +181,7 @@ def _build_document(out_dir: str, seed: int, profile: str, doc_index: int, n_pag
     from reportlab.pdfgen import canvas
 
     from .draw import Painter, ensure_fonts
-    from .layout import compose_page, plan_document
+    from .layout import compose_page, page_columns, plan_document
 
     ensure_fonts()
     prof = get_profile(profile)
@@ -193,7 +193,6 @@ def _build_document(out_dir: str, seed: int, profile: str, doc_index: int, n_pag
     c = canvas.Canvas(buf, invariant=1)
     c.setTitle(f"padoc-ray synthetic document {doc_index} ({profile}, seed {seed})")
     gt = []
-    layout_name = {1: "single_column", 2: "double_column", 3: "three_column"}[doc.columns]
     for i in range(n_pages):
         rotated = i in doc.rotated
         W, H = doc.page_size
@@ -214,6 +213,7 @@ def _build_document(out_dir: str, seed: int, profile: str, doc_index: int, n_pag
             specs = compose_page(p, rng, doc, i)
             p.finish()
         issues = (["fuzzy_scan"] if doc.scanned else []) + (["rotated"] if rotated else [])
+        layout_name = {1: "single_column", 2: "double_column", 3: "three_column"}[page_columns(doc, W, H)]
         extra = {
             "source_pdf": name,
             "dpi": dpi,
@@ -239,7 +239,9 @@ def _render_images(pdf_bytes: bytes, img_dir: str, names: list[str], dpi: float)
     doc = pdfium.PdfDocument(pdf_bytes)
     try:
         for i, name in enumerate(names):
-            img = doc[i].render(scale=dpi / 72).to_pil().convert("RGB")
+            page = doc[i]
+            img = page.render(scale=dpi / 72).to_pil().convert("RGB")
+            page.close()
             tmp = os.path.join(img_dir, f".{name}.tmp")
             if name.endswith(".png"):
                 img.save(tmp, "PNG", compress_level=1)

@@ -59,9 +59,6 @@ class Style:
     def spaced(self) -> bool:
         return self.lang != "zh"
 
-    @property
-    def sep(self) -> str:
-        return " " if self.spaced else ""
 
 
 @dataclass
@@ -314,6 +311,11 @@ def _furniture(p: Painter, doc: DocPlan, page_no: int, W: float, H: float) -> li
     return out
 
 
+def page_columns(doc: DocPlan, W: float, H: float) -> int:
+    """Body columns of a page: the document's, but at least two on a landscape (rotated) page."""
+    return doc.columns if W < H * 1.2 or doc.style.slides else max(doc.columns, 2)
+
+
 def compose_page(p: Painter, rng: random.Random, doc: DocPlan, page_no: int) -> list[RSpec]:
     """Draw one page; return its regions, body regions numbered in reading order."""
     st, stream = doc.style, doc.stream
@@ -323,7 +325,7 @@ def compose_page(p: Painter, rng: random.Random, doc: DocPlan, page_no: int) -> 
     body: list[RSpec] = []
     bw = W - left - right
     y = top
-    cols = doc.columns if W < H * 1.2 or st.slides else max(doc.columns, 2)
+    cols = page_columns(doc, W, H)
     # page footnote: at the foot of the first column
     col_w = (bw - (cols - 1) * st.col_gap) / cols
     bottoms = [H - bottom] * cols

@@ -25,6 +25,8 @@ def region_markdown(r: Region, index: int) -> str | None:
     if cat == "title":
         return "# " + " ".join(text.split())
     if r.content_format == "latex":
+        if text.startswith("$$") and text.endswith("$$") and len(text) >= 4:
+            return text  # already delimited, as OmniDocBench's ground truth stores display math
         return f"$$\n{text}\n$$"
     if r.content_format == "html":
         return text
