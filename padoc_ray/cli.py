@@ -237,7 +237,7 @@ def cmd_bench_replay(args) -> int:
         _die(str(e))
     proto = ModelProtocol(args.model)
     cfg = SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
-                          layout_priority=args.layout_priority, stream_branches=not args.final_only_branches)
+                          layout_priority=args.layout_priority, stream_branches=args.stream_branches)
     modes = [m for m in args.modes.split(",") if m]
     if not set(modes) <= {"fork", "sequential"}:
         _die("--modes takes fork and/or sequential")
@@ -357,8 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run layout streams ahead of branches (vLLM priority scheduling)")
     br.add_argument("--max-live-branches", type=int, default=None,
                     help="cap on content branches live in the engine at once, over all pages (default: none)")
-    br.add_argument("--final-only-branches", action="store_true",
-                    help="take each branch's output once at its end instead of streaming it")
+    br.add_argument("--stream-branches", action="store_true",
+                    help="stream branch tokens (the runaway guard can stop a branch early) instead of taking each "
+                         "branch's output once at its end (the default)")
     br.set_defaults(func=cmd_bench_replay)
     bra = bsub.add_parser("raster", help="rasterization pages/s: padoc-ray's raster stage vs pdftoppm",
                           description="Rasterize the same PDFs at the same DPI with pypdfium2 (render only; render + "

@@ -109,9 +109,14 @@ def test_runaway_branch_is_stopped():
             return [ord("a"), ord("b")] * 2000
         return list(req.forced_tokens or ())
 
-    rec = run(ScriptedEngine(script, chunk=8), replay_input(P, page(3), base(), "fork"), "fork", runaway_window=128)
+    rec = run(ScriptedEngine(script, chunk=8), replay_input(P, page(3), base(), "fork"), "fork", runaway_window=128,
+              stream_branches=True)
     assert rec.status == "runaway" and "branch 1 repeats" in rec.message
-    assert rec.branch_tokens[1] < 400
+    assert rec.branch_tokens[1] < 400  # stopped early
+    eng = ScriptedEngine(script, chunk=8)
+    rec = run(eng, replay_input(P, page(3), base(), "fork"), "fork", runaway_window=128, max_tokens=1000)
+    assert rec.status == "runaway" and rec.branch_tokens[1] == 1000  # final-only: flagged at the end
+    assert all(r.stream is False for r in eng.requests[1:]) and eng.requests[0].stream
 
 
 def test_layout_stall_is_a_runaway():

@@ -1,8 +1,8 @@
 """A scripted engine for fast unit tests and no-op pipeline benchmarks (never instead of the real one).
 
 It implements :class:`~padoc_ray.engine.interface.Engine`: each request emits its forced tokens
-(or what ``script(request)`` returns) in deltas of ``chunk`` tokens, optionally sleeping
-``token_delay_s`` per delta, honouring ``max_tokens`` and ``stop_token_ids`` like vLLM. It records
+(or what ``script(request)`` returns) in deltas of ``chunk`` tokens (one delta for a request with
+``stream=False``), taking ``token_delay_s`` per token, honouring ``max_tokens`` and ``stop_token_ids`` like vLLM. It records
 every request it saw and which ones are live, and can be told to fail. Pure: no vllm, no torch.
 """
 
@@ -73,13 +73,10 @@ class ScriptedEngine:
             cached = self._cached(req.prompt_ids)
             chunk = self.chunk if req.stream else max(len(out), 1)
             for i in range(0, max(len(out), 1), chunk):
-                if self.token_delay_s:
-                    await asyncio.sleep(self.token_delay_s)
-                else:
-                    await asyncio.sleep(0)
+                part = out[i:i + chunk]
+                await asyncio.sleep(self.token_delay_s * max(1, len(part)))  # time grows with tokens
                 if req.request_id not in self.live:
                     return
-                part = out[i:i + chunk]
                 last = i + chunk >= len(out)
                 done = last
                 yield GenDelta(req.request_id, part, finished=last, finish_reason=reason if last else None,

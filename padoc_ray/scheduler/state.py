@@ -53,9 +53,10 @@ class SchedulerConfig:
     #: run the layout stream at a higher priority than branches (needs scheduling_policy="priority")
     layout_priority: bool = False
     #: stream branch tokens (True: the runaway guard can stop a branch early) or take each branch's
-    #: output once at its end (False: far less per-token work in the frontend under load; a runaway
-    #: branch then runs to max_tokens and is flagged at the end)
-    stream_branches: bool = True
+    #: output once at its end (False, the default: far less per-token work in the frontend; measured
+    #: 1.33x -> 1.56x median paired speedup at 16 pages in flight on CPU). A runaway branch then runs
+    #: to max_tokens and is flagged at the end.
+    stream_branches: bool = False
     temperature: float = 0.0
 
     def __post_init__(self) -> None:
