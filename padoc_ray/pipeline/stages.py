@@ -146,10 +146,11 @@ class EngineStage:
         data = row.pop("image_bytes", None)
         if row.get("status") is not None or data is None:
             return row  # an error row from rasterization: passes through
-        img = Image.open(io.BytesIO(data)).convert("RGB")
-        inp = PageInput(page_id=f"{row['doc_id'][:16]}:{row['page_index']}", image=img, width=img.width,
-                        height=img.height, cache_salt=row["doc_id"], page_no=row["page_index"],
-                        image_path=row["source_uri"])
+        # the no-op engine never looks at the image: do not decode it (it measures the pipeline alone)
+        img = None if self.cfg.engine == "noop" else Image.open(io.BytesIO(data)).convert("RGB")
+        inp = PageInput(page_id=f"{row['doc_id'][:16]}:{row['page_index']}", image=img,
+                        width=row["image_width"], height=row["image_height"], cache_salt=row["doc_id"],
+                        page_no=row["page_index"], image_path=row["source_uri"])
         truth = self.truth.get((os.path.basename(row["source_uri"]), row["page_index"]))
         if truth is not None:
             inp = replay_input(self.proto, truth, inp, self.cfg.mode)
