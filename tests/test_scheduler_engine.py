@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import glob
-import json
 import os
 
 import pytest

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from padoc_ray.engine.interface import Engine, EngineDeadError, EngineError, GenRequest
-from padoc_ray.protocol import Page, assemble_page, decode_depth, depth_from_trace, parse_branch
+from padoc_ray.protocol import DecodeDepth, Page, assemble_page, decode_depth, depth_from_trace, parse_branch
 from padoc_ray.protocol.codec import ParsedBranch
 
 from .state import MODES, ForkAction, PageState, PageStatus, SchedulerConfig
@@ -208,7 +208,8 @@ class _Page:
             br = []
             n_fields = len(vocab.spec.coordinates.region_fields) + 2
             d = decode_depth([n_fields] * len(regions), [len(r.content_ids) for r in regions])
-            depth = type(d)(f_seq=len(st.main.tokens), f_padoc=min(d.f_padoc, len(st.main.tokens)))
+            # F_seq is what the stream really took; F_PaDoc what the same regions would take forked
+            depth = DecodeDepth(f_seq=len(st.main.tokens), f_padoc=min(d.f_padoc, len(st.main.tokens)))
         if self.mode == "fork":
             region_finish = [("skipped" if r.index in st.skipped else
                               st.branches[r.index].finish_reason if r.index in st.branches else None) for r in regions]
