@@ -145,7 +145,8 @@ def cmd_demo(args) -> int:
 
     from padoc_ray.pipeline.config import BatchConfig
     from padoc_ray.pipeline.job import run_batch
-    from padoc_ray.protocol import page_from_omnidocbench, quantized
+    from padoc_ray.local import load_truth
+    from padoc_ray.protocol import quantized
 
     paths = sorted(glob.glob(os.path.join(args.examples, "*.pdf")))
     if not paths:
@@ -171,10 +172,7 @@ def cmd_demo(args) -> int:
     summary = run_batch(cfg)
     table = pads.dataset(os.path.join(args.output, "pages"), format="parquet").to_table().to_pylist()
     table.sort(key=lambda r: (r["source_uri"], r["page_index"]))
-    truth = {}
-    if replay:
-        for o in json.load(open(gt, encoding="utf-8")):
-            truth[(o["page_info"]["source_pdf"], o["page_info"]["page_no"])] = page_from_omnidocbench(o)
+    truth = load_truth(gt if replay else None)
     vocab = _vocab(args.model)
     print(f"\n{'document':<12} {'page':>4} {'status':<16} {'regions':>7} {'branches':>8} {'e2e s':>6} "
           f"{'F_seq':>6} {'F_PaDoc':>7}  matches truth")
