@@ -33,14 +33,19 @@ def _raster_table(row: dict, image: bytes | None = None) -> pa.Table:
     return pa.Table.from_pylist([{**row, "image_bytes": image}], schema=RASTER_SCHEMA)
 
 
+def _doc_error(base: dict, doc_id: str | None, code: str, message: str) -> pa.Table:
+    """The one row of a document that cannot be parsed at all (``page_index = -1``)."""
+    return _raster_table(rows.error_row(rows.base_row(doc_id=doc_id, page_index=-1, page_count=None, **base),
+                                        code, message))
+
+
 def rasterize(batch: pa.Table, cfg: BatchConfig, model_id: str) -> Iterator[pa.Table]:
     """Input rows: ``uri``, ``size``, ``done`` (page indices already written). Yields page rows."""
     for item in batch.to_pylist():
         uri, done = item["uri"], set(item["done"] or ())
         base = dict(run_id=cfg.run_id, uri=uri, mode=cfg.mode, model_id=model_id)
         if item["size"] is not None and item["size"] < 0:
-            yield _raster_table(rows.error_row(rows.base_row(doc_id=None, page_index=-1, page_count=None, **base),
-                                               "missing_file", "listed in the manifest but not found"))
+            yield _doc_error(base, None, "missing_file", "listed in the manifest but not found")
             continue
         yield from _rasterize_doc(uri, done, cfg, base)
 
@@ -49,15 +54,13 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> It
     try:
         data = read_bytes(uri, cfg.storage)
     except OSError as e:
-        yield _raster_table(rows.error_row(rows.base_row(doc_id=None, page_index=-1, page_count=None, **base),
-                                           "read_failed", str(e)))
+        yield _doc_error(base, None, "read_failed", str(e))
         return
     doc_id = doc_id_of(data)
     try:
         doc = open_pdf(data)
     except PdfError as e:
-        yield _raster_table(rows.error_row(rows.base_row(doc_id=doc_id, page_index=-1, page_count=None, **base),
-                                           e.code, e.message))
+        yield _doc_error(base, doc_id, e.code, e.message)
         return
     try:
         n = len(doc)
