@@ -257,17 +257,60 @@ def cmd_bench_replay(args) -> int:
     return 0
 
 
-def cmd_bench_raster(args) -> int:
+def _pdf_paths(spec: str) -> list[str]:
+    """PDFs of a folder (searched recursively) or a glob; exits with a clear error when there are none."""
     import glob
 
+    paths = sorted(glob.glob(os.path.join(spec, "**", "*.pdf"), recursive=True)) if os.path.isdir(spec) \
+        else sorted(glob.glob(spec))
+    if not paths:
+        _die(f"no PDFs at {spec}")
+    return paths
+
+
+def cmd_bench_raster(args) -> int:
     from padoc_ray.bench.raster import run
 
-    paths = sorted(glob.glob(os.path.join(args.input, "**", "*.pdf"), recursive=True)) if os.path.isdir(args.input) \
-        else sorted(glob.glob(args.input))
-    if not paths:
-        _die(f"no PDFs at {args.input}")
-    res = run(paths, args.dpi, args.workers)
+    res = run(_pdf_paths(args.input), args.dpi, args.workers)
     print(json.dumps(res, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+def cmd_show(args) -> int:
+    from padoc_ray.pipeline.storage import StorageConfig
+    from padoc_ray.show import ShowError, show_page
+
+    if args.gt and not os.path.exists(args.gt):
+        _die(f"ground truth {args.gt} not found")
+    try:
+        info = show_page(args.output, args.doc, args.page, args.out, gt=args.gt,
+                         storage=StorageConfig(endpoint=args.s3_endpoint))
+    except ShowError as e:
+        _die(str(e))
+    extra = f", ground truth {info['truth']} regions" if info["truth"] is not None else ""
+    print(f"{info['out']}: doc {info['doc_id'][:12]} page {info['page_index']} ({info['status']}), "
+          f"{info['predicted']} predicted regions{extra}")
+    return 0
+
+
+def cmd_bench_pipeline(args) -> int:
+    from padoc_ray.bench.pipeline import run
+
+    paths = _pdf_paths(args.input)
+    if not os.path.exists(os.path.join(args.model, "padoc_protocol.json")):
+        _die(f"{args.model} is not a padoc-ray checkpoint (no padoc_protocol.json)")
+    res = run([os.path.abspath(p) for p in paths], os.path.abspath(args.model), args.dpi, args.workers,
+              pages_in_flight=args.pages_in_flight, cpus_per_actor=args.cpus_per_actor, raster_cpus=args.raster_cpus)
+    raw, pipe = res["raw_raster"], res["noop_pipeline"]
+    print(f"raw raster stage ({args.workers} processes): {raw['before']['pages_per_s']} / {raw['after']['pages_per_s']} "
+          f"pages/s (before / after), mean {raw['mean_pages_per_s']}")
+    print(f"no-op pipeline: {pipe['pages']} pages in {pipe['seconds']} s (Ray start {pipe['ray_init_s']} s): "
+          f"{pipe['pages_per_s']} pages/s wall; the job alone (cluster up) {pipe['job_seconds']} s, "
+          f"{pipe['job_pages_per_s']} pages/s")
+    print(f"pipeline / raw: {res['ratio_wall']:.0%} (wall), {res['ratio_job']:.0%} (job on a running cluster)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
@@ -328,9 +371,32 @@ def build_parser() -> argparse.ArgumentParser:
     add_batch_args(bp)
     bp.set_defaults(func=run_from_args)
 
+    from padoc_ray.pipeline.cli_args import REANNOTATE_DESCRIPTION, add_reannotate_args, reannotate_from_args
+
+    ra = sub.add_parser("reannotate", help="offline corpus re-annotation: parse an annotated corpus again, compare, "
+                                           "score agreement", description=REANNOTATE_DESCRIPTION)
+    add_reannotate_args(ra)
+    ra.set_defaults(func=reannotate_from_args)
+
     from padoc_ray.corpus.cli import register as register_corpus
 
     register_corpus(sub)
+
+    sh = sub.add_parser("show", help="draw a parsed page with its predicted boxes (and the ground truth)",
+                        description="Re-render one page of a batch output and draw its predicted regions, coloured by "
+                                    "category and numbered in reading order; with --gt, the ground truth beside it.")
+    sh.add_argument("output", help="the batch job's --output (local folder or s3://)")
+    sh.add_argument("--doc", required=True, help="doc_id, a unique prefix of one, or the source file name")
+    sh.add_argument("--page", type=int, required=True, help="0-based page index")
+    sh.add_argument("--out", required=True, help="PNG to write")
+    sh.add_argument("--gt", default=None, help="OmniDocBench-format ground truth to draw beside the prediction")
+    sh.add_argument("--s3-endpoint", default=None, help="S3-compatible endpoint URL")
+    sh.set_defaults(func=cmd_show)
+
+    from padoc_ray.eval.cli import add_parser as add_eval_parser
+
+    add_eval_parser(sub)
+    __import__("padoc_ray.trainer.cli", fromlist=["add_parser"]).add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks (replay: fork vs sequential serving)",
                            description="Benchmarks whose figures go in reports, never in tests.")
@@ -368,6 +434,23 @@ def build_parser() -> argparse.ArgumentParser:
     bra.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
     bra.add_argument("--json", default=None, help="also write the results here")
     bra.set_defaults(func=cmd_bench_raster)
+    __import__("padoc_ray.eval.layout_cli", fromlist=["add_bench_parser"]).add_bench_parser(bsub)
+    __import__("padoc_ray.trainer.bench_attention", fromlist=["add_bench_parser"]).add_bench_parser(bsub)
+    bpi = bsub.add_parser("pipeline", help="batch-job overhead: no-op engine pipeline vs raw rasterization",
+                          description="Run the raster stage's work (render + PNG) in a plain process pool, then the "
+                                      "whole batch job on a local Ray with the no-op engine, then the raw side again; "
+                                      "print pages/s of both and the ratio (wall with local Ray start, and the job alone on the "
+                                      "running cluster). The no-op actor stands for a GPU engine, so by default it "
+                                      "reserves no CPU (--cpus-per-actor 0).")
+    bpi.add_argument("--input", required=True, help="folder (searched recursively) or glob of PDFs")
+    bpi.add_argument("--model", required=True, help="checkpoint directory (only its protocol and tokenizer are used)")
+    bpi.add_argument("--dpi", type=float, default=144, help="resolution (default 144)")
+    bpi.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="raw-side processes (default: all cores)")
+    bpi.add_argument("--pages-in-flight", type=int, default=64, help="pages in flight in the actor (default 64)")
+    bpi.add_argument("--cpus-per-actor", type=float, default=0.0, help="CPUs reserved by the no-op actor (default 0)")
+    bpi.add_argument("--raster-cpus", type=float, default=0.5, help="CPUs per raster task (default 0.5)")
+    bpi.add_argument("--json", default=None, help="also write the results here")
+    bpi.set_defaults(func=cmd_bench_pipeline)
     bench.set_defaults(func=lambda a: (bench.print_help(), 2)[1])
     return p
 

@@ -30,7 +30,7 @@ class LocalPage:
 
 
 def load_truth(gt_path: str | None) -> dict[tuple[str, int], Page]:
-    """Ground truth keyed by (source file name or image name, page_no)."""
+    """Ground truth keyed by (source PDF name, page_no) and by (image name, 0)."""
     if not gt_path:
         return {}
     with open(gt_path, "rb") as f:
@@ -43,8 +43,11 @@ def truth_from_json(data: bytes) -> dict[tuple[str, int], Page]:
     for o in objs:
         page = page_from_omnidocbench(o)
         info = o.get("page_info", {})
-        src = info.get("source_pdf") or info.get("image_path")
-        out[(os.path.basename(src), int(info.get("page_no", 0) or 0))] = page
+        if info.get("source_pdf"):  # a page of a PDF: (file name, 0-based page_no)
+            out[(os.path.basename(info["source_pdf"]), int(info.get("page_no", 0) or 0))] = page
+        if info.get("image_path"):  # the page image itself is a one-page document; OmniDocBench's
+            # page_no is then the page's number in a PDF we do not have, so it is not part of the key
+            out.setdefault((os.path.basename(info["image_path"]), 0), page)
     return out
 
 

@@ -1,5 +1,6 @@
 """Open PDFs and rasterize their pages with pypdfium2, turning every kind of bad input into a
-specific error code instead of an exception that escapes.
+specific error code instead of an exception that escapes. Page images (PNG, JPEG, TIFF, WebP, BMP,
+GIF; a multi-frame TIFF is one page per frame) are documents too, opened by :func:`open_document`.
 
 Pages are rendered one at a time (a thousand-page PDF is never held as images), at a longest
 side in pixels or at a DPI, with a guard against absurd page sizes. Knows nothing of models,
@@ -22,6 +23,9 @@ NO_PAGES = "no_pages"
 PAGE_LOAD_FAILED = "page_load_failed"
 ABSURD_PAGE_SIZE = "absurd_page_size"
 RENDER_FAILED = "render_failed"
+CORRUPT_IMAGE = "corrupt_image"
+
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"II*\x00", b"MM\x00*", b"BM", b"GIF87a", b"GIF89a")
 
 #: a page larger than this (in points, either side) is refused: 200 inches
 MAX_PAGE_POINTS = 14400.0
@@ -94,6 +98,64 @@ def open_pdf(data: bytes):
     return doc
 
 
+def is_image(data: bytes) -> bool:
+    return data.startswith(_IMAGE_MAGIC) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP")
+
+
+class ImageDocument:
+    """A page image (or a multi-frame TIFF) seen as a document: one page per frame."""
+
+    def __init__(self, data: bytes):
+        import io
+        import warnings
+
+        from PIL import Image
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                self._img = Image.open(io.BytesIO(data))
+                self._img.load()
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+            raise PdfError(ABSURD_PAGE_SIZE, f"image too large: {e}") from e
+        except Exception as e:  # noqa: BLE001 - PIL raises many kinds for broken files
+            raise PdfError(CORRUPT_IMAGE, f"cannot decode the image ({type(e).__name__}: {e})") from e
+        self._n = max(1, int(getattr(self._img, "n_frames", 1)))
+
+    def __len__(self) -> int:
+        return self._n
+
+    def render(self, index: int, cfg: "RenderConfig"):
+        from PIL import ImageOps
+
+        if not 0 <= index < self._n:
+            raise PdfError(PAGE_LOAD_FAILED, f"page {index}: the image has {self._n} frame(s)")
+        try:
+            self._img.seek(index)
+            img = ImageOps.exif_transpose(self._img.convert("RGB"))
+        except Exception as e:  # noqa: BLE001
+            raise PdfError(CORRUPT_IMAGE, f"frame {index}: {e}") from e
+        w, h = img.size
+        # an image is used at its own resolution, shrunk to longest_side (never enlarged; dpi does not apply)
+        scale = min(1.0, cfg.longest_side / max(w, h), (cfg.max_pixels / (w * h)) ** 0.5)
+        if scale < 1.0:
+            img = img.resize((max(1, round(w * scale)), max(1, round(h * scale))))
+        return img
+
+    def close(self) -> None:
+        self._img.close()
+
+
+def open_document(data: bytes):
+    """A PDF (pypdfium2 document) or a page image (:class:`ImageDocument`); raises PdfError."""
+    if data and b"%PDF-" not in data[:1024]:
+        if is_image(data):
+            return ImageDocument(data)
+        raise PdfError(NOT_PDF, "neither a PDF (no %PDF- header in the first 1024 bytes) nor a page image "
+                                "(PNG, JPEG, TIFF, WebP, BMP, GIF)")
+    return open_pdf(data)
+
+
 @dataclass
 class RenderedPage:
     index: int
@@ -108,6 +170,9 @@ def render_page(doc, index: int, cfg: RenderConfig = RenderConfig()) -> Rendered
     (a portrait MediaBox with /Rotate 90 comes out landscape). Raises PdfError."""
     import pypdfium2 as pdfium
 
+    if isinstance(doc, ImageDocument):
+        img = doc.render(index, cfg)
+        return RenderedPage(index=index, image=img, width_pt=None, height_pt=None, rotation=0)
     try:
         page = doc[index]
     except (pdfium.PdfiumError, IndexError) as e:

@@ -48,6 +48,21 @@ def zero_page_pdf() -> bytes:
     return buf.getvalue()
 
 
+def png_page(size=(300, 400)) -> bytes:
+    """A page photo: a PNG with some dark text-like bars."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", size, "white")
+    d = ImageDraw.Draw(img)
+    for y in range(40, size[1] - 40, 30):
+        d.rectangle((30, y, size[0] - 30, y + 10), fill="black")
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def write_bad_input_folder(d: str, big_pages: int = 1000) -> dict[str, dict]:
     """Writes one file per kind into ``d``; returns name -> expectations."""
     good = text_pdf(2)
@@ -63,6 +78,8 @@ def write_bad_input_folder(d: str, big_pages: int = 1000) -> dict[str, dict]:
         "rotated.pdf": (text_pdf(2, size=(792, 612), rotate=90), {"pages": 2}),
         "scan.pdf": (image_only_pdf(), {"pages": 1}),
         "thousand.pdf": (text_pdf(big_pages, size=(200, 200)), {"pages": big_pages}),
+        "photo.png": (png_page(), {"image_pages": 1}),
+        "broken.jpg": (b"\xff\xd8\xff\xe0" + bytes(200), {"doc_status": "corrupt_image", "code": "corrupt_image"}),
     }
     for name, (data, _) in files.items():
         with open(os.path.join(d, name), "wb") as f:

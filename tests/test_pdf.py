@@ -68,3 +68,55 @@ def test_iter_pages_yields_errors_in_place():
     out = list(iter_pages(doc, [0, 7, 2], RenderConfig(longest_side=200)))
     assert [type(o).__name__ for o in out] == ["RenderedPage", "PdfError", "RenderedPage"]
     assert out[1].code == "page_load_failed"
+
+
+# ---- page images are one-page documents ------------------------------------------------------------
+def _image_bytes(fmt: str, size=(300, 400), frames: int = 1) -> bytes:
+    import io
+
+    from PIL import Image
+
+    imgs = [Image.new("RGB", size, (40 * i, 255, 255)) for i in range(frames)]
+    buf = io.BytesIO()
+    imgs[0].save(buf, format=fmt, save_all=frames > 1, append_images=imgs[1:])
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "BMP"])
+def test_an_image_is_a_one_page_document(fmt):
+    from padoc_ray.pdf import open_document
+
+    doc = open_document(_image_bytes(fmt))
+    assert len(doc) == 1
+    r = render_page(doc, 0, RenderConfig(longest_side=1600))
+    assert r.image.size == (300, 400) and r.image.mode == "RGB"  # never enlarged
+    assert render_page(doc, 0, RenderConfig(longest_side=200)).image.size == (150, 200)  # shrunk to fit
+    with pytest.raises(PdfError) as ei:
+        render_page(doc, 1)
+    assert ei.value.code == "page_load_failed"
+
+
+def test_multi_frame_tiff_has_a_page_per_frame():
+    from padoc_ray.pdf import open_document
+
+    doc = open_document(_image_bytes("TIFF", frames=3))
+    assert len(doc) == 3
+    assert render_page(doc, 2).image.getpixel((0, 0)) == (80, 255, 255)
+
+
+def test_broken_and_huge_images_get_codes(monkeypatch):
+    from PIL import Image
+
+    from padoc_ray.pdf import open_document
+
+    with pytest.raises(PdfError) as ei:
+        open_document(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    assert ei.value.code == "corrupt_image"
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    with pytest.raises(PdfError) as ei:
+        open_document(_image_bytes("PNG"))
+    assert ei.value.code == "absurd_page_size"
+    # not an image and not a PDF: still not_pdf
+    with pytest.raises(PdfError) as ei:
+        open_document(b"plain text")
+    assert ei.value.code == "not_pdf"

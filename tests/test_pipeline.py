@@ -151,6 +151,10 @@ def test_bad_inputs_are_all_accounted_for(ray_cluster, tiny_model_dir, tmp_path)
             assert d["page_count"] == len(pdfium.PdfDocument(data)) == exp["pages"], name
             page_rows = [r for r in rows if r["source_uri"].endswith("/" + name) and r["page_index"] >= 0]
             assert sorted(r["page_index"] for r in page_rows) == list(range(exp["pages"])), name
+        if "image_pages" in exp:  # a page image is a one-page document
+            page_rows = [r for r in rows if r["source_uri"].endswith("/" + name) and r["page_index"] >= 0]
+            assert d["page_count"] == exp["image_pages"] and len(page_rows) == exp["image_pages"], name
+            assert page_rows[0]["image_width"] == 300 and page_rows[0]["image_height"] == 400  # never enlarged
         if "page_status" in exp:
             assert {r["status"] for r in rows if r["source_uri"].endswith("/" + name)} == {exp["page_status"]}
     rotated = [r for r in rows if r["source_uri"].endswith("/rotated.pdf")]
@@ -242,3 +246,44 @@ def test_interrupted_driver_completes_on_rerun_without_duplicates(ray_cluster, t
     partial = sum(r["run_id"] != summary["run_id"] for r in rows)
     assert 0 < partial < 20  # the killed run had written some pages, the rerun did the rest
     assert summary["all_inputs_accounted"] and summary["pages_written"] == 20 - partial
+
+
+def test_reannotate_compares_modes_with_the_corpus_and_resumes(ray_cluster, tmp_path, tiny_model_dir):
+    """Re-annotation over the example corpus, fork and sequential, teacher-forced by the annotations
+    themselves: both parses agree with the corpus and with each other; a page whose source is gone
+    gets a reason; a rerun parses nothing again and reproduces the agreement table."""
+    gt = json.load(open(os.path.join(EXAMPLES, "ground_truth.json")))
+    extra = json.loads(json.dumps(gt[0]))
+    extra["page_info"].update(source_pdf="gone.pdf", image_path="gone_page0.png")
+    (tmp_path / "gt.json").write_text(json.dumps([*gt, extra]))
+    out = tmp_path / "rean"
+    cmd = [sys.executable, "-m", "padoc_ray.cli", "reannotate", "--gt", str(tmp_path / "gt.json"), "--source", EXAMPLES,
+           "--output", str(out), "--model", tiny_model_dir, "--address", ray_cluster["gcs"],
+           "--replay", os.path.join(EXAMPLES, "ground_truth.json"), "--modes", "fork,sequential",
+           "--compare", f"again={out / 'predictions' / 'fork'}"]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    table = pq.read_table(out / "agreement" / "agreement.parquet").to_pylist()
+    assert len(table) == len(gt) + 1
+    by_status = {}
+    for r in table:
+        by_status.setdefault(r["status"], []).append(r)
+    assert len(by_status["ok"]) == len(gt) and len(by_status["source_missing"]) == 1
+    for r in by_status["ok"]:
+        pairs = {(c["ref"], c["hyp"]): c for c in r["comparisons"]}
+        assert set(pairs) == {("gt", "fork"), ("gt", "sequential"), ("gt", "again"), ("fork", "sequential"),
+                              ("fork", "again")}
+        assert dict(r["prediction_status"]) == {"fork": "ok", "sequential": "ok", "again": "ok"}
+        for c in pairs.values():  # teacher-forced: same regions and contents up to 1/1000 box quantization
+            assert c["layout_iou"] > 0.95 and c["content_edit"] == 0.0 and c["consensus"], (r["image_path"], c)
+            assert c["matched"] == c["ref_regions"] == c["hyp_regions"] > 0
+        assert r["consensus"] and r["difficulty"] < 0.02
+    summary = json.load(open(out / "reannotate_summary.json"))
+    assert summary["pages_compared"] == summary["consensus_pages"] == len(gt)
+    assert summary["runs"]["fork"]["page_status"] == {"ok": 5} and summary["runs"]["sequential"]["all_inputs_accounted"]
+    again = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert again.stdout.count("0 to do") == 2  # both prediction sets were complete
+    table2 = pq.read_table(out / "agreement" / "agreement.parquet").to_pylist()
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "run_id"} for r in rows]  # noqa: E731
+    assert strip(table2) == strip(table)

@@ -310,3 +310,27 @@ def test_markdown_rendering_follows_reading_order_and_formats():
                                                         content="$$\nx^{2}\n$$", content_format="latex"),))
     assert to_markdown(delimited) == "$$\nx^{2}\n$$\n"  # OmniDocBench's own delimiters are not doubled
     assert md.index("Some text.") < md.index("$$") < md.index("<table>") < md.index("![figure")
+
+
+def test_swapped_page_size_is_detected_on_the_demo_pages():
+    """10 of the 18 OmniDocBench demo pages list a portrait image's size as landscape; reading them
+    transposed puts every box on the page (the images' real sizes agree)."""
+    import json
+
+    from PIL import Image
+
+    from padoc_ray.protocol.page import page_from_omnidocbench
+
+    from .conftest import DEMO_DIR as root
+
+    objs = json.load(open(os.path.join(root, "OmniDocBench_demo.json")))
+    swapped = 0
+    for o in objs:
+        page = page_from_omnidocbench(o)
+        real = Image.open(os.path.join(root, "images", o["page_info"]["image_path"])).size
+        assert (page.width, page.height) == real
+        assert all(r.box.x2 <= 1.02 and r.box.y2 <= 1.02 for r in page.regions)
+        swapped += bool(page.extra.get("size_swapped"))
+        raw = page_from_omnidocbench(o, fix_swapped=False)
+        assert (raw.width, raw.height) == (o["page_info"]["width"], o["page_info"]["height"])
+    assert swapped == 10

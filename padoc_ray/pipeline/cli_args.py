@@ -29,22 +29,26 @@ def _range_pair(text: str) -> tuple[int, int]:
     return parts[0], parts[1]
 
 
-def add_batch_args(p: argparse.ArgumentParser) -> None:
+def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
+    """The batch job's flags; ``job_io=False`` leaves out --input, --output and --mode (for jobs that
+    derive them, like re-annotation)."""
     from padoc_ray.cli import parse_page_ranges
 
     io = p.add_argument_group("input and output")
-    io.add_argument("--input", required=True,
-                    help="local folder or glob (dir/*.pdf), s3://bucket/prefix, or a manifest file (.txt/.manifest) "
-                         "with one URI per line")
-    io.add_argument("--output", required=True, help="local folder or s3://bucket/prefix for pages/, documents/, "
-                                                    "summary.json")
+    if job_io:
+        io.add_argument("--input", required=True,
+                        help="PDFs and page images (PNG, JPEG, TIFF, WebP, BMP, GIF): a local folder or glob "
+                             "(dir/*.pdf), s3://bucket/prefix, or a manifest file (.txt/.manifest) with one URI per line")
+        io.add_argument("--output", required=True, help="local folder or s3://bucket/prefix for pages/, documents/, "
+                                                        "summary.json")
     io.add_argument("--model", required=True, help="checkpoint directory, local or s3:// (holds padoc_protocol.json)")
     io.add_argument("--s3-endpoint", default=None,
                     help="S3-compatible endpoint URL (default: AWS_ENDPOINT_URL(_S3), else AWS); credentials come "
                          "from the standard AWS chain")
     gen = p.add_argument_group("parsing")
-    gen.add_argument("--mode", choices=("fork", "sequential"), default="fork",
-                     help="fork: PaDoc layout stream + concurrent branches; sequential: the baseline (default fork)")
+    if job_io:
+        gen.add_argument("--mode", choices=("fork", "sequential"), default="fork",
+                         help="fork: PaDoc layout stream + concurrent branches; sequential: the baseline (default fork)")
     gen.add_argument("--pages", type=parse_page_ranges, default=None,
                      help="1-based page ranges to parse in every document, e.g. 1-3,7 (default: all)")
     gen.add_argument("--max-pages-per-doc", type=int, default=None, help="parse at most N pages per document")
@@ -68,6 +72,10 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
     act.add_argument("--engine", choices=("vllm", "noop"), default="vllm",
                      help="noop: no model, every page an empty layout (measures pipeline overhead)")
     p.add_argument("--raster-cpus", type=float, default=0.5, help="CPUs per rasterization task (default 0.5)")
+    p.add_argument("--raster-pages-per-block", type=int, default=8,
+                   help="rendered pages per block leaving the raster stage (default 8)")
+    p.add_argument("--engine-batch-pages", type=int, default=8,
+                   help="pages per engine-actor call; they run concurrently inside the actor (default 8)")
     p.add_argument("--image-encoding", choices=("png", "ppm"), default="png",
                    help="how rendered pages travel to engine actors: png (lossless, small) or ppm (raw, fast to "
                         "encode; for single-node clusters) (default png)")
@@ -81,7 +89,8 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> BatchConfig:
     overrides = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
     return BatchConfig(
-        input=args.input, output=args.output, model=args.model, mode=args.mode,
+        input=getattr(args, "input", ""), output=getattr(args, "output", ""), model=args.model,
+        mode=getattr(args, "mode", "fork"),
         render=RenderConfig(longest_side=args.longest_side, dpi=args.dpi),
         pages=tuple(args.pages) if args.pages is not None else None, max_pages_per_doc=args.max_pages_per_doc,
         scheduler=SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
@@ -90,8 +99,22 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
         gpus_per_actor=args.gpus_per_actor, cpus_per_actor=args.cpus_per_actor, pages_in_flight=args.pages_in_flight,
         max_live_branches=args.max_live_branches, engine_overrides=overrides, engine=args.engine,
         raster_cpus=args.raster_cpus, replay_gt=args.replay, rows_per_file=args.rows_per_file,
-        image_encoding=args.image_encoding,
+        image_encoding=args.image_encoding, raster_pages_per_block=args.raster_pages_per_block,
+        engine_batch_pages=args.engine_batch_pages,
     )
+
+
+def _init_ray(args: argparse.Namespace) -> None:
+    import os
+
+    import ray
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not ray.is_initialized():
+        address = args.address or os.environ.get("RAY_ADDRESS")
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=args.verbose,
+                 logging_level=logging.INFO if args.verbose else logging.WARNING)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -101,19 +124,12 @@ def run_from_args(args: argparse.Namespace) -> int:
     from padoc_ray.pipeline.job import run_batch
     from padoc_ray.pipeline.storage import InputError
 
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = config_from_args(args)
     except ValueError as e:
         print(f"padoc-ray: error: {e}", file=sys.stderr)
         return 2
-    import ray
-
-    if not ray.is_initialized():
-        address = args.address or os.environ.get("RAY_ADDRESS")
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=args.verbose,
-                 logging_level=logging.INFO if args.verbose else logging.WARNING)
+    _init_ray(args)
     try:
         summary = run_batch(cfg)
     except InputError as e:
@@ -125,3 +141,70 @@ def run_from_args(args: argparse.Namespace) -> int:
     print(f"summary: {os.path.join(cfg.output, 'summary.json')}; pages: {os.path.join(cfg.output, 'pages')}; "
           f"documents: {os.path.join(cfg.output, 'documents')}")
     return 0 if summary["all_inputs_accounted"] else 1
+
+
+# ---- re-annotation ----------------------------------------------------------------------------------
+REANNOTATE_DESCRIPTION = """\
+Offline corpus re-annotation: parse an annotated corpus (OmniDocBench-format ground truth + the
+PDFs or page images it names) with the batch pipeline, once per --modes entry, and compare each
+prediction set with the existing annotations and the first prediction set with the others
+(--compare adds existing batch outputs, e.g. another model's). Writes OUTPUT/predictions/<name>/
+(batch outputs; they resume), OUTPUT/agreement/agreement.parquet (one row per ground-truth page:
+PageIoU layout agreement, matched regions, content edit distance, consensus flag, difficulty) and
+OUTPUT/reannotate_summary.json. Exit code 0 when every page was compared or has a recorded
+reason, 2 for bad arguments."""
+
+
+def _named_dir(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=OUTPUT_DIR, got {text!r}")
+    return name, path
+
+
+def add_reannotate_args(p: argparse.ArgumentParser) -> None:
+    c = p.add_argument_group("corpus and comparison")
+    c.add_argument("--gt", required=True, help="OmniDocBench-format ground truth JSON (local or s3://)")
+    c.add_argument("--source", required=True,
+                   help="folder or s3:// prefix with the PDFs (page_info.source_pdf) or page images "
+                        "(page_info.image_path) the ground truth names")
+    c.add_argument("--output", required=True, help="local folder or s3://bucket/prefix for the results")
+    c.add_argument("--modes", default="fork",
+                   help="comma list of prediction sets to parse: fork, sequential (default fork); the first is the "
+                        "reference the others are compared with")
+    c.add_argument("--compare", type=_named_dir, action="append", default=[], metavar="NAME=OUTPUT_DIR",
+                   help="also compare with an existing batch output (repeatable), e.g. other_model=s3://b/out")
+    c.add_argument("--match-iou", type=float, default=0.5, help="box IoU for two regions to pair up (default 0.5)")
+    c.add_argument("--consensus-iou", type=float, default=0.9,
+                   help="consensus needs at least this full-page layout IoU (default 0.9)")
+    c.add_argument("--consensus-edit", type=float, default=0.1,
+                   help="... and at most this mean content edit distance (default 0.1)")
+    add_batch_args(p, job_io=False)
+
+
+def reannotate_from_args(args: argparse.Namespace) -> int:
+    from padoc_ray.eval.agreement import AgreementConfig
+    from padoc_ray.pipeline.reannotate import ReannotateConfig, run_reannotate
+    from padoc_ray.pipeline.storage import InputError
+
+    try:
+        cfg = ReannotateConfig(
+            gt=args.gt, source=args.source, output=args.output, batch=config_from_args(args),
+            modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()), compare=dict(args.compare),
+            agreement=AgreementConfig(match_iou=args.match_iou, consensus_iou=args.consensus_iou,
+                                      consensus_edit=args.consensus_edit))
+    except ValueError as e:
+        print(f"padoc-ray: error: {e}", file=sys.stderr)
+        return 2
+    if cfg.modes:
+        _init_ray(args)
+    try:
+        summary = run_reannotate(cfg)
+    except (InputError, FileNotFoundError, ValueError) as e:
+        print(f"padoc-ray: error: {e}", file=sys.stderr)
+        return 2
+    import os
+
+    print(f"agreement: {os.path.join(cfg.output, 'agreement', 'agreement.parquet')}; "
+          f"summary: {os.path.join(cfg.output, 'reannotate_summary.json')}")
+    return 0 if all(r["all_inputs_accounted"] for r in summary["runs"].values()) else 1

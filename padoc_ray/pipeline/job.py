@@ -85,17 +85,22 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
     ds = ds.map_batches(rasterize, batch_size=1, batch_format="pyarrow", num_cpus=cfg.raster_cpus,
                         fn_kwargs={"cfg": cfg, "model_id": model_id})
     lo, hi = cfg.num_actors
+    # Keep pages_in_flight pages inside each actor: batches of `batch` pages, enough of them queued.
+    batch = min(cfg.engine_batch_pages, cfg.pages_in_flight)
+    batches_in_flight = -(-cfg.pages_in_flight // batch) + 1
     ds = ds.map_batches(
-        EngineStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=1, batch_format="pyarrow",
-        compute=ActorPoolStrategy(min_size=lo, max_size=hi, max_tasks_in_flight_per_actor=4),
+        EngineStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=batch, batch_format="pyarrow",
+        compute=ActorPoolStrategy(min_size=lo, max_size=hi, max_tasks_in_flight_per_actor=batches_in_flight),
         num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor or None,
-        # pages of one block run concurrently in the actor, up to pages_in_flight
-        runtime_env={"env_vars": {"RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY": str(cfg.pages_in_flight)}},
+        runtime_env={"env_vars": {"RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY": str(batches_in_flight)}},
     )
     fs, path = filesystem(join(cfg.output, "pages"), cfg.storage)
     if not is_s3(cfg.output):
         os.makedirs(path, exist_ok=True)
-    ds.write_parquet(path, filesystem=fs, min_rows_per_file=cfg.rows_per_file)
+    # Writing Parquet is light; Ray Data's default of 1 CPU per write task would reserve a whole core
+    # on a small node and starve rasterization (its budget is taken from the same pool).
+    ds.write_parquet(path, filesystem=fs, min_rows_per_file=cfg.rows_per_file,
+                     ray_remote_args={"num_cpus": cfg.writer_cpus})
 
 
 def run_batch(cfg: BatchConfig, *, log=print) -> dict:

@@ -19,7 +19,7 @@ from typing import AsyncIterator, Iterator
 
 import pyarrow as pa
 
-from padoc_ray.pdf import PdfError, doc_id_of, open_pdf, render_page
+from padoc_ray.pdf import PdfError, doc_id_of, open_document, render_page
 from padoc_ray.pipeline import rows
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.storage import read_bytes
@@ -51,6 +51,9 @@ def rasterize(batch: pa.Table, cfg: BatchConfig, model_id: str) -> Iterator[pa.T
 
 
 def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> Iterator[pa.Table]:
+    """Render page by page; rows leave in tables of up to ``raster_pages_per_block`` pages (or
+    ``raster_block_mb`` of images), so a large document is never held whole and small ones do not
+    cost one Ray object per page."""
     try:
         data = read_bytes(uri, cfg.storage)
     except OSError as e:
@@ -58,10 +61,12 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> It
         return
     doc_id = doc_id_of(data)
     try:
-        doc = open_pdf(data)
+        doc = open_document(data)
     except PdfError as e:
         yield _doc_error(base, doc_id, e.code, e.message)
         return
+    pending: list[dict] = []
+    pending_bytes = 0
     try:
         n = len(doc)
         selected = rows.select_pages(n, cfg.pages, cfg.max_pages_per_doc)
@@ -75,16 +80,22 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> It
             try:
                 r = render_page(doc, i, cfg.render)
             except PdfError as e:
-                yield _raster_table(rows.error_row(b, e.code, e.message))
-                continue
-            buf = io.BytesIO()
-            if cfg.image_encoding == "png":
-                r.image.save(buf, format="PNG", compress_level=1)
+                pending.append({**rows.error_row(b, e.code, e.message), "image_bytes": None})
             else:
-                r.image.save(buf, format="PPM")
-            b.update(image_width=r.image.width, image_height=r.image.height, page_width_pt=r.width_pt,
-                     page_height_pt=r.height_pt, rotation=r.rotation, render_s=time.perf_counter() - t)
-            yield _raster_table(b, buf.getvalue())
+                buf = io.BytesIO()
+                if cfg.image_encoding == "png":
+                    r.image.save(buf, format="PNG", compress_level=1)
+                else:
+                    r.image.save(buf, format="PPM")
+                b.update(image_width=r.image.width, image_height=r.image.height, page_width_pt=r.width_pt,
+                         page_height_pt=r.height_pt, rotation=r.rotation, render_s=time.perf_counter() - t)
+                pending.append({**b, "image_bytes": buf.getvalue()})
+                pending_bytes += buf.tell()
+            if len(pending) >= cfg.raster_pages_per_block or pending_bytes >= cfg.raster_block_mb << 20:
+                yield pa.Table.from_pylist(pending, schema=RASTER_SCHEMA)
+                pending, pending_bytes = [], 0
+        if pending:
+            yield pa.Table.from_pylist(pending, schema=RASTER_SCHEMA)
     finally:
         doc.close()
 
@@ -132,25 +143,28 @@ class EngineStage:
         from padoc_ray.engine.interface import EngineDeadError
 
         await self._ensure_engine()
-        items = batch.to_pylist()
-        tasks = [asyncio.create_task(self._one(r)) for r in items]
+        # image bytes stay in Arrow until a page needs them (the no-op engine never does)
+        images = batch.column("image_bytes")
+        metas = batch.drop_columns(["image_bytes"]).to_pylist()
+        tasks = [asyncio.create_task(self._one(r, images[i])) for i, r in enumerate(metas)]
         try:
-            for t in tasks:  # input order: a retried task yields the same rows in the same order
-                yield rows.to_table([await t])
+            # One table per batch, in input order: a batch retried after an actor death yields exactly
+            # the same output, so Ray's retry can neither duplicate nor drop rows. Pages of a batch run
+            # concurrently; several batches are in flight per actor (see job._pipeline).
+            yield rows.to_table([await t for t in tasks])
         except EngineDeadError:
             logger.exception("engine died in actor pid %d: exiting so Ray restarts the actor", os.getpid())
             os._exit(1)
 
-    async def _one(self, row: dict) -> dict:
+    async def _one(self, row: dict, image: pa.BinaryScalar) -> dict:
         from PIL import Image
 
         from padoc_ray.scheduler import PageInput, replay_input, run_page
 
-        data = row.pop("image_bytes", None)
-        if row.get("status") is not None or data is None:
+        if row.get("status") is not None or not image.is_valid:
             return row  # an error row from rasterization: passes through
         # the no-op engine never looks at the image: do not decode it (it measures the pipeline alone)
-        img = None if self.cfg.engine == "noop" else Image.open(io.BytesIO(data)).convert("RGB")
+        img = None if self.cfg.engine == "noop" else Image.open(io.BytesIO(image.as_buffer())).convert("RGB")
         inp = PageInput(page_id=f"{row['doc_id'][:16]}:{row['page_index']}", image=img,
                         width=row["image_width"], height=row["image_height"], cache_salt=row["doc_id"],
                         page_no=row["page_index"], image_path=row["source_uri"])

@@ -102,6 +102,32 @@ class Page:
         }
 
 
+#: how far (fraction of the page) boxes may overshoot page_info's size before it counts as swapped
+SWAP_TOLERANCE = 0.02
+
+
+def size_is_swapped(width: float, height: float, max_x: float, max_y: float, tol: float = SWAP_TOLERANCE) -> bool:
+    """True when boxes reaching ``max_x``/``max_y`` (pixels) overshoot a ``width`` x ``height`` page by
+    more than ``tol`` but fit it with width and height exchanged. OmniDocBench has pages whose
+    page_info lists a portrait image's size as landscape (10 of the 18 demo pages)."""
+    if width == height or not (math.isfinite(max_x) and math.isfinite(max_y)):
+        return False
+    over = max_x > width * (1 + tol) or max_y > height * (1 + tol)
+    return over and max_x <= height * (1 + tol) and max_y <= width * (1 + tol)
+
+
+def _poly_extent(dets: list) -> tuple[float, float]:
+    mx = my = 0.0
+    for det in dets:
+        poly = det.get("poly") if isinstance(det, Mapping) else None
+        if isinstance(poly, (list, tuple)) and len(poly) >= 4 and len(poly) % 2 == 0:
+            try:
+                mx, my = max(mx, *map(float, poly[0::2])), max(my, *map(float, poly[1::2]))
+            except (TypeError, ValueError):
+                continue
+    return mx, my
+
+
 def _poly_box(poly: Any, width: float, height: float) -> Box:
     if not isinstance(poly, (list, tuple)) or len(poly) < 4 or len(poly) % 2:
         raise PageFormatError(f"poly must be a flat list of x,y pairs, got {poly!r:.80}")
@@ -133,8 +159,12 @@ def _reading_sequence(dets: list[tuple[int, Mapping, Box]]) -> list[tuple[int, M
     return out
 
 
-def page_from_omnidocbench(obj: Mapping, spec: ProtocolSpec | None = None, *, drop_ignored: bool = False) -> Page:
+def page_from_omnidocbench(obj: Mapping, spec: ProtocolSpec | None = None, *, drop_ignored: bool = False,
+                           fix_swapped: bool = True) -> Page:
     """Read one OmniDocBench page (``layout_dets`` + ``page_info``).
+
+    With ``fix_swapped``, a page_info size that is evidently width/height exchanged (see
+    :func:`size_is_swapped`) is used transposed, and ``extra["size_swapped"]`` is set.
 
     Raises :class:`PageFormatError` with a specific reason for anything it cannot read.
     """
@@ -152,6 +182,9 @@ def page_from_omnidocbench(obj: Mapping, spec: ProtocolSpec | None = None, *, dr
     dets = obj.get("layout_dets")
     if not isinstance(dets, list):
         raise PageFormatError("layout_dets missing or not a list")
+    swapped = fix_swapped and size_is_swapped(width, height, *_poly_extent(dets))
+    if swapped:
+        width, height = height, width
     formats = {c.name: c.content_format for c in spec.categories} if spec else DEFAULT_CATEGORIES
     boxed = []
     for i, det in enumerate(dets):
@@ -187,7 +220,8 @@ def page_from_omnidocbench(obj: Mapping, spec: ProtocolSpec | None = None, *, dr
         regions=tuple(regions),
         page_no=int(info.get("page_no", 0) or 0),
         image_path=info.get("image_path"),
-        extra={k: v for k, v in info.items() if k not in ("width", "height", "page_no", "image_path")},
+        extra={**{k: v for k, v in info.items() if k not in ("width", "height", "page_no", "image_path")},
+               **({"size_swapped": True} if swapped else {})},
     )
 
 

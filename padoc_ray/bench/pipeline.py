@@ -1,0 +1,77 @@
+"""Pipeline-overhead benchmark: the batch job with the no-op engine vs raw rasterization.
+
+Both sides do the same per-page work (pypdfium2 render + PNG encode, same PDFs, same DPI) on the
+same machine. The raw side is a process pool with no Ray; the pipeline side is the whole batch job
+(listing, Ray Data raster tasks, the engine actor with the scheduler and a no-op engine, Parquet
+writer, documents table and summary). The raw side is measured before and after the pipeline and
+averaged, so a change of machine load during the run shows up as a spread instead of a bias.
+
+Two pipeline figures are reported: ``wall`` (everything, local Ray start included) and ``job``
+(the batch job alone on a running cluster, as under ``ray job submit``: listing, actor start,
+rasterization, parsing, writing, documents table and summary).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+from padoc_ray.bench.raster import _render_file, _timed
+
+
+def raw_raster(paths: list[str], dpi: float, workers: int) -> dict:
+    n, s = _timed(_render_file, [(p, dpi, True) for p in paths], workers)
+    return {"pages": n, "seconds": round(s, 3), "pages_per_s": round(n / s, 2)}
+
+
+def noop_pipeline(paths: list[str], model: str, dpi: float, out: str, *, pages_in_flight: int,
+                  cpus_per_actor: float, raster_cpus: float) -> dict:
+    import ray
+
+    from padoc_ray.pdf import RenderConfig
+    from padoc_ray.pipeline.config import BatchConfig
+    from padoc_ray.pipeline.job import run_batch
+
+    manifest = os.path.join(out, "inputs.txt")
+    with open(manifest, "w") as f:
+        f.write("\n".join(paths) + "\n")
+    t0 = time.perf_counter()
+    if not ray.is_initialized():
+        ray.init(num_cpus=os.cpu_count(), log_to_driver=False, include_dashboard=False)
+    t_ray = time.perf_counter() - t0
+    cfg = BatchConfig(input=manifest, output=os.path.join(out, "run"), model=model, engine="noop",
+                      render=RenderConfig(dpi=dpi), pages_in_flight=pages_in_flight,
+                      cpus_per_actor=cpus_per_actor, raster_cpus=raster_cpus)
+    summary = run_batch(cfg, log=lambda *_: None)
+    wall = time.perf_counter() - t0
+    n = summary["pages_written"]
+    return {"pages": n, "ray_init_s": round(t_ray, 3), "seconds": round(wall, 3),
+            "pages_per_s": round(n / wall, 2), "job_seconds": summary["wall_s"],
+            "job_pages_per_s": summary["pages_per_s"],
+            "page_status": summary["page_status"], "all_inputs_accounted": summary["all_inputs_accounted"],
+            "config": {"pages_in_flight": pages_in_flight, "cpus_per_actor": cpus_per_actor,
+                       "raster_cpus": raster_cpus, "raster_pages_per_block": cfg.raster_pages_per_block,
+                       "engine_batch_pages": cfg.engine_batch_pages, "writer_cpus": cfg.writer_cpus}}
+
+
+def run(paths: list[str], model: str, dpi: float, workers: int, *, pages_in_flight: int = 64,
+        cpus_per_actor: float = 0.0, raster_cpus: float = 0.5, out: str | None = None) -> dict:
+    tmp = out or tempfile.mkdtemp(prefix="padoc-bench-pipeline-")
+    try:
+        before = raw_raster(paths, dpi, workers)
+        pipe = noop_pipeline(paths, model, dpi, tmp, pages_in_flight=pages_in_flight,
+                             cpus_per_actor=cpus_per_actor, raster_cpus=raster_cpus)
+        after = raw_raster(paths, dpi, workers)
+    finally:
+        if out is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    raw = (before["pages_per_s"] + after["pages_per_s"]) / 2
+    return {
+        "pdfs": len(paths), "dpi": dpi, "workers": workers, "cpus": os.cpu_count(),
+        "raw_raster": {"before": before, "after": after, "mean_pages_per_s": round(raw, 2)},
+        "noop_pipeline": pipe,
+        "ratio_wall": round(pipe["pages_per_s"] / raw, 3),
+        "ratio_job": round(pipe["job_pages_per_s"] / raw, 3),
+    }

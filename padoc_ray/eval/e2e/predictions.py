@@ -1,0 +1,163 @@
+"""Predicted Markdown per ground-truth page: from a folder of ``.md`` files or from padoc-ray batch
+output (Parquet ``pages/*.parquet`` rows with ``markdown``, ``source_uri``, ``page_index``).
+
+Page matching. Markdown files: as the upstream evaluator, ``<image stem>.md`` (also ``.mmd``, the
+stem without ``.pdf``, or ``<image name>.md``). Parquet rows: an image source matches the ground-truth
+page with that image basename (or stem); a PDF row matches ``<pdf basename>_<page_index>`` (the
+OmniDocBench image naming) or a page whose ``page_info`` has ``source_pdf`` and ``page_no`` equal to
+the PDF's basename and the row's 0-based page index. Several rows for one page: the latest
+``processed_at`` wins.
+
+A page without a prediction, or whose prediction cannot be read, is evaluated as an empty page
+(as upstream does for a missing file) and reported; predictions that match no ground-truth page
+are reported and ignored. Only an unusable *input path* raises :class:`E2EInputError`.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from padoc_ray.eval.e2e.gt import E2EInputError, GtPage, Problem
+
+IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
+
+
+def _md_candidates(folder: str, name: str) -> list[str]:
+    stem = os.path.splitext(name)[0]
+    return [os.path.join(folder, stem + ".md"), os.path.join(folder, stem.replace(".pdf", "") + ".mmd"),
+            os.path.join(folder, stem.replace(".pdf", "") + ".md"), os.path.join(folder, name + ".md")]
+
+
+def load_markdown_dir(folder: str, pages: list[GtPage]) -> tuple[dict[str, str | None], list[Problem]]:
+    """``{page name: markdown, or None when missing/unreadable}`` and the problems found."""
+    if not os.path.isdir(folder):
+        raise E2EInputError(f"prediction folder not found: {folder}")
+    out: dict[str, str | None] = {}
+    problems: list[Problem] = []
+    used: set[str] = set()
+    for page in pages:
+        path = next((p for p in _md_candidates(folder, page.name) if os.path.exists(p)), None)
+        if path is None:
+            out[page.name] = None
+            problems.append(Problem(page.name, "missing_prediction", "no Markdown file for this page "
+                                                                     "(evaluated as an empty page)"))
+            continue
+        used.add(os.path.abspath(path))
+        try:
+            with open(path, encoding="utf-8") as f:
+                out[page.name] = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            out[page.name] = None
+            problems.append(Problem(page.name, "prediction", f"cannot read {os.path.basename(path)}: "
+                                                             f"{type(e).__name__}: {e} (evaluated as an empty page)"))
+    for path in sorted(glob.glob(os.path.join(folder, "*.md")) + glob.glob(os.path.join(folder, "*.mmd"))):
+        if os.path.abspath(path) not in used:
+            problems.append(Problem(os.path.basename(path), "extra_prediction",
+                                    "Markdown file matches no ground-truth page (ignored)"))
+    return out, problems
+
+
+# --------------------------------------------------------------------------------------------------
+# Parquet
+
+def _parquet_files(path: str) -> list[str]:
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise E2EInputError(f"prediction path not found: {path}")
+    for pattern in ("pages/*.parquet", "*.parquet", "**/*.parquet"):
+        files = sorted(glob.glob(os.path.join(path, pattern), recursive=True))
+        if files:
+            return files
+    raise E2EInputError(f"no Parquet files under {path} (expected pages/*.parquet of a padoc-ray batch output)")
+
+
+def read_parquet_rows(path: str) -> list[dict]:
+    import pyarrow.parquet as pq  # only this input format needs pyarrow
+
+    want = ["source_uri", "page_index", "markdown", "status", "error_code", "processed_at"]
+    rows: list[dict] = []
+    for f in _parquet_files(path):
+        try:
+            pf = pq.ParquetFile(f)
+            cols = [c for c in want if c in pf.schema_arrow.names]
+            if "source_uri" not in cols or "markdown" not in cols:
+                raise E2EInputError(f"{f} is not padoc-ray page output (needs source_uri and markdown columns)")
+            rows.extend(pf.read(columns=cols).to_pylist())
+        except E2EInputError:
+            raise
+        except Exception as e:  # pyarrow raises several types for a corrupt or non-Parquet file
+            raise E2EInputError(f"cannot read Parquet file {f}: {e}") from None
+    return rows
+
+
+def _index(pages: list[GtPage]) -> dict:
+    idx: dict = {}
+    for page in pages:
+        idx.setdefault(page.name, page.name)
+        stem, ext = os.path.splitext(page.name)
+        if ext.lower() in IMAGE_EXTS:
+            idx.setdefault(("stem", stem), page.name)
+        if page.source is not None:
+            idx.setdefault(("pdf", *page.source), page.name)
+    return idx
+
+
+def _row_page(row: dict, idx: dict) -> str | None:
+    base = os.path.basename(str(row.get("source_uri") or "").rstrip("/"))
+    if base.lower().endswith(".pdf"):
+        i = row.get("page_index")
+        for key in (("stem", f"{base}_{i}"), ("pdf", base, i)):
+            if key in idx:
+                return idx[key]
+        return None
+    return idx.get(base) or idx.get(("stem", os.path.splitext(base)[0]))
+
+
+def _label(row: dict) -> str:
+    base = os.path.basename(str(row.get("source_uri") or "?"))
+    return f"{base}_{row.get('page_index')}" if base.lower().endswith(".pdf") else base
+
+
+def rows_to_markdown(rows: list[dict], pages: list[GtPage]) -> tuple[dict[str, str | None], list[Problem]]:
+    idx = _index(pages)
+    chosen: dict[str, dict] = {}
+    problems: list[Problem] = []
+    for row in rows:
+        if not row.get("source_uri") or (row.get("page_index") is not None and row["page_index"] < 0):
+            problems.append(Problem(_label(row), "extra_prediction",
+                                    f"document error row ({row.get('error_code') or row.get('status')}) ignored"))
+            continue
+        key = _row_page(row, idx)
+        if key is None:
+            problems.append(Problem(_label(row), "extra_prediction", "row matches no ground-truth page (ignored)"))
+            continue
+        if key in chosen:
+            problems.append(Problem(key, "prediction", "several rows for this page; the latest processed_at is used"))
+            old, new = chosen[key].get("processed_at"), row.get("processed_at")
+            if new is None or (old is not None and new <= old):
+                continue
+        chosen[key] = row
+    out: dict[str, str | None] = {}
+    for page in pages:
+        row = chosen.get(page.name)
+        if row is None:
+            out[page.name] = None
+            problems.append(Problem(page.name, "missing_prediction",
+                                    "no row for this page (evaluated as an empty page)"))
+            continue
+        md = row.get("markdown")
+        if row.get("status") not in (None, "ok"):
+            code = f" ({row['error_code']})" if row.get("error_code") else ""
+            problems.append(Problem(page.name, "prediction", f"prediction status {row.get('status')!r}{code}"))
+        if not isinstance(md, str):
+            out[page.name] = None
+            problems.append(Problem(page.name, "prediction", "markdown is null (evaluated as an empty page)"))
+            continue
+        out[page.name] = md
+    return out, problems
+
+
+def load_parquet(path: str, pages: list[GtPage]) -> tuple[dict[str, str | None], list[Problem]]:
+    return rows_to_markdown(read_parquet_rows(path), pages)

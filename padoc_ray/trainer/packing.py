@@ -1,0 +1,398 @@
+"""Annotated pages -> packed training samples ``[M | Y_1 .. Y_N]`` (one page, one sample).
+
+``M`` is the page prompt of :meth:`ModelProtocol.prompt_ids` ("fork") with its single
+``<|image_pad|>`` expanded to the image's token count, followed by the layout stream; ``Y_k`` is
+branch k exactly as :func:`padoc_ray.protocol.serialize_padoc` writes it (branch-start, content,
+EOS). Branch k forks after ``f_k = P + fork_points[k]`` tokens of ``M`` (``P`` = expanded prompt
+length), which is what serving prompts it with (:func:`padoc_ray.protocol.child_prompt`).
+
+Labels are already shifted: ``labels[i]`` is the token the logits at packed position ``i`` must
+predict, ``-100`` where nothing is trained. Trained: every layout token (predicted from the token
+before it in ``M``, the first from the prompt's last token) and every content token of a branch
+including its EOS (predicted inside the branch). Not trained: prompt and image tokens, and each
+branch's first token (branch-start is given to the branch, never a target of ``M``).
+
+Position ids are Qwen3-VL M-RoPE ``(3, S)``: ``M``'s come from the model's own ``get_rope_index``
+(run on a weightless copy of the model built on the meta device); token ``j`` of ``Y_k`` gets
+``pos(M[f_k - 1]) + 1 + j`` in all three rows, i.e. exactly what ``get_rope_index`` gives the
+linear sequence ``M[:f_k] + Y_k`` (the tests check this for every branch).
+
+Truncation (samples longer than ``max_len``): whole regions are dropped from the end of the
+reading order (their layout tokens and their branches) until the sample fits, and the layout is
+re-closed with EOS. That closing EOS is then an input only, not a target, so the model is never
+taught to end a page early; ``meta["dropped_regions"]`` records how many went. A branch is never
+cut in the middle. A page whose prompt (with the image) does not fit, or whose first region alone
+does not fit, is skipped with a :class:`PackingError` code. Pages arrive as
+:class:`PageRef` (a :class:`~padoc_ray.protocol.Page` plus where its image is) from an
+OmniDocBench JSON + images folder or from the batch job's Parquet rows.
+
+This module knows nothing of attention kernels, optimizers or Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from padoc_ray.protocol import Box, Page, PageFormatError, Region, SerializeError, page_from_omnidocbench, serialize_padoc
+
+from .tree import TreeLayout
+
+log = logging.getLogger(__name__)
+
+IGNORE = -100  #: label of a position that is not trained
+
+# ---- skip codes (stable strings, counted in the training summary) ---------------------------------
+IMAGE_MISSING = "image_missing"  # the page's image file does not exist
+IMAGE_UNREADABLE = "image_unreadable"  # it exists but PIL / pdfium cannot read it
+BAD_ANNOTATION = "bad_annotation"  # the page JSON / row cannot be read as a page
+SERIALIZE_FAILED = "serialize_failed"  # the page cannot be written as tokens (unknown category, NaN box)
+PROMPT_TOO_LONG = "prompt_too_long"  # prompt + image tokens alone exceed max_len
+REGION_TOO_LONG = "region_too_long"  # not even the first region (layout + whole branch) fits max_len
+
+
+class PackingError(Exception):
+    """A page that cannot become a sample; ``code`` is one of the skip codes above."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackingConfig:
+    """How pages become samples.
+
+    ``max_len``: packed tokens per sample (prompt + image + layout + all branches); default 8192.
+    ``max_pixels`` / ``min_pixels``: override the checkpoint processor's image pixel budget (None:
+    the processor's own, which is what vLLM serves with; smaller budgets make CPU runs cheaper at
+    the price of a train/serve mismatch in image resolution).
+    ``drop_ignored``: leave out regions marked ``ignore`` in OmniDocBench JSON (default keep).
+    """
+
+    max_len: int = 8192
+    max_pixels: int | None = None
+    min_pixels: int | None = None
+    drop_ignored: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_len < 16:
+            raise ValueError(f"max_len must be at least 16, got {self.max_len}")
+        for name in ("max_pixels", "min_pixels"):
+            v = getattr(self, name)
+            if v is not None and v < 1024:
+                raise ValueError(f"{name} must be at least 1024 (32x32), got {v}")
+
+
+@dataclass
+class PackedSample:
+    """One packed page. Tensors are unbatched: the trainer adds the batch dimension (B=1).
+
+    ``input_ids``/``labels`` (S,) long; ``loss_mask`` (S,) bool = ``labels != -100``;
+    ``position_ids`` (3, S) long M-RoPE; ``pixel_values`` (patches, C*T*P*P) float and
+    ``image_grid_thw`` (1, 3) long, as the checkpoint's image processor makes them.
+    """
+
+    input_ids: Any
+    labels: Any
+    loss_mask: Any
+    position_ids: Any
+    tree: TreeLayout
+    pixel_values: Any
+    image_grid_thw: Any
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_labels(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def model_inputs(self, device=None, dtype=None) -> dict:
+        """Keyword arguments for a Qwen3-VL forward (batch of one)."""
+        pv = self.pixel_values.to(device=device, dtype=dtype) if dtype is not None else self.pixel_values.to(device)
+        return {
+            "input_ids": self.input_ids[None].to(device),
+            "position_ids": self.position_ids[:, None].to(device),
+            "pixel_values": pv,
+            "image_grid_thw": self.image_grid_thw.to(device),
+        }
+
+
+# ---- where a page's image is ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class ImageRef:
+    """An image file, or page ``page_index`` of a PDF (``uri`` local or s3://)."""
+
+    uri: str
+    page_index: int | None = None  # None: ``uri`` is an image file
+
+    def load(self, longest_side: int = 1600):
+        from PIL import Image, UnidentifiedImageError
+
+        if self.page_index is None and "://" not in self.uri:
+            if not os.path.exists(self.uri):
+                raise PackingError(IMAGE_MISSING, f"no image at {self.uri}")
+            try:
+                with Image.open(self.uri) as im:
+                    return im.convert("RGB")
+            except (UnidentifiedImageError, OSError) as e:
+                raise PackingError(IMAGE_UNREADABLE, f"{self.uri}: {e}") from None
+        return self._load_remote(longest_side)
+
+    def _load_remote(self, longest_side: int):
+        import io
+
+        from PIL import Image, UnidentifiedImageError
+
+        from padoc_ray.pdf import PdfError, RenderConfig, open_pdf, render_page
+        from padoc_ray.pipeline.storage import read_bytes
+
+        try:
+            data = read_bytes(self.uri)
+        except (OSError, ValueError) as e:
+            raise PackingError(IMAGE_MISSING, f"cannot read {self.uri}: {e}") from None
+        if b"%PDF-" in data[:1024]:
+            try:
+                doc = open_pdf(data)
+                try:
+                    return render_page(doc, self.page_index or 0, RenderConfig(longest_side=longest_side)).image
+                finally:
+                    doc.close()
+            except PdfError as e:
+                raise PackingError(IMAGE_UNREADABLE, f"{self.uri} page {self.page_index}: {e}") from None
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                return im.convert("RGB")
+        except (UnidentifiedImageError, OSError) as e:
+            raise PackingError(IMAGE_UNREADABLE, f"{self.uri}: {e}") from None
+
+
+@dataclass(frozen=True)
+class PageRef:
+    """An annotated page and its image; ``source`` names it in logs and skip records."""
+
+    page: Page
+    image: ImageRef
+    source: str
+
+
+@dataclass(frozen=True)
+class Skipped:
+    source: str
+    code: str
+    message: str
+
+
+def pages_from_omnidocbench(gt_path: str, images_dir: str, spec=None, *, drop_ignored: bool = False
+                            ) -> tuple[list[PageRef], list[Skipped]]:
+    """Pages of an OmniDocBench-format JSON list, images at ``images_dir/page_info.image_path``.
+
+    A page that cannot be read, or whose image file is missing, is skipped with a reason.
+    Raises ``ValueError`` when the file itself is not a JSON list of pages.
+    """
+    with open(gt_path, encoding="utf-8") as f:
+        try:
+            objs = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{gt_path} is not valid JSON: {e}") from None
+    if not isinstance(objs, list):
+        raise ValueError(f"{gt_path} must hold a JSON list of OmniDocBench pages, got {type(objs).__name__}")
+    refs, skipped = [], []
+    for i, obj in enumerate(objs):
+        name = f"{os.path.basename(gt_path)}[{i}]"
+        try:
+            page = page_from_omnidocbench(obj, spec, drop_ignored=drop_ignored)
+        except PageFormatError as e:
+            skipped.append(Skipped(name, BAD_ANNOTATION, str(e)))
+            continue
+        if not page.image_path:
+            skipped.append(Skipped(name, IMAGE_MISSING, "page_info.image_path is empty"))
+            continue
+        path = os.path.join(images_dir, page.image_path)
+        if not os.path.exists(path):
+            skipped.append(Skipped(page.image_path, IMAGE_MISSING, f"no image at {path}"))
+            continue
+        refs.append(PageRef(page, ImageRef(path), page.image_path))
+    return refs, skipped
+
+
+def pages_from_batch_output(path: str) -> tuple[list[PageRef], list[Skipped]]:
+    """Pages of padoc-ray batch output (``OUTPUT/pages/*.parquet`` or a folder/file of it) whose
+    status is ``ok``; images are re-rendered from ``source_uri`` (PDF page or image file)."""
+    import pyarrow.dataset as pads
+
+    root = os.path.join(path, "pages") if os.path.isdir(os.path.join(path, "pages")) else path
+    cols = ["source_uri", "page_index", "status", "regions", "image_width", "image_height"]
+    rows = pads.dataset(root, format="parquet").to_table(columns=cols).to_pylist()
+    refs, skipped = [], []
+    for r in rows:
+        name = f"{r['source_uri']}#{r['page_index']}"
+        if r["status"] != "ok":
+            skipped.append(Skipped(name, BAD_ANNOTATION, f"status {r['status']}"))
+            continue
+        try:
+            regs = sorted(r["regions"] or [], key=lambda g: g["order"])
+            regions = tuple(
+                Region(category=g["category"], box=Box(*(float(v) for v in g["bbox"])),
+                       content=g["content"], content_format=g["content_format"] or "text")
+                for g in regs)
+            page = Page(width=int(r["image_width"] or 1), height=int(r["image_height"] or 1), regions=regions,
+                        page_no=int(r["page_index"]))
+        except (TypeError, ValueError, KeyError) as e:
+            skipped.append(Skipped(name, BAD_ANNOTATION, str(e)))
+            continue
+        refs.append(PageRef(page, ImageRef(r["source_uri"], int(r["page_index"])), name))
+    return refs, skipped
+
+
+# ---- the packer ----------------------------------------------------------------------------------
+def rope_index_fn(model_dir_or_config) -> Callable:
+    """The checkpoint's own ``get_rope_index``, bound to a weightless (meta-device) model."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    cfg = model_dir_or_config
+    if isinstance(cfg, str):
+        cfg = AutoConfig.from_pretrained(cfg)
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(cfg)
+    return model.model.get_rope_index
+
+
+class Packer:
+    """Packs pages for one checkpoint (its tokenizer, protocol, image processor and M-RoPE)."""
+
+    def __init__(self, model_dir: str, cfg: PackingConfig = PackingConfig(), *, rope_index: Callable | None = None):
+        from transformers import AutoConfig, AutoImageProcessor
+
+        from padoc_ray.hf_tokenizer import ModelProtocol
+
+        self.cfg = cfg
+        self.proto = ModelProtocol(model_dir)
+        self.image_processor = AutoImageProcessor.from_pretrained(model_dir)
+        config = AutoConfig.from_pretrained(model_dir)
+        self.image_token_id = int(config.image_token_id)
+        self.merge = int(config.vision_config.spatial_merge_size)
+        self.rope_index = rope_index or rope_index_fn(config)
+        self.prompt = tuple(self.proto.prompt_ids("fork"))
+        if self.prompt.count(self.image_token_id) != 1:
+            raise ValueError(f"the fork prompt of {model_dir} must hold one <|image_pad|> (id {self.image_token_id})")
+        self._proc_kw = {}
+        if cfg.max_pixels or cfg.min_pixels:
+            size = dict(self.image_processor.size)
+            if cfg.max_pixels:
+                size["longest_edge"] = cfg.max_pixels
+            if cfg.min_pixels:
+                size["shortest_edge"] = cfg.min_pixels
+            self._proc_kw["size"] = size
+
+    @property
+    def processor_size_override(self) -> dict | None:
+        """The image processor ``size`` used instead of the checkpoint's, if any."""
+        return self._proc_kw.get("size")
+
+    # -- pieces --
+    def vision_inputs(self, image):
+        out = self.image_processor(images=[image], return_tensors="pt", **self._proc_kw)
+        return out["pixel_values"], out["image_grid_thw"]
+
+    def expanded_prompt(self, grid_thw) -> list[int]:
+        n = int(grid_thw.prod()) // (self.merge * self.merge)
+        i = self.prompt.index(self.image_token_id)
+        return [*self.prompt[:i], *([self.image_token_id] * n), *self.prompt[i + 1:]]
+
+    def positions(self, ids: Sequence[int], grid_thw):
+        """``get_rope_index`` of a linear sequence -> (3, len) long tensor."""
+        import torch
+
+        t = torch.tensor([list(ids)], dtype=torch.long)
+        pos, _ = self.rope_index(t, (t == self.image_token_id).int(), image_grid_thw=grid_thw)
+        return pos[:, 0, :]
+
+    # -- the sample --
+    def pack_ref(self, ref: PageRef) -> PackedSample:
+        sample = self.pack(ref.page, ref.image.load())
+        sample.meta["source"] = ref.source
+        return sample
+
+    def pack(self, page: Page, image) -> PackedSample:
+        import torch
+
+        pixel_values, grid = self.vision_inputs(image)
+        prompt = self.expanded_prompt(grid)
+        P, max_len = len(prompt), self.cfg.max_len
+        if P + 1 > max_len:
+            raise PackingError(PROMPT_TOO_LONG, f"prompt with {P - len(self.prompt) + 1} image tokens is {P} tokens; "
+                                                f"max_len is {max_len}")
+        vocab, tok = self.proto.vocab, self.proto.tokenizer
+        try:
+            full = serialize_padoc(vocab, tok, page)
+        except SerializeError as e:
+            raise PackingError(SERIALIZE_FAILED, str(e)) from None
+        layout, branches, forks = _fit(full, P, max_len, vocab.end_of_stream)
+        dropped = len(full.branches) - len(branches)
+        M = [*prompt, *layout]
+        tree = TreeLayout(len(M), tuple(P + f for f in forks), tuple(len(b) for b in branches))
+        ids = M + [t for b in branches for t in b]
+        labels = [IGNORE] * len(ids)
+        for i in range(P - 1, len(M) - 1):
+            labels[i] = M[i + 1]
+        if dropped:
+            labels[len(M) - 2] = IGNORE  # the re-closing EOS is an input only
+        for s, b in zip(tree.branch_starts(), branches):
+            labels[s:s + len(b) - 1] = b[1:]
+        pos_m = self.positions(M, grid)
+        pos = torch.empty(3, len(ids), dtype=torch.long)
+        pos[:, :len(M)] = pos_m
+        for f, s, n in zip(tree.forks, tree.branch_starts(), tree.branch_lens):
+            base = pos_m[:, f - 1]
+            if not bool((base == base[0]).all()):
+                raise ValueError(f"fork {f} follows a vision token; branches must fork after text")
+            pos[:, s:s + n] = base[0] + 1 + torch.arange(n)
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        lab = torch.tensor(labels, dtype=torch.long)
+        meta = {
+            "page_no": page.page_no, "image_path": page.image_path, "regions": len(full.branches),
+            "kept_regions": len(branches), "dropped_regions": dropped, "truncated": bool(dropped),
+            "prompt_len": P, "image_tokens": P - len(self.prompt) + 1, "layout_len": len(layout),
+            "branch_tokens": sum(len(b) for b in branches),
+        }
+        return PackedSample(input_ids=input_ids, labels=lab, loss_mask=lab != IGNORE, position_ids=pos, tree=tree,
+                            pixel_values=pixel_values, image_grid_thw=grid, meta=meta)
+
+
+def _fit(full, P: int, max_len: int, eos: int):
+    """Keep the longest run of leading regions that fits (see the module docstring)."""
+    layout, branches, forks = list(full.layout), list(full.branches), list(full.fork_points)
+    total = P + len(layout) + sum(len(b) for b in branches)
+    if total <= max_len:
+        return layout, branches, forks
+    n = len(branches)
+    cost = total
+    while n > 0 and cost > max_len:
+        n -= 1
+        end = forks[n - 1] + 1 if n else 0  # layout tokens through region n-1's close
+        cost = P + end + 1 + sum(len(b) for b in branches[:n])
+    if n == 0:
+        first = P + forks[0] + 2 + 1 + len(branches[0])
+        raise PackingError(REGION_TOO_LONG, f"the first region alone needs {first} tokens; max_len is {max_len}")
+    end = forks[n - 1] + 1
+    return [*layout[:end], eos], branches[:n], forks[:n]
+
+
+def pack_pages(packer: Packer, refs: Iterable[PageRef]) -> tuple[list[PackedSample], list[Skipped]]:
+    """Pack every page; a page that cannot be packed is skipped with its reason (logged)."""
+    samples, skipped = [], []
+    for ref in refs:
+        try:
+            samples.append(packer.pack_ref(ref))
+        except PackingError as e:
+            log.warning("skipping %s: %s", ref.source, e)
+            skipped.append(Skipped(ref.source, e.code, e.message))
+    return samples, skipped
