@@ -18,7 +18,10 @@ def run_cli(*args, timeout=300):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-@pytest.mark.parametrize("cmd", [[], ["build-tiny-model"], ["parse-page"], ["demo"], ["bench"], ["bench", "replay"]])
+@pytest.mark.parametrize("cmd", [[], ["build-tiny-model"], ["parse-page"], ["demo"], ["parse"], ["reannotate"], ["show"],
+                                 ["train"], ["eval"], ["eval", "layout"], ["eval", "e2e"], ["bench"], ["bench", "replay"],
+                                 ["bench", "raster"], ["bench", "pipeline"], ["bench", "attention"],
+                                 ["bench", "pageiou"]])
 def test_every_command_explains_itself(cmd):
     out = run_cli(*cmd, "--help")
     assert out.returncode == 0, out.stderr

@@ -53,6 +53,7 @@ def noop_pipeline(paths: list[str], model: str, dpi: float, out: str, *, pages_i
             "page_status": summary["page_status"], "all_inputs_accounted": summary["all_inputs_accounted"],
             "config": {"pages_in_flight": pages_in_flight, "cpus_per_actor": cpus_per_actor,
                        "raster_cpus": raster_cpus, "raster_pages_per_block": cfg.raster_pages_per_block,
+                       "rows_per_file": cfg.rows_per_file,
                        "engine_batch_pages": cfg.engine_batch_pages, "writer_cpus": cfg.writer_cpus}}
 
 

@@ -23,7 +23,6 @@ with a kind and a reason, and the run goes on. Only an unreadable *file* raises
 from __future__ import annotations
 
 import csv
-import glob
 import json
 import math
 import os
@@ -31,13 +30,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from padoc_ray.eval.batch_rows import PageIndex, RowsInputError, match_rows, read_page_rows, row_label
 from padoc_ray.eval.pageiou import (
     CLASSES, MODES, REPORT_CLASSES, Aggregator, ClassSummary, LayoutBox, PageIoUConfig, PageResult, Problem,
     evaluate_page, iter_scores, mode_key,
 )
 from padoc_ray.protocol.page import size_is_swapped
 
-IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 
 #: page-level problem kinds (box-level kinds are in pageiou.PROBLEM_KINDS)
 PAGE_PROBLEM_KINDS = {
@@ -181,89 +180,29 @@ def load_ground_truth(path: str, fix_swapped: bool = True) -> Side:
     return _omnidocbench_pages(_read_json(path, "ground-truth"), "gt", "ground truth", fix_swapped)
 
 
-def _parquet_files(path: str) -> list[str]:
-    if os.path.isfile(path):
-        return [path]
-    for pattern in ("pages/*.parquet", "*.parquet", "**/*.parquet"):
-        files = sorted(glob.glob(os.path.join(path, pattern), recursive=True))
-        if files:
-            return files
-    raise LayoutInputError(f"no Parquet files under {path} (expected pages/*.parquet of a padoc-ray batch output)")
-
-
 def _read_parquet_rows(path: str) -> list[dict]:
-    import pyarrow.parquet as pq
-
-    want = ["source_uri", "page_index", "status", "regions", "processed_at", "error_code"]
-    rows: list[dict] = []
-    for f in _parquet_files(path):
-        try:
-            pf = pq.ParquetFile(f)
-            cols = [c for c in want if c in pf.schema_arrow.names]
-            if "source_uri" not in cols or "regions" not in cols:
-                raise LayoutInputError(f"{f} is not padoc-ray page output (needs source_uri and regions columns)")
-            rows.extend(pf.read(columns=cols).to_pylist())
-        except LayoutInputError:
-            raise
-        except Exception as e:  # pyarrow raises several types for a corrupt or non-Parquet file
-            raise LayoutInputError(f"cannot read Parquet file {f}: {e}") from None
-    return rows
-
-
-def _gt_index(gt: Side) -> dict[Any, str]:
-    """Lookup keys of each ground-truth page: its basename, its stem for image files, and
-    (source_pdf basename, page_no) when given."""
-    idx: dict[Any, str] = {}
-    for key, page in gt.pages.items():
-        idx.setdefault(key, key)
-        stem, ext = os.path.splitext(key)
-        if ext.lower() in IMAGE_EXTS:
-            idx.setdefault(("stem", stem), key)
-        if page.source is not None:
-            idx.setdefault(("pdf", *page.source), key)
-    return idx
-
-
-def _row_key(row: dict, idx: dict[Any, str]) -> str | None:
-    uri = str(row.get("source_uri") or "")
-    base = os.path.basename(uri.rstrip("/"))
-    if base.lower().endswith(".pdf"):
-        i = row.get("page_index")
-        for k in (("stem", f"{base}_{i}"), ("pdf", base, i)):
-            if k in idx:
-                return idx[k]
-        return None
-    return idx.get(base)
-
-
-def _row_label(row: dict) -> str:
-    uri = os.path.basename(str(row.get("source_uri") or "?"))
-    return f"{uri}_{row.get('page_index')}" if uri.lower().endswith(".pdf") else uri
+    try:
+        return read_page_rows(path, ["source_uri", "page_index", "status", "regions", "processed_at", "error_code"],
+                              required=["source_uri", "regions"])
+    except RowsInputError as e:
+        raise LayoutInputError(str(e)) from None
 
 
 def load_parquet_predictions(path: str, gt: Side) -> Side:
     rows = _read_parquet_rows(path)
-    idx = _gt_index(gt)
+    m = match_rows(rows, PageIndex((key, page.source) for key, page in gt.pages.items()))
     out = Side()
-    chosen: dict[str, dict] = {}
-    for row in rows:
-        if (row.get("page_index") is not None and row["page_index"] < 0) or not row.get("source_uri"):
-            code = row.get("error_code") or row.get("status")
-            out.problems.append((_row_label(row), Problem("page", "document_error",
-                                                          f"{row.get('source_uri')}: document error {code}")))
-            continue
-        key = _row_key(row, idx)
-        if key is None:
-            out.problems.append((_row_label(row), Problem("page", "unmatched_prediction",
-                                                          f"row {_row_label(row)} matches no ground-truth page")))
-            continue
-        if key in chosen:
-            out.problems.append((key, Problem("page", "duplicate_page",
-                                              f"several rows for {key}; using the latest processed_at")))
-            old_t, new_t = chosen[key].get("processed_at"), row.get("processed_at")
-            if new_t is None or (old_t is not None and new_t <= old_t):
-                continue
-        chosen[key] = row
+    for row in m.document_errors:
+        code = row.get("error_code") or row.get("status")
+        out.problems.append((row_label(row), Problem("page", "document_error",
+                                                     f"{row.get('source_uri')}: document error {code}")))
+    for row in m.unmatched:
+        out.problems.append((row_label(row), Problem("page", "unmatched_prediction",
+                                                     f"row {row_label(row)} matches no ground-truth page")))
+    for key in m.duplicated:
+        out.problems.append((key, Problem("page", "duplicate_page", f"several rows for {key}; using the latest "
+                                                                    "processed_at")))
+    chosen = m.rows
     for key, row in chosen.items():
         boxes = []
         for i, reg in enumerate(row.get("regions") or []):

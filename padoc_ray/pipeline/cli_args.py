@@ -72,15 +72,17 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
     act.add_argument("--engine", choices=("vllm", "noop"), default="vllm",
                      help="noop: no model, every page an empty layout (measures pipeline overhead)")
     p.add_argument("--raster-cpus", type=float, default=0.5, help="CPUs per rasterization task (default 0.5)")
-    p.add_argument("--raster-pages-per-block", type=int, default=8,
-                   help="rendered pages per block leaving the raster stage (default 8)")
-    p.add_argument("--engine-batch-pages", type=int, default=8,
-                   help="pages per engine-actor call; they run concurrently inside the actor (default 8)")
+    p.add_argument("--raster-docs-per-task", type=int, default=None,
+                   help="input files per rasterization task (default: up to 8, fewer when files are few per CPU)")
+    p.add_argument("--raster-pages-per-block", type=int, default=16,
+                   help="rendered pages per block leaving the raster stage (default 16)")
+    p.add_argument("--engine-batch-pages", type=int, default=16,
+                   help="pages per engine-actor call; they run concurrently inside the actor (default 16)")
     p.add_argument("--image-encoding", choices=("png", "ppm"), default="png",
                    help="how rendered pages travel to engine actors: png (lossless, small) or ppm (raw, fast to "
                         "encode; for single-node clusters) (default png)")
-    p.add_argument("--rows-per-file", type=int, default=32,
-                   help="page rows per Parquet file; progress is saved file by file (default 32)")
+    p.add_argument("--rows-per-file", type=int, default=64,
+                   help="page rows per Parquet file; progress is saved file by file (default 64)")
     p.add_argument("--address", default=None,
                    help="Ray cluster address (default: RAY_ADDRESS, else a local cluster started for this run)")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -100,7 +102,7 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
         max_live_branches=args.max_live_branches, engine_overrides=overrides, engine=args.engine,
         raster_cpus=args.raster_cpus, replay_gt=args.replay, rows_per_file=args.rows_per_file,
         image_encoding=args.image_encoding, raster_pages_per_block=args.raster_pages_per_block,
-        engine_batch_pages=args.engine_batch_pages,
+        engine_batch_pages=args.engine_batch_pages, raster_docs_per_task=args.raster_docs_per_task,
     )
 
 

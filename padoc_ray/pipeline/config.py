@@ -35,13 +35,16 @@ class BatchConfig:
     # rasterization
     raster_cpus: float = 0.5  #: CPUs per rasterization task
     raster_block_mb: int = 16  #: target size of blocks of rendered pages (bounds memory in flight)
-    raster_pages_per_block: int = 8  #: rendered pages per output block of the raster stage
-    engine_batch_pages: int = 8  #: pages per engine-actor call (they run concurrently in the actor)
+    #: input files per rasterization task; None: up to 8, fewer when there are few files per CPU (small
+    #: files then share Ray's per-task cost; a large document still streams page by page)
+    raster_docs_per_task: int | None = None
+    raster_pages_per_block: int = 16  #: rendered pages per output block of the raster stage
+    engine_batch_pages: int = 16  #: pages per engine-actor call (they run concurrently in the actor)
     #: how rendered pages travel to the engine actors: "png" (lossless, ~30x smaller, ~35 ms to encode
     #: a page) or "ppm" (uncompressed, ~1 ms; for single-node or fast-network clusters)
     image_encoding: str = "png"
     writer_cpus: float = 0.1  #: CPUs per Parquet write task (light; do not reserve a core)
-    rows_per_file: int = 32  #: page rows per Parquet file: smaller files = finer-grained resume
+    rows_per_file: int = 64  #: page rows per Parquet file: smaller files = finer-grained resume
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -54,8 +57,8 @@ class BatchConfig:
             raise ValueError(f"engine must be vllm or noop, got {self.engine!r}")
         if self.image_encoding not in ("png", "ppm"):
             raise ValueError(f"image_encoding must be png or ppm, got {self.image_encoding!r}")
-        if self.raster_pages_per_block < 1 or self.engine_batch_pages < 1:
-            raise ValueError("raster_pages_per_block and engine_batch_pages must be >= 1")
+        if self.raster_pages_per_block < 1 or self.engine_batch_pages < 1 or (self.raster_docs_per_task or 1) < 1:
+            raise ValueError("raster_docs_per_task, raster_pages_per_block and engine_batch_pages must be >= 1")
         if self.pages_in_flight < 1:
             raise ValueError("pages_in_flight must be >= 1")
         if self.max_pages_per_doc is not None and self.max_pages_per_doc < 1:

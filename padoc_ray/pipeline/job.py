@@ -72,6 +72,14 @@ def plan(listed: list[tuple[str, int]], existing: pa.Table, cfg: BatchConfig) ->
     return todo, complete
 
 
+def docs_per_task(cfg: BatchConfig, n_docs: int, cpus: float) -> int:
+    """Input files per raster task: the configured number, else up to 8 while every CPU still gets
+    about 4 tasks (many small files share Ray's per-task cost; few files keep full parallelism)."""
+    if cfg.raster_docs_per_task:
+        return cfg.raster_docs_per_task
+    return max(1, min(8, int(n_docs // max(1.0, 4 * cpus))))
+
+
 def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
     import ray
     import ray.data
@@ -82,7 +90,7 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
     ctx = DataContext.get_current()
     ctx.target_max_block_size = cfg.raster_block_mb << 20
     ds = ray.data.from_items(todo, override_num_blocks=min(len(todo), 200))
-    ds = ds.map_batches(rasterize, batch_size=1, batch_format="pyarrow", num_cpus=cfg.raster_cpus,
+    ds = ds.map_batches(rasterize, batch_size=docs_per_task(cfg, len(todo), ray.cluster_resources().get("CPU", 1)), batch_format="pyarrow", num_cpus=cfg.raster_cpus,
                         fn_kwargs={"cfg": cfg, "model_id": model_id})
     lo, hi = cfg.num_actors
     # Keep pages_in_flight pages inside each actor: batches of `batch` pages, enough of them queued.

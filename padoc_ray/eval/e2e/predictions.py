@@ -18,9 +18,8 @@ from __future__ import annotations
 import glob
 import os
 
+from padoc_ray.eval.batch_rows import PageIndex, RowsInputError, match_rows, read_page_rows, row_label
 from padoc_ray.eval.e2e.gt import E2EInputError, GtPage, Problem
-
-IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 
 
 def _md_candidates(folder: str, name: str) -> list[str]:
@@ -61,84 +60,25 @@ def load_markdown_dir(folder: str, pages: list[GtPage]) -> tuple[dict[str, str |
 # --------------------------------------------------------------------------------------------------
 # Parquet
 
-def _parquet_files(path: str) -> list[str]:
-    if os.path.isfile(path):
-        return [path]
-    if not os.path.isdir(path):
-        raise E2EInputError(f"prediction path not found: {path}")
-    for pattern in ("pages/*.parquet", "*.parquet", "**/*.parquet"):
-        files = sorted(glob.glob(os.path.join(path, pattern), recursive=True))
-        if files:
-            return files
-    raise E2EInputError(f"no Parquet files under {path} (expected pages/*.parquet of a padoc-ray batch output)")
-
-
 def read_parquet_rows(path: str) -> list[dict]:
-    import pyarrow.parquet as pq  # only this input format needs pyarrow
-
-    want = ["source_uri", "page_index", "markdown", "status", "error_code", "processed_at"]
-    rows: list[dict] = []
-    for f in _parquet_files(path):
-        try:
-            pf = pq.ParquetFile(f)
-            cols = [c for c in want if c in pf.schema_arrow.names]
-            if "source_uri" not in cols or "markdown" not in cols:
-                raise E2EInputError(f"{f} is not padoc-ray page output (needs source_uri and markdown columns)")
-            rows.extend(pf.read(columns=cols).to_pylist())
-        except E2EInputError:
-            raise
-        except Exception as e:  # pyarrow raises several types for a corrupt or non-Parquet file
-            raise E2EInputError(f"cannot read Parquet file {f}: {e}") from None
-    return rows
-
-
-def _index(pages: list[GtPage]) -> dict:
-    idx: dict = {}
-    for page in pages:
-        idx.setdefault(page.name, page.name)
-        stem, ext = os.path.splitext(page.name)
-        if ext.lower() in IMAGE_EXTS:
-            idx.setdefault(("stem", stem), page.name)
-        if page.source is not None:
-            idx.setdefault(("pdf", *page.source), page.name)
-    return idx
-
-
-def _row_page(row: dict, idx: dict) -> str | None:
-    base = os.path.basename(str(row.get("source_uri") or "").rstrip("/"))
-    if base.lower().endswith(".pdf"):
-        i = row.get("page_index")
-        for key in (("stem", f"{base}_{i}"), ("pdf", base, i)):
-            if key in idx:
-                return idx[key]
-        return None
-    return idx.get(base) or idx.get(("stem", os.path.splitext(base)[0]))
-
-
-def _label(row: dict) -> str:
-    base = os.path.basename(str(row.get("source_uri") or "?"))
-    return f"{base}_{row.get('page_index')}" if base.lower().endswith(".pdf") else base
+    try:
+        return read_page_rows(path, ["source_uri", "page_index", "markdown", "status", "error_code", "processed_at"],
+                              required=["source_uri", "markdown"])
+    except RowsInputError as e:
+        raise E2EInputError(str(e)) from None
 
 
 def rows_to_markdown(rows: list[dict], pages: list[GtPage]) -> tuple[dict[str, str | None], list[Problem]]:
-    idx = _index(pages)
-    chosen: dict[str, dict] = {}
+    m = match_rows(rows, PageIndex((p.name, p.source) for p in pages))
     problems: list[Problem] = []
-    for row in rows:
-        if not row.get("source_uri") or (row.get("page_index") is not None and row["page_index"] < 0):
-            problems.append(Problem(_label(row), "extra_prediction",
-                                    f"document error row ({row.get('error_code') or row.get('status')}) ignored"))
-            continue
-        key = _row_page(row, idx)
-        if key is None:
-            problems.append(Problem(_label(row), "extra_prediction", "row matches no ground-truth page (ignored)"))
-            continue
-        if key in chosen:
-            problems.append(Problem(key, "prediction", "several rows for this page; the latest processed_at is used"))
-            old, new = chosen[key].get("processed_at"), row.get("processed_at")
-            if new is None or (old is not None and new <= old):
-                continue
-        chosen[key] = row
+    for row in m.document_errors:
+        problems.append(Problem(row_label(row), "extra_prediction",
+                                f"document error row ({row.get('error_code') or row.get('status')}) ignored"))
+    for row in m.unmatched:
+        problems.append(Problem(row_label(row), "extra_prediction", "row matches no ground-truth page (ignored)"))
+    for name in m.duplicated:
+        problems.append(Problem(name, "prediction", "several rows for this page; the latest processed_at is used"))
+    chosen = m.rows
     out: dict[str, str | None] = {}
     for page in pages:
         row = chosen.get(page.name)
