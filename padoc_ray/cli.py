@@ -310,7 +310,8 @@ def cmd_bench_pipeline(args) -> int:
     print(f"no-op pipeline: {pipe['pages']} pages in {pipe['seconds']} s (Ray start {pipe['ray_init_s']} s): "
           f"{pipe['pages_per_s']} pages/s wall; the job alone (cluster up) {pipe['job_seconds']} s, "
           f"{pipe['job_pages_per_s']} pages/s")
-    print(f"pipeline / raw: {res['ratio_wall']:.0%} (wall), {res['ratio_job']:.0%} (job on a running cluster)")
+    steady = f", {res['ratio_steady']:.0%} (steady: {pipe['steady_pages_per_s']} pages/s)" if res["ratio_steady"] else ""
+    print(f"pipeline / raw: {res['ratio_wall']:.0%} (wall), {res['ratio_job']:.0%} (job on a running cluster){steady}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import glob
 import os
+import re
 
 import pytest
 
@@ -109,12 +110,18 @@ def test_child_prompts_are_branch_isolated(corpus, replays, model_protocol):
     reqs = replays["fork_requests"]
     for (name, inp, truth) in corpus[:6]:
         s = serialize_padoc(v, model_protocol.tokenizer, truth)
-        children = [r for r in reqs if r.request_id.startswith(inp.page_id + "/") and "/b" in r.request_id]
+        children = [r for r in reqs if r.request_id.startswith(inp.page_id + "/") and _branch(r.request_id) is not None]
         assert children
         for r in children:
-            k = int(r.request_id.rsplit("/b", 1)[1])
+            k = _branch(r.request_id)
             assert list(r.prompt_ids) == prompt + list(s.layout[: s.fork_points[k]]) + [v.branch_start], (name, k)
             assert r.image_uuid == inp.page_id and r.cache_salt == inp.cache_salt and r.image is inp.image
+
+
+def _branch(request_id: str) -> int | None:
+    """Branch index of a request id `<page>/<run token>/b<k>` (None for the layout stream `/main`)."""
+    m = re.search(r"/b(\d+)$", request_id)
+    return int(m.group(1)) if m else None
 
 
 def _one(corpus, name):
@@ -156,7 +163,7 @@ def test_cancelling_mid_page_leaves_no_live_requests(corpus, cpu_engine, model_p
 
     async def go():
         task = asyncio.create_task(run_page(spy, model_protocol, replay_input(model_protocol, truth, inp, "fork")))
-        while sum("/b" in r.request_id for r in spy.requests) < 5:
+        while sum(_branch(r.request_id) is not None for r in spy.requests) < 5:
             await asyncio.sleep(0.01)
         assert cpu_engine.num_unfinished_requests() >= 2
         task.cancel()

@@ -6,9 +6,11 @@ same machine. The raw side is a process pool with no Ray; the pipeline side is t
 writer, documents table and summary). The raw side is measured before and after the pipeline and
 averaged, so a change of machine load during the run shows up as a spread instead of a bias.
 
-Two pipeline figures are reported: ``wall`` (everything, local Ray start included) and ``job``
+Three pipeline figures are reported: ``wall`` (everything, local Ray start included), ``job``
 (the batch job alone on a running cluster, as under ``ray job submit``: listing, actor start,
-rasterization, parsing, writing, documents table and summary).
+rasterization, parsing, writing, documents table and summary), and ``steady``: the rate between
+the 25th and the 90th percentile of the rows' ``processed_at``, i.e. after start-up and the
+backlog that builds while the actor starts, before the tail; what a long job runs at.
 """
 
 from __future__ import annotations
@@ -50,11 +52,25 @@ def noop_pipeline(paths: list[str], model: str, dpi: float, out: str, *, pages_i
     return {"pages": n, "ray_init_s": round(t_ray, 3), "seconds": round(wall, 3),
             "pages_per_s": round(n / wall, 2), "job_seconds": summary["wall_s"],
             "job_pages_per_s": summary["pages_per_s"],
+            "steady_pages_per_s": steady_rate(os.path.join(out, "run", "pages"), cfg),
             "page_status": summary["page_status"], "all_inputs_accounted": summary["all_inputs_accounted"],
             "config": {"pages_in_flight": pages_in_flight, "cpus_per_actor": cpus_per_actor,
                        "raster_cpus": raster_cpus, "raster_pages_per_block": cfg.raster_pages_per_block,
                        "rows_per_file": cfg.rows_per_file,
                        "engine_batch_pages": cfg.engine_batch_pages, "writer_cpus": cfg.writer_cpus}}
+
+
+def steady_rate(pages_dir: str, cfg, lo: float = 0.25, hi: float = 0.90) -> float | None:
+    """Pages per second between the ``lo`` and ``hi`` quantiles of the rows' ``processed_at``."""
+    from padoc_ray.pipeline.job import read_pages
+
+    t = read_pages(pages_dir, cfg, columns=["page_index", "processed_at"])
+    ts = sorted(r["processed_at"] for r in t.to_pylist() if r["page_index"] >= 0)
+    if len(ts) < 20:
+        return None
+    i, j = int(lo * (len(ts) - 1)), int(hi * (len(ts) - 1))
+    span = (ts[j] - ts[i]).total_seconds()
+    return round((j - i) / span, 2) if span > 0 else None
 
 
 def run(paths: list[str], model: str, dpi: float, workers: int, *, pages_in_flight: int = 64,
@@ -75,4 +91,5 @@ def run(paths: list[str], model: str, dpi: float, workers: int, *, pages_in_flig
         "noop_pipeline": pipe,
         "ratio_wall": round(pipe["pages_per_s"] / raw, 3),
         "ratio_job": round(pipe["job_pages_per_s"] / raw, 3),
+        "ratio_steady": round(pipe["steady_pages_per_s"] / raw, 3) if pipe["steady_pages_per_s"] else None,
     }
