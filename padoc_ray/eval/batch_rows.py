@@ -53,6 +53,17 @@ def read_page_rows(path: str, columns: Iterable[str], required: Iterable[str]) -
     return rows
 
 
+def pdf_source(page_info: dict) -> tuple[str, int] | None:
+    """(source_pdf basename, page_no) of a ground-truth page_info, when it names both."""
+    pdf, page_no = page_info.get("source_pdf"), page_info.get("page_no")
+    if not isinstance(pdf, str) or not pdf or isinstance(page_no, bool):
+        return None
+    try:
+        return os.path.basename(pdf), int(page_no)
+    except (TypeError, ValueError):
+        return None
+
+
 def row_label(row: dict) -> str:
     base = os.path.basename(str(row.get("source_uri") or "?"))
     return f"{base}_{row.get('page_index')}" if base.lower().endswith(".pdf") else base

@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from padoc_ray.eval.batch_rows import PageIndex, RowsInputError, match_rows, read_page_rows, row_label
+from padoc_ray.eval.batch_rows import PageIndex, RowsInputError, match_rows, pdf_source, read_page_rows, row_label
 from padoc_ray.eval.pageiou import (
     CLASSES, MODES, REPORT_CLASSES, Aggregator, ClassSummary, LayoutBox, PageIoUConfig, PageResult, Problem,
     evaluate_page, iter_scores, mode_key,
@@ -150,7 +150,7 @@ def _omnidocbench_pages(data: Any, side: str, what: str, fix_swapped: bool = Tru
                                               f"{what} entry {n}: boxes reach beyond page_info {size[0]:g}x{size[1]:g} "
                                               f"but fit {size[1]:g}x{size[0]:g}; using the latter")))
             size = (size[1], size[0])
-        out.pages[key] = PageBoxes(key, boxes, size, source=_source(info), needs_size=size is None)
+        out.pages[key] = PageBoxes(key, boxes, size, source=pdf_source(info), needs_size=size is None)
     return out
 
 
@@ -162,16 +162,6 @@ def _swapped(boxes: list[LayoutBox], size: tuple[float, float]) -> bool:
     except TypeError:
         return False
     return size_is_swapped(size[0], size[1], mx, my)
-
-
-def _source(info: dict) -> tuple[str, int] | None:
-    pdf, page_no = info.get("source_pdf"), info.get("page_no")
-    if not isinstance(pdf, str) or not pdf or isinstance(page_no, bool):
-        return None
-    try:
-        return os.path.basename(pdf), int(page_no)
-    except (TypeError, ValueError):
-        return None
 
 
 def load_ground_truth(path: str, fix_swapped: bool = True) -> Side:

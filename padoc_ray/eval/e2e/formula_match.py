@@ -22,17 +22,10 @@ from scipy.optimize import linear_sum_assignment
 from padoc_ray.eval.e2e.formula_split import (merge_segment, merged_content, normalize_logic_brace_formula, partitions,
                                               split_gt_formulas, split_pred_formulas)
 from padoc_ray.eval.e2e.match import item_lines, match_quick
+from padoc_ray.eval.e2e.metrics import edit_ratio
 
 RESCUE_TYPES = ("text_formula", "image_formula", "formula_rescue", "table_formula_rescue")
 _ALLOWED_PRED = {"", "equation_inline", "equation_isolated"}
-
-
-def _edit(gt: str, pred: str) -> float:
-    if not gt and not pred:
-        return 0
-    if not gt or not pred:
-        return 1
-    return Levenshtein.distance(gt, pred) / max(len(gt), len(pred))
 
 
 def _span(item: dict):
@@ -116,7 +109,7 @@ class _Prepared:
             pred = merged_content(parts) if len(seq) >= 2 else parts[0]
             norm_pred = " ".join(self.norm_pred[k] for k in seq).strip()
             pcat = "equation_isolated" if len(seq) >= 2 else _pred_type(self.pred_items[seq[0]])
-            ppos, edit, pidx = self.pred_items[seq[0]]["position"][0], _edit(self.norm_gt[i], norm_pred), seq
+            ppos, edit, pidx = self.pred_items[seq[0]]["position"][0], edit_ratio(self.norm_gt[i], norm_pred), seq
         else:
             pred = norm_pred = pcat = ppos = ""
             edit, pidx = 1, [""]
@@ -227,7 +220,7 @@ def _dp_rows(p: _Prepared, img_name: str, gaps: bool = False) -> list[dict] | No
                 norm_gt = p.norm_gt[i]
                 upper = max(len(norm_gt), len(norm_pred))
                 chars = Levenshtein.distance(norm_gt, norm_pred) if upper > 0 else 0
-                nxt = (cur[0] + _edit(norm_gt, norm_pred), cur[1] + chars, cur[2] + upper,
+                nxt = (cur[0] + edit_ratio(norm_gt, norm_pred), cur[1] + chars, cur[2] + upper,
                        cur[3] + (1 if ptype == "equation_inline" else 0))
                 end = seq[-1] + 1
                 if _better_state(nxt, dp[i + 1][end]):
@@ -259,7 +252,7 @@ def _hungarian_rows(p: _Prepared, img_name: str) -> list[dict]:
     cost[g:, n:] = 0.0
     for i in range(g):
         for j in range(n):
-            cost[i, j] = _edit(p.norm_gt[i], p.norm_pred[j])
+            cost[i, j] = edit_ratio(p.norm_gt[i], p.norm_pred[j])
     r_ind, c_ind = linear_sum_assignment(cost)
     assigned = dict(zip(r_ind.tolist(), c_ind.tolist()))
     return [p.row(i, img_name, [assigned[i]]) if assigned.get(i) is not None and assigned[i] < n else p.row(i, img_name)

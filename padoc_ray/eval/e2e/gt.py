@@ -21,6 +21,7 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from padoc_ray.eval.batch_rows import pdf_source
 from padoc_ray.eval.e2e.match import TEXT_CATEGORIES
 from padoc_ray.protocol.spec import DEFAULT_CATEGORIES
 
@@ -148,16 +149,6 @@ def check_page(obj, index: int, problems: list[Problem]) -> tuple[str, dict] | N
     return name, {"layout_dets": items, "page_info": info, "extra": extra}
 
 
-def _source(info: dict) -> tuple[str, int] | None:
-    pdf, no = info.get("source_pdf"), info.get("page_no")
-    if not isinstance(pdf, str) or not pdf or isinstance(no, bool):
-        return None
-    try:
-        return os.path.basename(pdf), int(no)
-    except (TypeError, ValueError):
-        return None
-
-
 def load_ground_truth(path: str) -> tuple[list[GtPage], list[Problem]]:
     """Pages in file order (duplicates after the first are dropped) and the problems found."""
     try:
@@ -185,5 +176,5 @@ def load_ground_truth(path: str) -> tuple[list[GtPage], list[Problem]]:
         for item in page["layout_dets"]:
             if not item.get("ignore", False):
                 counts[item["category_type"]] += 1
-        pages.append(GtPage(name, page_elements(page), _source(page["page_info"]), dict(counts)))
+        pages.append(GtPage(name, page_elements(page), pdf_source(page["page_info"]), dict(counts)))
     return pages, problems

@@ -36,13 +36,19 @@ def normalize(s: str, kind: str = "text") -> str:
     raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
 
 
-def normalized_edit_distance(a: str, b: str, kind: str = "text") -> float:
-    """Edit distance of ``a`` and ``b`` after the ``kind`` normalization, divided by the longer
-    length: 0 identical, 1 nothing in common; 0 when both normalize to empty."""
-    a, b = normalize(a, kind), normalize(b, kind)
+def edit_ratio(a: str, b: str) -> float:
+    """Edit distance divided by the longer length: 0 identical (or both empty), 1 when one is empty."""
     if not a and not b:
         return 0.0
+    if not a or not b:
+        return 1.0
     return Levenshtein.distance(a, b) / max(len(a), len(b))
+
+
+def normalized_edit_distance(a: str, b: str, kind: str = "text") -> float:
+    """:func:`edit_ratio` of ``a`` and ``b`` after the ``kind`` normalization: 0 identical, 1 nothing
+    in common; 0 when both normalize to empty."""
+    return edit_ratio(normalize(a, kind), normalize(b, kind))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,11 +15,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from rapidfuzz.distance import Levenshtein
-
 from padoc_ray.eval.e2e.formula_match import formula_pool, match_display_formulas
 from padoc_ray.eval.e2e.markdown import extract_markdown
 from padoc_ray.eval.e2e.match import IGNORED_TEXT, TEXT_CATEGORIES, match_quick, sort_preds
+from padoc_ray.eval.e2e.metrics import edit_ratio
 from padoc_ray.eval.e2e.normalize import (normalized_text, strip_formula_delimiters,
                                           text_with_normalized_inline_formulas, text_with_unicode_math)
 from padoc_ray.eval.e2e.table_match import match_tables
@@ -94,14 +93,6 @@ def _as_text(category: str, text: str) -> str:
     return text_with_unicode_math(strip_formula_delimiters(text) if _is_formula(category) else text)
 
 
-def _edit(gt: str, pred: str) -> float:
-    if not gt and not pred:
-        return 0
-    if not gt or not pred:
-        return 1
-    return Levenshtein.distance(gt, pred) / max(len(gt), len(pred))
-
-
 def _cross_category(row: dict) -> dict:
     """A formula matched to text (or text to a formula) is compared as text on both sides."""
     g, p = row.get("gt_category_type", ""), row.get("pred_category_type", "")
@@ -109,7 +100,7 @@ def _cross_category(row: dict) -> dict:
         return row
     row["gt"], row["pred"] = _as_text(g, row.get("gt", "")), _as_text(p, row.get("pred", ""))
     row["norm_gt"], row["norm_pred"] = normalized_text(row["gt"]), normalized_text(row["pred"])
-    row["edit"] = _edit(row["norm_gt"], row["norm_pred"])
+    row["edit"] = edit_ratio(row["norm_gt"], row["norm_pred"])
     return row
 
 
@@ -200,7 +191,7 @@ def _best_span(row: dict, pool: list[dict], blocked: set[int]) -> dict | None:
                 continue
             cand = {"pred_idx": list(range(s, e + 1)), "pred": "".join(raw),
                     "pred_position": pool[s]["item"]["position"][0], "pred_category_type": "text_block",
-                    "norm_pred": norm, "edit": _edit(target, norm), "span": e - s + 1,
+                    "norm_pred": norm, "edit": edit_ratio(target, norm), "span": e - s + 1,
                     "distance": abs(s - owned[0]) if owned else 0}
             if best is None or cand["edit"] + 1e-12 < best["edit"]:
                 best = cand
