@@ -41,14 +41,12 @@ def find_row(output: str, doc: str, page: int, storage=None) -> dict:
     """The page row of ``doc`` (a doc_id, a unique doc_id prefix, or a source file name) and ``page``."""
     import pyarrow.compute as pc
 
-    from padoc_ray.pipeline.config import BatchConfig
     from padoc_ray.pipeline.job import read_pages
     from padoc_ray.pipeline.storage import StorageConfig, join
 
-    cfg = BatchConfig(input=output, output=output, model=output, storage=storage or StorageConfig())
     cols = ["doc_id", "source_uri", "page_index", "status", "error_code", "image_width", "image_height",
             "regions", "run_id", "processed_at"]
-    t = read_pages(join(output, "pages"), cfg, columns=cols)
+    t = read_pages(join(output, "pages"), storage or StorageConfig(), columns=cols)
     if t.num_rows == 0:
         raise ShowError(f"no page rows under {join(output, 'pages')} (is this a padoc-ray batch output?)")
     ids = t.column("doc_id").to_pylist()

@@ -81,9 +81,9 @@ def test_read_pages_removes_half_written_files(tmp_path):
     pages.mkdir()
     pq.write_table(rows.to_table([_page("a", 0, 1)]), pages / "good.parquet")
     (pages / "torn.parquet").write_bytes(b"PAR1 half a file")
-    got = read_pages(str(pages), cfg)
+    got = read_pages(str(pages), cfg.storage)
     assert got.num_rows == 1 and not (pages / "torn.parquet").exists()
-    assert read_pages(str(tmp_path / "none"), cfg).num_rows == 0
+    assert read_pages(str(tmp_path / "none"), cfg.storage).num_rows == 0
 
 
 def test_page_rows_round_trip_the_schema():

@@ -52,7 +52,7 @@ def noop_pipeline(paths: list[str], model: str, dpi: float, out: str, *, pages_i
     return {"pages": n, "ray_init_s": round(t_ray, 3), "seconds": round(wall, 3),
             "pages_per_s": round(n / wall, 2), "job_seconds": summary["wall_s"],
             "job_pages_per_s": summary["pages_per_s"],
-            "steady_pages_per_s": steady_rate(os.path.join(out, "run", "pages"), cfg),
+            "steady_pages_per_s": steady_rate(os.path.join(out, "run", "pages")),
             "page_status": summary["page_status"], "all_inputs_accounted": summary["all_inputs_accounted"],
             "config": {"pages_in_flight": pages_in_flight, "cpus_per_actor": cpus_per_actor,
                        "raster_cpus": raster_cpus, "raster_pages_per_block": cfg.raster_pages_per_block,
@@ -60,11 +60,12 @@ def noop_pipeline(paths: list[str], model: str, dpi: float, out: str, *, pages_i
                        "engine_batch_pages": cfg.engine_batch_pages, "writer_cpus": cfg.writer_cpus}}
 
 
-def steady_rate(pages_dir: str, cfg, lo: float = 0.25, hi: float = 0.90) -> float | None:
+def steady_rate(pages_dir: str, lo: float = 0.25, hi: float = 0.90) -> float | None:
     """Pages per second between the ``lo`` and ``hi`` quantiles of the rows' ``processed_at``."""
     from padoc_ray.pipeline.job import read_pages
+    from padoc_ray.pipeline.storage import StorageConfig
 
-    t = read_pages(pages_dir, cfg, columns=["page_index", "processed_at"])
+    t = read_pages(pages_dir, StorageConfig(), columns=["page_index", "processed_at"])
     ts = sorted(r["processed_at"] for r in t.to_pylist() if r["page_index"] >= 0)
     if len(ts) < 20:
         return None

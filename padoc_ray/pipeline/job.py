@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from padoc_ray.pipeline import rows
 from padoc_ray.pipeline.config import BatchConfig
-from padoc_ray.pipeline.storage import filesystem, is_s3, join, list_inputs, write_bytes
+from padoc_ray.pipeline.storage import StorageConfig, filesystem, is_s3, join, list_inputs, write_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +30,9 @@ KEY_COLUMNS = ["source_uri", "doc_id", "page_index", "page_count", "status", "er
                "output_tokens", "valid"]
 
 
-def read_pages(pages_uri: str, cfg: BatchConfig, columns=KEY_COLUMNS) -> pa.Table:
+def read_pages(pages_uri: str, storage: StorageConfig, columns=KEY_COLUMNS) -> pa.Table:
     """Every page row written so far (all runs); removes unreadable leftovers of killed runs."""
-    fs, path = filesystem(pages_uri, cfg.storage)
+    fs, path = filesystem(pages_uri, storage)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
         return rows.PAGE_SCHEMA.empty_table().select(columns)
@@ -90,7 +90,8 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
     ctx = DataContext.get_current()
     ctx.target_max_block_size = cfg.raster_block_mb << 20
     ds = ray.data.from_items(todo, override_num_blocks=min(len(todo), 200))
-    ds = ds.map_batches(rasterize, batch_size=docs_per_task(cfg, len(todo), ray.cluster_resources().get("CPU", 1)), batch_format="pyarrow", num_cpus=cfg.raster_cpus,
+    per_task = docs_per_task(cfg, len(todo), ray.cluster_resources().get("CPU", 1))
+    ds = ds.map_batches(rasterize, batch_size=per_task, batch_format="pyarrow", num_cpus=cfg.raster_cpus,
                         fn_kwargs={"cfg": cfg, "model_id": model_id})
     lo, hi = cfg.num_actors
     # Keep pages_in_flight pages inside each actor: batches of `batch` pages, enough of them queued.
@@ -116,7 +117,7 @@ def run_batch(cfg: BatchConfig, *, log=print) -> dict:
     t0 = time.perf_counter()
     listed = list_inputs(cfg.input, cfg.storage)
     pages_uri = join(cfg.output, "pages")
-    existing = read_pages(pages_uri, cfg)
+    existing = read_pages(pages_uri, cfg.storage)
     todo, complete = plan(listed, existing, cfg)
     model_id = cfg.model.rstrip("/").rsplit("/", 1)[-1]
     log(f"padoc-ray batch run {cfg.run_id}: {len(listed)} inputs, {complete} already complete, "
@@ -124,7 +125,7 @@ def run_batch(cfg: BatchConfig, *, log=print) -> dict:
     if todo:
         _pipeline(todo, cfg, model_id)
     wall = time.perf_counter() - t0
-    final = read_pages(pages_uri, cfg)
+    final = read_pages(pages_uri, cfg.storage)
     docs = rows.documents_table(final, listed, cfg.pages, cfg.max_pages_per_doc)
     fs, dpath = filesystem(join(cfg.output, "documents"), cfg.storage)
     if not is_s3(cfg.output):

@@ -34,7 +34,7 @@ import pyarrow as pa
 from padoc_ray.eval.agreement import AgreementConfig, PageAgreement, compare_pages, difficulty
 from padoc_ray.pipeline import rows
 from padoc_ray.pipeline.config import BatchConfig
-from padoc_ray.pipeline.storage import filesystem, is_s3, join, list_inputs, read_bytes, write_bytes
+from padoc_ray.pipeline.storage import StorageConfig, filesystem, is_s3, join, list_inputs, read_bytes, write_bytes
 from padoc_ray.protocol.page import Box, Page, PageFormatError, Region, page_from_omnidocbench
 
 logger = logging.getLogger(__name__)
@@ -120,11 +120,11 @@ def load_ground_truth(cfg: ReannotateConfig) -> list[GtPage]:
     return out
 
 
-def prediction_pages(output: str, cfg: BatchConfig) -> dict[tuple[str, int], tuple[str, Page | None]]:
+def prediction_pages(output: str, storage: StorageConfig) -> dict[tuple[str, int], tuple[str, Page | None]]:
     """(source file name, page_index) -> (status, page) from a batch output's page rows."""
     from padoc_ray.pipeline.job import read_pages
 
-    t = read_pages(join(output, "pages"), cfg, columns=["source_uri", "page_index", "status", "image_width",
+    t = read_pages(join(output, "pages"), storage, columns=["source_uri", "page_index", "status", "image_width",
                                                         "image_height", "regions", "processed_at"])
     out: dict[tuple[str, int], tuple[str, Page | None]] = {}
     for r in sorted(t.to_pylist(), key=lambda r: r["processed_at"]):  # the newest row wins
@@ -163,9 +163,11 @@ def compare(gt_pages: list[GtPage], sets: dict[str, dict], cfg: AgreementConfig,
             row["prediction_status"][n] = status
             if page is not None:
                 preds[n] = page
-        agreements = [( "gt", n, compare_pages(g.page, p, cfg)) for n, p in preds.items()]
-        if len(names) > 1 and names[0] in preds:
-            agreements += [(names[0], n, compare_pages(preds[names[0]], preds[n], cfg)) for n in names[1:] if n in preds]
+        pairs = [("gt", n) for n in preds]
+        if names[0] in preds:
+            pairs += [(names[0], n) for n in names[1:] if n in preds]
+        pages = {"gt": g.page, **preds}
+        agreements = [(r, h, compare_pages(pages[r], pages[h], cfg)) for r, h in pairs]
         if not preds:
             row["status"], row["reason"] = "no_prediction", "no prediction set has a parse of this page"
         row["comparisons"] = [_comparison(r, h, a) for r, h, a in agreements]
@@ -196,9 +198,9 @@ def run_reannotate(cfg: ReannotateConfig, *, log=print) -> dict:
                                      run_id=f"{cfg.batch.run_id}-{m}")
             s = run_batch(bc, log=log)
             runs[m] = {k: s[k] for k in ("pages_written", "page_status", "all_inputs_accounted", "wall_s")}
-    sets = {m: prediction_pages(join(cfg.output, "predictions", m), cfg.batch) for m in cfg.modes}
+    sets = {m: prediction_pages(join(cfg.output, "predictions", m), cfg.batch.storage) for m in cfg.modes}
     for name, out_dir in cfg.compare.items():
-        sets[name] = prediction_pages(out_dir, cfg.batch)
+        sets[name] = prediction_pages(out_dir, cfg.batch.storage)
     table = pa.Table.from_pylist(compare(gt_pages, sets, cfg.agreement, cfg.batch.run_id), schema=AGREEMENT_SCHEMA)
     fs, apath = filesystem(join(cfg.output, "agreement"), cfg.batch.storage)
     if not is_s3(cfg.output):

@@ -29,14 +29,10 @@ logger = logging.getLogger(__name__)
 RASTER_SCHEMA = rows.PAGE_SCHEMA.append(pa.field("image_bytes", pa.binary()))
 
 
-def _raster_table(row: dict, image: bytes | None = None) -> pa.Table:
-    return pa.Table.from_pylist([{**row, "image_bytes": image}], schema=RASTER_SCHEMA)
-
-
 def _doc_error(base: dict, doc_id: str | None, code: str, message: str) -> pa.Table:
     """The one row of a document that cannot be parsed at all (``page_index = -1``)."""
-    return _raster_table(rows.error_row(rows.base_row(doc_id=doc_id, page_index=-1, page_count=None, **base),
-                                        code, message))
+    row = rows.error_row(rows.base_row(doc_id=doc_id, page_index=-1, page_count=None, **base), code, message)
+    return pa.Table.from_pylist([{**row, "image_bytes": None}], schema=RASTER_SCHEMA)
 
 
 def rasterize(batch: pa.Table, cfg: BatchConfig, model_id: str) -> Iterator[pa.Table]:
