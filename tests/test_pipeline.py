@@ -42,17 +42,41 @@ def _env(**extra) -> dict:
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
-    """`ray start --head` on loopback (2 CPUs); stopped at the end."""
+    """`ray start --head` on loopback (2 CPUs), in a process group of its own; at the end exactly
+    that group is stopped (never `ray stop`, which ends every Ray cluster on the machine)."""
     port, dash = _free_port(), _free_port()
     tmp = str(tmp_path_factory.mktemp("ray"))
     cmd = [os.path.join(BIN, "ray"), "start", "--head", "--num-cpus=2", "--disable-usage-stats",
            f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--node-ip-address=127.0.0.1",
-           f"--temp-dir={tmp}"]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=180)
-    assert out.returncode == 0, out.stderr[-3000:]
+           f"--temp-dir={tmp}", f"--ray-client-server-port={_free_port()}"]
+    starter = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
+                               start_new_session=True)  # every process of this cluster joins this group
+    out, _ = starter.communicate(timeout=180)
+    assert starter.returncode == 0, out[-3000:]
     info = {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}"}
-    yield info
-    subprocess.run([os.path.join(BIN, "ray"), "stop", "--force"], capture_output=True, env=_env(), timeout=120)
+    try:
+        yield info
+    finally:
+        stop_process_group(starter.pid)
+
+
+def stop_process_group(pgid: int, grace_s: float = 10.0) -> None:
+    """SIGTERM a process group, then SIGKILL whatever is left of it after ``grace_s``."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.time() + grace_s
+    while time.time() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 @pytest.fixture(scope="module")
