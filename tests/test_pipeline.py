@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,88 +17,12 @@ import pyarrow.parquet as pq
 import pypdfium2 as pdfium
 import pytest
 
-from .conftest import ROOT
+from .conftest import BIN, ROOT, _env
 from .pdf_factory import write_bad_input_folder
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-BIN = os.path.dirname(sys.executable)
 EXAMPLES = os.path.join(ROOT, "examples")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(**extra) -> dict:
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1", **extra)
-    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")  # as with an activated venv: `python` is this one
-    env.pop("RAY_ADDRESS", None)
-    return env
-
-
-@pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    """`ray start --head` on loopback (2 CPUs), in a process group of its own; at the end exactly
-    that group is stopped (never `ray stop`, which ends every Ray cluster on the machine)."""
-    port, dash = _free_port(), _free_port()
-    tmp = str(tmp_path_factory.mktemp("ray"))
-    cmd = [os.path.join(BIN, "ray"), "start", "--head", "--num-cpus=2", "--disable-usage-stats",
-           f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--node-ip-address=127.0.0.1",
-           f"--temp-dir={tmp}", f"--ray-client-server-port={_free_port()}"]
-    starter = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
-                               start_new_session=True)  # every process of this cluster joins this group
-    out, _ = starter.communicate(timeout=180)
-    assert starter.returncode == 0, out[-3000:]
-    info = {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}"}
-    try:
-        yield info
-    finally:
-        stop_process_group(starter.pid)
-
-
-def stop_process_group(pgid: int, grace_s: float = 10.0) -> None:
-    """SIGTERM a process group, then SIGKILL whatever is left of it after ``grace_s``."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.time() + grace_s
-    while time.time() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """An S3-compatible server (moto) on loopback, with test credentials in the environment."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port), "-H", "127.0.0.1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    endpoint = f"http://127.0.0.1:{port}"
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                          aws_secret_access_key="testing")
-    for _ in range(100):
-        try:
-            client.list_buckets()
-            break
-        except Exception:  # noqa: BLE001 - not up yet
-            time.sleep(0.1)
-    yield {"endpoint": endpoint, "client": client, "env": creds}
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 def parse_cmd(*args) -> list[str]:
