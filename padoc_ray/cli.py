@@ -165,7 +165,9 @@ def cmd_demo(args) -> int:
     import ray
     import ray.data
 
-    ray.init(ignore_reinit_error=True, log_to_driver=args.verbose, logging_level=logging.WARNING)
+    from padoc_ray.utils.raylog import init_ray
+
+    init_ray("local", verbose=args.verbose)
     ray.data.DataContext.get_current().enable_progress_bars = args.verbose
     cfg = BatchConfig(input=os.path.join(args.examples, "*.pdf"), output=args.output, model=args.model,
                       mode=args.mode, replay_gt=gt if replay else None, scheduler=_scheduler_cfg(args))

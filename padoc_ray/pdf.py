@@ -74,28 +74,76 @@ def doc_id_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def open_pdf(data: bytes):
-    """Open PDF bytes; raises :class:`PdfError` with a specific code."""
+def open_pdf(data: bytes, *, repair: bool = True):
+    """Open PDF bytes; raises :class:`PdfError` with a specific code.
+
+    When pdfium cannot open the file, qpdf (through pikepdf) gets one repair pass and pdfium opens
+    the repaired bytes; such a document has ``padoc_repaired = True`` (see :func:`is_repaired`).
+    The diagnosis of a file that cannot be opened depends on its bytes alone: pdfium's last-error
+    value is per thread and not reset by every failure, so it is never used.
+    """
     import pypdfium2 as pdfium
 
     if not data:
         raise PdfError(EMPTY_FILE, "the file is empty")
     if b"%PDF-" not in data[:1024]:
         raise PdfError(NOT_PDF, "no %PDF- header in the first 1024 bytes")
+    repaired = False
     try:
         doc = pdfium.PdfDocument(data)
-    except pdfium.PdfiumError as e:
-        # pdfium's last-error code is per thread and not reset on success, so it can be stale:
-        # confirm each diagnosis from the bytes themselves
-        if getattr(e, "err_code", None) == pdfium.raw.FPDF_ERR_PASSWORD and b"/Encrypt" in data:
-            raise PdfError(ENCRYPTED, "the PDF is encrypted and needs a password") from e
-        if _PAGES_COUNT_ZERO.search(data) and not _PAGES_COUNT_NONZERO.search(data):
-            raise PdfError(NO_PAGES, "the PDF has no pages") from e  # pdfium refuses page-less documents
-        raise PdfError(CORRUPT, f"pdfium could not open it ({e})") from e
+    except pdfium.PdfiumError:
+        fixed = _repair_or_diagnose(data, repair)  # raises PdfError when there is nothing to open
+        try:
+            doc = pdfium.PdfDocument(fixed)
+        except pdfium.PdfiumError as e:
+            raise PdfError(CORRUPT, "pdfium could not open it, nor the copy qpdf repaired") from e
+        repaired = True
     if len(doc) == 0:
         doc.close()
         raise PdfError(NO_PAGES, "the PDF has no pages")
+    doc.padoc_repaired = repaired
     return doc
+
+
+def is_repaired(doc) -> bool:
+    """Whether :func:`open_pdf` had to repair the file to open it."""
+    return bool(getattr(doc, "padoc_repaired", False))
+
+
+def _repair_or_diagnose(data: bytes, repair: bool) -> bytes:
+    """The bytes of a repaired copy of a PDF pdfium rejected, or a PdfError saying why there is none.
+
+    qpdf reconstructs broken cross-reference data on open; saving writes a clean file. Its error
+    text names the stream object (an address): that is replaced so the message is the same for
+    the same bytes."""
+    try:
+        import pikepdf
+    except ImportError:  # pikepdf is a dependency; without it, diagnose from the bytes alone
+        pikepdf = None
+    if pikepdf is None or not repair:
+        if b"/Encrypt" in data:
+            raise PdfError(ENCRYPTED, "the PDF is encrypted and needs a password")
+        if _PAGES_COUNT_ZERO.search(data) and not _PAGES_COUNT_NONZERO.search(data):
+            raise PdfError(NO_PAGES, "the PDF has no pages")
+        raise PdfError(CORRUPT, "pdfium could not open it" + ("" if repair else " (repair disabled)"))
+    import io
+
+    try:
+        with pikepdf.open(io.BytesIO(data)) as pdf:
+            if len(pdf.pages) == 0:
+                raise PdfError(NO_PAGES, "the PDF has no pages")
+            out = io.BytesIO()
+            pdf.save(out, encryption=False)
+            return out.getvalue()
+    except pikepdf.PasswordError as e:
+        raise PdfError(ENCRYPTED, "the PDF is encrypted and needs a password") from e
+    except PdfError:
+        raise
+    except Exception as e:  # noqa: BLE001 - qpdf raises several kinds for damaged files
+        if _PAGES_COUNT_ZERO.search(data) and not _PAGES_COUNT_NONZERO.search(data):
+            raise PdfError(NO_PAGES, "the PDF has no pages") from e
+        detail = re.sub(r"(stream )?<_io\.BytesIO object at 0x[0-9a-fA-F]+>:?\s*", "", str(e)).strip()
+        raise PdfError(CORRUPT, f"neither pdfium nor qpdf could open it (qpdf: {detail[:300]})") from e
 
 
 def is_image(data: bytes) -> bool:
@@ -184,10 +232,13 @@ def render_page(doc, index: int, cfg: RenderConfig = RenderConfig()) -> Rendered
         rot = page.get_rotation()
         try:
             # pdfium applies /Rotate itself (get_size is the displayed size); no extra rotation here
-            img = page.render(scale=cfg.scale_for(w, h), rotation=0, may_draw_forms=True).to_pil()
+            img = page.render(scale=cfg.scale_for(w, h), rotation=0, may_draw_forms=True,
+                              rev_byteorder=True).to_pil()
         except Exception as e:  # noqa: BLE001 - pdfium raises several kinds
             raise PdfError(RENDER_FAILED, f"page {index}: {e}") from e
-        return RenderedPage(index=index, image=img.convert("RGB"), width_pt=w, height_pt=h, rotation=rot)
+        if img.mode != "RGB":  # 3-channel bitmaps come out as an RGB copy already
+            img = img.convert("RGB")
+        return RenderedPage(index=index, image=img, width_pt=w, height_pt=h, rotation=rot)
     finally:
         page.close()
 

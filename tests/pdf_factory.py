@@ -85,3 +85,9 @@ def write_bad_input_folder(d: str, big_pages: int = 1000) -> dict[str, dict]:
         with open(os.path.join(d, name), "wb") as f:
             f.write(data)
     return {name: exp for name, (_, exp) in files.items()}
+
+
+def xref_broken_pdf(data: bytes) -> bytes:
+    """``data`` with its cross-reference table and trailer cut off and every ``endobj`` removed:
+    beyond pdfium's own repair, while qpdf's reconstruction still finds every object."""
+    return data[: data.rfind(b"xref")].replace(b"endobj", b"")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from padoc_ray.pdf import PdfError, RenderConfig, iter_pages, open_pdf, render_page
+from padoc_ray.pdf import PdfError, RenderConfig, is_repaired, iter_pages, open_pdf, render_page
 
 from .pdf_factory import image_only_pdf, text_pdf, zero_page_pdf
 
@@ -24,6 +24,60 @@ def test_document_errors_have_codes(data, code):
     with pytest.raises(PdfError) as ei:
         open_pdf(data)
     assert ei.value.code == code
+
+
+_DIAGNOSE = """
+import sys
+from padoc_ray.pdf import PdfError, open_pdf
+try:
+    open_pdf(sys.stdin.buffer.read())
+except PdfError as e:
+    print(e.code + "|" + e.message)
+"""
+
+
+def _fresh_process_diagnosis(data: bytes) -> str:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _DIAGNOSE], input=data, capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    return out.stdout.decode().strip()
+
+
+@pytest.mark.parametrize("broken", [
+    b"%PDF-1.4\n%%EOF garbage",
+    b"%PDF-1.7\n" + bytes(range(256)) * 20,
+    text_pdf(2)[:400],
+    text_pdf(2).replace(b"/Pages", b"/Pagex"),  # pdfium's stale error said "Incorrect password" here
+])
+def test_diagnosis_depends_on_the_bytes_alone(broken):
+    """pdfium's last error is per thread and sticky: after an encrypted file, a broken one must get
+    the same code and message as in a fresh process."""
+    with pytest.raises(PdfError, match="encrypted_pdf"):
+        open_pdf(text_pdf(1, encrypt="secret"))
+    with pytest.raises(PdfError) as ei:
+        open_pdf(broken)
+    assert f"{ei.value.code}|{ei.value.message}" == _fresh_process_diagnosis(broken)
+    assert ei.value.code == "corrupt_pdf" and "password" not in ei.value.message.lower()
+
+
+def test_a_file_beyond_pdfiums_repair_is_repaired_by_qpdf():
+    import pypdfium2 as pdfium
+
+    from .pdf_factory import xref_broken_pdf
+
+    good = text_pdf(3)
+    broken = xref_broken_pdf(good)
+    with pytest.raises(pdfium.PdfiumError):
+        pdfium.PdfDocument(broken)  # pdfium alone gives up
+    doc = open_pdf(broken)
+    assert is_repaired(doc) and len(doc) == 3 and not is_repaired(open_pdf(good))
+    cfg = RenderConfig(longest_side=300)
+    for i in range(3):  # the repaired pages are the original pages
+        assert render_page(doc, i, cfg).image.tobytes() == render_page(open_pdf(good), i, cfg).image.tobytes()
+    with pytest.raises(PdfError, match="corrupt_pdf"):
+        open_pdf(broken, repair=False)
 
 
 def test_codes_do_not_leak_between_documents():

@@ -234,3 +234,62 @@ def test_reannotate_compares_modes_with_the_corpus_and_resumes(ray_cluster, tmp_
     table2 = pq.read_table(out / "agreement" / "agreement.parquet").to_pylist()
     strip = lambda rows: [{k: v for k, v in r.items() if k != "run_id"} for r in rows]  # noqa: E731
     assert strip(table2) == strip(table)
+
+
+def test_poison_documents_cost_their_own_rows(tmp_path, tiny_model_dir):
+    """One raster task holds good files, a file whose renderer crashes on every page, one whose
+    renderer hangs on its second page, one that hangs while opening and one only qpdf can repair.
+    The job completes: every good page is written once by the real engine, each poison file is
+    accounted for with its code, and a rerun has nothing to do and starts no Ray."""
+    from .pdf_factory import text_pdf, xref_broken_pdf
+
+    src = tmp_path / "in"
+    src.mkdir()
+    for f in ("memo.pdf", "paper.pdf", "report.pdf"):
+        shutil.copy(os.path.join(EXAMPLES, f), src / f)
+    ex = lambda name: open(os.path.join(EXAMPLES, name), "rb").read()  # noqa: E731
+    (src / "crash.pdf").write_bytes(ex("paper.pdf") + b"\n% crash\n")
+    (src / "hang.pdf").write_bytes(ex("report.pdf") + b"\n% hang\n")
+    (src / "hangopen.pdf").write_bytes(ex("memo.pdf") + b"\n% hang while opening\n")
+    (src / "repaired.pdf").write_bytes(xref_broken_pdf(text_pdf(2)))  # its pages are forced like memo's
+    gt = json.load(open(os.path.join(EXAMPLES, "ground_truth.json")))
+    extra = []
+    for p in gt:  # the poison files' good pages are teacher-forced like the originals they copy
+        for copy, orig, page_no in (("hang.pdf", "report.pdf", None), ("repaired.pdf", "memo.pdf", 0),
+                                    ("repaired.pdf", "memo.pdf", 1)):
+            if p["page_info"]["source_pdf"] == orig:
+                q = json.loads(json.dumps(p))
+                q["page_info"]["source_pdf"] = copy
+                if page_no is not None:
+                    q["page_info"]["page_no"] = page_no
+                extra.append(q)
+    (tmp_path / "gt.json").write_text(json.dumps(gt + extra))
+    out = tmp_path / "out"
+    args = ["--input", str(src), "--output", str(out), "--model", tiny_model_dir, "--replay", str(tmp_path / "gt.json"),
+            "--raster-docs-per-task", "8", "--render-timeout", "3"]
+    faults = {"crash.pdf": "crash", "hang.pdf": "hang@1", "hangopen.pdf": "hang@open"}
+    env = _env(PADOC_RAY_RENDER_FAULTS=json.dumps(faults))
+    run = subprocess.run(parse_cmd(*args), capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    rows = read_pages(str(out))
+    assert len(keys(rows)) == len(set(keys(rows)))
+    got = {(os.path.basename(r["source_uri"]), r["page_index"]): r for r in rows}
+    assert {k: r["status"] for k, r in got.items()} == {
+        ("memo.pdf", 0): "ok", ("paper.pdf", 0): "ok", ("paper.pdf", 1): "ok", ("report.pdf", 0): "ok",
+        ("report.pdf", 1): "ok", ("crash.pdf", 0): "render_crashed", ("crash.pdf", 1): "render_crashed",
+        ("hang.pdf", 0): "ok", ("hang.pdf", 1): "render_timeout", ("hangopen.pdf", -1): "render_timeout",
+        ("repaired.pdf", 0): "ok", ("repaired.pdf", 1): "ok"}
+    assert got[("repaired.pdf", 0)]["repaired"] is True and got[("memo.pdf", 0)]["repaired"] is False
+    assert got[("repaired.pdf", 0)]["markdown"] == got[("memo.pdf", 0)]["markdown"]
+    assert "SIGSEGV" in got[("crash.pdf", 0)]["error_message"]
+    docs = {os.path.basename(r["source_uri"]): r for r in pq.read_table(out / "documents").to_pylist()}
+    assert {k: (d["status"], d["error_code"]) for k, d in docs.items()} == {
+        "memo.pdf": ("ok", None), "paper.pdf": ("ok", None), "report.pdf": ("ok", None),
+        "crash.pdf": ("failed", "render_crashed"), "hang.pdf": ("partial", None),
+        "hangopen.pdf": ("render_timeout", "render_timeout"), "repaired.pdf": ("ok", None)}
+    assert "constructor arguments" not in run.stderr and "Token authentication" not in run.stderr
+    # rerun: answered from the listing and the rows, without Ray
+    again = subprocess.run(parse_cmd(*args), capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "0 to do" in again.stdout and "ray" not in again.stderr.lower()
+    assert len(read_pages(str(out))) == len(rows)

@@ -73,6 +73,18 @@ def test_documents_table_statuses():
         "ok": "ok", "part": "partial", "bad": "failed", "inc": "incomplete", "txt": "skipped",
         "enc": "encrypted_pdf", "never": "missing"}
     assert d["part"]["pages_ok"] == 1 and d["part"]["pages_failed"] == 1 and d["inc"]["pages_selected"] == 3
+    # a failed document says why: its most common page code (ties: the first by name); others have none
+    assert d["bad"]["error_code"] == "token_limit" and d["enc"]["error_code"] == "encrypted_pdf"
+    assert d["ok"]["error_code"] is None and d["part"]["error_code"] is None
+
+
+def test_failed_document_error_code_is_the_most_common_page_code():
+    t = rows.to_table([_page("d", 0, 4, "render_timeout"), _page("d", 1, 4, "render_crashed"),
+                       _page("d", 2, 4, "render_crashed"), _page("d", 3, 4, "runaway"),
+                       _page("tie", 0, 2, "runaway"), _page("tie", 1, 2, "deadline")])
+    d = {r["source_uri"]: r for r in rows.documents_table(t, [("d", 1), ("tie", 1)], None, None).to_pylist()}
+    assert d["d"]["status"] == "failed" and d["d"]["error_code"] == "render_crashed"
+    assert d["tie"]["error_code"] == "deadline"
 
 
 def test_read_pages_removes_half_written_files(tmp_path):

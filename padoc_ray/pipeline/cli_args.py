@@ -9,6 +9,7 @@ import sys
 from padoc_ray.pdf import RenderConfig
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.storage import StorageConfig
+from padoc_ray.raster import ENCODINGS, RendererConfig
 from padoc_ray.scheduler import SchedulerConfig
 
 DESCRIPTION = """\
@@ -78,9 +79,19 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
                    help="rendered pages per block leaving the raster stage (default 16)")
     p.add_argument("--engine-batch-pages", type=int, default=16,
                    help="pages per engine-actor call; they run concurrently inside the actor (default 16)")
-    p.add_argument("--image-encoding", choices=("png", "ppm"), default="png",
-                   help="how rendered pages travel to engine actors: png (lossless, small) or ppm (raw, fast to "
-                        "encode; for single-node clusters) (default png)")
+    rend = p.add_argument_group("rendering")
+    rend.add_argument("--render-timeout", type=float, default=RendererConfig.page_timeout_s, metavar="SECONDS",
+                      help="opening a document, or rendering one page, may take at most this long; the renderer "
+                           "process is then killed and the page gets render_timeout (default %(default)g)")
+    rend.add_argument("--doc-timeout", type=float, default=RendererConfig.doc_timeout_s, metavar="SECONDS",
+                      help="all pages of one document may take at most this long to render; the pages not "
+                           "rendered by then get render_timeout (default %(default)g; 0: no limit)")
+    rend.add_argument("--no-render-isolation", action="store_true",
+                      help="render inside the raster task's own process: no crash isolation and no time-outs "
+                           "(a renderer crash then fails the whole task); for benchmarks")
+    rend.add_argument("--image-encoding", choices=ENCODINGS, default="zstd",
+                      help="how rendered pages travel to engine actors, all lossless: zstd (raw pixels, zstd level 1: "
+                           "fast, as small as PNG), png, or ppm (uncompressed) (default zstd)")
     p.add_argument("--rows-per-file", type=int, default=64,
                    help="page rows per Parquet file; progress is saved file by file (default 64)")
     p.add_argument("--address", default=None,
@@ -94,6 +105,8 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
         input=getattr(args, "input", ""), output=getattr(args, "output", ""), model=args.model,
         mode=getattr(args, "mode", "fork"),
         render=RenderConfig(longest_side=args.longest_side, dpi=args.dpi),
+        renderer=RendererConfig(isolate=not args.no_render_isolation, page_timeout_s=args.render_timeout,
+                                doc_timeout_s=args.doc_timeout or None),
         pages=tuple(args.pages) if args.pages is not None else None, max_pages_per_doc=args.max_pages_per_doc,
         scheduler=SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
                                   deadline_s=args.page_deadline),
@@ -107,20 +120,20 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
 
 
 def _init_ray(args: argparse.Namespace) -> None:
+    """Join the cluster that --address or RAY_ADDRESS names, else start a fresh local one for this
+    run (never whatever `ray start` last recorded on the machine). Token authentication stays on."""
     import os
 
-    import ray
+    from padoc_ray.utils.raylog import init_ray
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not ray.is_initialized():
-        address = args.address or os.environ.get("RAY_ADDRESS")
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=args.verbose,
-                 logging_level=logging.INFO if args.verbose else logging.WARNING)
+    init_ray(args.address or os.environ.get("RAY_ADDRESS") or "local", verbose=args.verbose)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Validate, start or join Ray, run, and turn the outcome into an exit code."""
+    """Validate, run (starting or joining Ray only when there is work), and turn the outcome into an
+    exit code."""
     import os
 
     from padoc_ray.pipeline.job import run_batch
@@ -131,9 +144,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"padoc-ray: error: {e}", file=sys.stderr)
         return 2
-    _init_ray(args)
     try:
-        summary = run_batch(cfg)
+        summary = run_batch(cfg, start_ray=lambda: _init_ray(args))
     except InputError as e:
         print(f"padoc-ray: error: {e}", file=sys.stderr)
         return 2
@@ -198,10 +210,8 @@ def reannotate_from_args(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"padoc-ray: error: {e}", file=sys.stderr)
         return 2
-    if cfg.modes:
-        _init_ray(args)
     try:
-        summary = run_reannotate(cfg)
+        summary = run_reannotate(cfg, start_ray=lambda: _init_ray(args))
     except (InputError, FileNotFoundError, ValueError) as e:
         print(f"padoc-ray: error: {e}", file=sys.stderr)
         return 2

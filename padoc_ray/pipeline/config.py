@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from padoc_ray.pdf import RenderConfig
 from padoc_ray.pipeline.storage import StorageConfig
+from padoc_ray.raster import ENCODINGS, RendererConfig
 from padoc_ray.scheduler import SchedulerConfig
 
 
@@ -17,6 +18,8 @@ class BatchConfig:
     model: str  #: checkpoint directory, local or s3://
     mode: str = "fork"  #: fork (PaDoc) or sequential (baseline)
     render: RenderConfig = field(default_factory=RenderConfig)
+    #: rendering deadlines and crash isolation (per page 120 s, per document 600 s, own process)
+    renderer: RendererConfig = field(default_factory=RendererConfig)
     pages: tuple[int, ...] | None = None  #: 0-based page indices to parse (None: all)
     max_pages_per_doc: int | None = None  #: parse at most this many pages of each document
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -40,9 +43,9 @@ class BatchConfig:
     raster_docs_per_task: int | None = None
     raster_pages_per_block: int = 16  #: rendered pages per output block of the raster stage
     engine_batch_pages: int = 16  #: pages per engine-actor call (they run concurrently in the actor)
-    #: how rendered pages travel to the engine actors: "png" (lossless, ~30x smaller, ~35 ms to encode
-    #: a page) or "ppm" (uncompressed, ~1 ms; for single-node or fast-network clusters)
-    image_encoding: str = "png"
+    #: how rendered pages travel to the engine actors, all lossless: "zstd" (raw pixels + zstd level 1:
+    #: ~3 ms to encode, as small as PNG), "png" (~33 ms to encode) or "ppm" (uncompressed)
+    image_encoding: str = "zstd"
     writer_cpus: float = 0.1  #: CPUs per Parquet write task (light; do not reserve a core)
     rows_per_file: int = 64  #: page rows per Parquet file: smaller files = finer-grained resume
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
@@ -55,8 +58,8 @@ class BatchConfig:
             raise ValueError(f"actor range must satisfy 1 <= min <= max, got {self.num_actors}")
         if self.engine not in ("vllm", "noop"):
             raise ValueError(f"engine must be vllm or noop, got {self.engine!r}")
-        if self.image_encoding not in ("png", "ppm"):
-            raise ValueError(f"image_encoding must be png or ppm, got {self.image_encoding!r}")
+        if self.image_encoding not in ENCODINGS:
+            raise ValueError(f"image_encoding must be one of {', '.join(ENCODINGS)}, got {self.image_encoding!r}")
         if self.raster_pages_per_block < 1 or self.engine_batch_pages < 1 or (self.raster_docs_per_task or 1) < 1:
             raise ValueError("raster_docs_per_task, raster_pages_per_block and engine_batch_pages must be >= 1")
         if self.pages_in_flight < 1:

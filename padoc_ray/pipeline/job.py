@@ -112,8 +112,12 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
                      ray_remote_args={"num_cpus": cfg.writer_cpus})
 
 
-def run_batch(cfg: BatchConfig, *, log=print) -> dict:
-    """Run the job; returns the summary (also written to OUTPUT/summary.json)."""
+def run_batch(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
+    """Run the job; returns the summary (also written to OUTPUT/summary.json).
+
+    ``start_ray`` (a callable) starts or joins Ray; it is called only when there is work to do, so
+    a rerun with nothing left answers from the listing and the existing rows alone. Without it,
+    Ray must already be initialized (or ``ray.data`` starts a default local cluster)."""
     t0 = time.perf_counter()
     listed = list_inputs(cfg.input, cfg.storage)
     pages_uri = join(cfg.output, "pages")
@@ -123,6 +127,8 @@ def run_batch(cfg: BatchConfig, *, log=print) -> dict:
     log(f"padoc-ray batch run {cfg.run_id}: {len(listed)} inputs, {complete} already complete, "
         f"{len(todo)} to do; output {cfg.output}")
     if todo:
+        if start_ray is not None:
+            start_ray()
         _pipeline(todo, cfg, model_id)
     wall = time.perf_counter() - t0
     final = read_pages(pages_uri, cfg.storage)

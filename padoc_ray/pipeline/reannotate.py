@@ -178,7 +178,7 @@ def compare(gt_pages: list[GtPage], sets: dict[str, dict], cfg: AgreementConfig,
     return out
 
 
-def run_reannotate(cfg: ReannotateConfig, *, log=print) -> dict:
+def run_reannotate(cfg: ReannotateConfig, *, log=print, start_ray=None) -> dict:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -196,7 +196,7 @@ def run_reannotate(cfg: ReannotateConfig, *, log=print) -> dict:
         for m in cfg.modes:
             bc = dataclasses.replace(cfg.batch, input=manifest, output=join(cfg.output, "predictions", m), mode=m,
                                      run_id=f"{cfg.batch.run_id}-{m}")
-            s = run_batch(bc, log=log)
+            s = run_batch(bc, log=log, start_ray=start_ray)
             runs[m] = {k: s[k] for k in ("pages_written", "page_status", "all_inputs_accounted", "wall_s")}
     sets = {m: prediction_pages(join(cfg.output, "predictions", m), cfg.batch.storage) for m in cfg.modes}
     for name, out_dir in cfg.compare.items():

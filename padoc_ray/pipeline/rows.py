@@ -9,6 +9,7 @@ that cannot be opened at all (not a PDF, empty, encrypted, corrupt, no pages) ge
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from typing import Iterable, Sequence
 
 import pyarrow as pa
@@ -43,6 +44,7 @@ PAGE_SCHEMA = pa.schema([
     ("page_width_pt", pa.float32()),
     ("page_height_pt", pa.float32()),
     ("rotation", pa.int32()),
+    ("repaired", pa.bool_()),  # the PDF opened only after qpdf repaired it (null: not opened)
     ("regions", pa.list_(REGION_TYPE)),
     ("markdown", pa.string()),
     ("mode", pa.string()),
@@ -67,7 +69,7 @@ DOCUMENT_SCHEMA = pa.schema([
     ("pages_ok", pa.int32()),
     ("pages_failed", pa.int32()),
     ("status", pa.string()),  # ok | partial | failed | skipped | <document error code>
-    ("error_code", pa.string()),
+    ("error_code", pa.string()),  # the document's code, or for `failed` the most common page code
 ])
 
 #: document-level codes that mean "not a document we parse" rather than a failure
@@ -153,8 +155,12 @@ def documents_table(pages: pa.Table, listed: Sequence[tuple[str, int]], ranges, 
             status = "incomplete"
         else:
             status = "ok" if failed == 0 else ("failed" if ok == 0 else "partial")
+        code = None
+        if status == "failed":  # why: the most common page code (ties: the first in name order)
+            codes = Counter(pages_rows[i]["error_code"] or pages_rows[i]["status"] for i in selected)
+            code = min(codes.items(), key=lambda kv: (-kv[1], kv[0]))[0]
         out.append(dict(source_uri=uri, doc_id=doc_id, page_count=count, pages_selected=len(selected), pages_ok=ok,
-                        pages_failed=failed, status=status, error_code=None))
+                        pages_failed=failed, status=status, error_code=code))
     return pa.Table.from_pylist(out, schema=DOCUMENT_SCHEMA)
 
 

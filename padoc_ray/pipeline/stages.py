@@ -1,8 +1,10 @@
 """Ray Data stages of the batch job: thin plumbing around pure code, no parsing logic.
 
 * :func:`rasterize` (map_batches over input files, in tasks): read bytes, open the PDF, and yield
-  one row per selected page with the rendered image (PNG), page by page, so a large document is
-  never held whole as images. Bad files become error rows, never exceptions.
+  one row per selected page with the rendered image (losslessly encoded, see padoc_ray.raster.codec),
+  page by page, so a large document is never held whole as images. Rendering runs in a separate
+  renderer process with deadlines, so a file that crashes or hangs the renderer costs its own rows
+  only. Bad files become error rows, never exceptions.
 * :class:`EngineStage` (map_batches over pages, in an actor pool): one vLLM engine with the
   layout-fork scheduler per actor, many pages in flight; a page error becomes its row's status,
   an engine death ends the actor process so Ray restarts it and retries its pages.
@@ -11,18 +13,17 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 import os
-import time
 from typing import AsyncIterator, Iterator
 
 import pyarrow as pa
 
-from padoc_ray.pdf import PdfError, doc_id_of, open_document, render_page
+from padoc_ray.pdf import doc_id_of
 from padoc_ray.pipeline import rows
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.storage import read_bytes
+from padoc_ray.raster import DocFailed, Opened, PageFailed, decode_image, renderer_for
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,8 @@ def rasterize(batch: pa.Table, cfg: BatchConfig, model_id: str) -> Iterator[pa.T
 
 
 def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> Iterator[pa.Table]:
-    """Render page by page; rows leave in tables of up to ``raster_pages_per_block`` pages (or
+    """Render page by page in this worker's renderer process (crash- and hang-isolated, see
+    padoc_ray.raster.renderer); rows leave in tables of up to ``raster_pages_per_block`` pages (or
     ``raster_block_mb`` of images), so a large document is never held whole and small ones do not
     cost one Ray object per page."""
     try:
@@ -56,44 +58,37 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> It
         yield _doc_error(base, None, "read_failed", str(e))
         return
     doc_id = doc_id_of(data)
-    try:
-        doc = open_document(data)
-    except PdfError as e:
-        yield _doc_error(base, doc_id, e.code, e.message)
-        return
+    renderer = renderer_for(cfg.renderer)
+    page_count, repaired = None, None
     pending: list[dict] = []
     pending_bytes = 0
-    try:
-        n = len(doc)
+
+    def select(n: int) -> list[int]:
         selected = rows.select_pages(n, cfg.pages, cfg.max_pages_per_doc)
         logger.info("doc %s (%s): %d pages, %d selected, %d already done", doc_id[:12], uri, n, len(selected),
                     len(done & set(selected)))
-        for i in selected:
-            if i in done:
-                continue
-            b = rows.base_row(doc_id=doc_id, page_index=i, page_count=n, **base)
-            t = time.perf_counter()
-            try:
-                r = render_page(doc, i, cfg.render)
-            except PdfError as e:
-                pending.append({**rows.error_row(b, e.code, e.message), "image_bytes": None})
-            else:
-                buf = io.BytesIO()
-                if cfg.image_encoding == "png":
-                    r.image.save(buf, format="PNG", compress_level=1)
-                else:
-                    r.image.save(buf, format="PPM")
-                b.update(image_width=r.image.width, image_height=r.image.height, page_width_pt=r.width_pt,
-                         page_height_pt=r.height_pt, rotation=r.rotation, render_s=time.perf_counter() - t)
-                pending.append({**b, "image_bytes": buf.getvalue()})
-                pending_bytes += buf.tell()
-            if len(pending) >= cfg.raster_pages_per_block or pending_bytes >= cfg.raster_block_mb << 20:
-                yield pa.Table.from_pylist(pending, schema=RASTER_SCHEMA)
-                pending, pending_bytes = [], 0
-        if pending:
+        return [i for i in selected if i not in done]
+
+    for ev in renderer.render_document(data, os.path.basename(uri.rstrip("/")), select, cfg.render,
+                                       cfg.image_encoding):
+        if isinstance(ev, DocFailed):
+            yield _doc_error(base, doc_id, ev.code, ev.message)
+            return
+        if isinstance(ev, Opened):
+            page_count, repaired = ev.page_count, ev.repaired
+            continue
+        b = rows.base_row(doc_id=doc_id, page_index=ev.index, page_count=page_count, **base)
+        b["repaired"] = repaired
+        if isinstance(ev, PageFailed):
+            pending.append({**rows.error_row(b, ev.code, ev.message), "image_bytes": None})
+        else:
+            pending.append({**b, **ev.meta, "image_bytes": ev.image_bytes})
+            pending_bytes += len(ev.image_bytes)
+        if len(pending) >= cfg.raster_pages_per_block or pending_bytes >= cfg.raster_block_mb << 20:
             yield pa.Table.from_pylist(pending, schema=RASTER_SCHEMA)
-    finally:
-        doc.close()
+            pending, pending_bytes = [], 0
+    if pending:
+        yield pa.Table.from_pylist(pending, schema=RASTER_SCHEMA)
 
 
 class EngineStage:
@@ -153,14 +148,12 @@ class EngineStage:
             os._exit(1)
 
     async def _one(self, row: dict, image: pa.BinaryScalar) -> dict:
-        from PIL import Image
-
         from padoc_ray.scheduler import PageInput, replay_input, run_page
 
         if row.get("status") is not None or not image.is_valid:
             return row  # an error row from rasterization: passes through
         # the no-op engine never looks at the image: do not decode it (it measures the pipeline alone)
-        img = None if self.cfg.engine == "noop" else Image.open(io.BytesIO(image.as_buffer())).convert("RGB")
+        img = None if self.cfg.engine == "noop" else decode_image(image.as_buffer())
         inp = PageInput(page_id=f"{row['doc_id'][:16]}:{row['page_index']}", image=img,
                         width=row["image_width"], height=row["image_height"], cache_salt=row["doc_id"],
                         page_no=row["page_index"], image_path=row["source_uri"])

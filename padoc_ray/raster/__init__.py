@@ -1,0 +1,10 @@
+"""The raster stage's machinery: isolated, time-boxed rendering (:mod:`.renderer`, :mod:`.worker`)
+and the lossless encodings rendered pages travel in (:mod:`.codec`). Knows nothing of Ray."""
+
+from padoc_ray.raster.codec import ENCODINGS, decode_image, encode_image
+from padoc_ray.raster.renderer import (RENDER_CRASHED, RENDER_TIMEOUT, DocFailed, InProcessRenderer,
+                                       IsolatedRenderer, Opened, PageFailed, PageRendered, RendererConfig,
+                                       renderer_for)
+
+__all__ = ["ENCODINGS", "RENDER_CRASHED", "RENDER_TIMEOUT", "DocFailed", "InProcessRenderer", "IsolatedRenderer",
+           "Opened", "PageFailed", "PageRendered", "RendererConfig", "decode_image", "encode_image", "renderer_for"]

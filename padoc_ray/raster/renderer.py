@@ -1,0 +1,355 @@
+"""Render documents with deadlines and crash isolation: a poison file costs its own rows, nothing more.
+
+:class:`IsolatedRenderer` keeps one renderer process (:mod:`padoc_ray.raster.worker`) per caller
+process and streams a document's pages out of it. A renderer that crashes (pdfium can segfault)
+or outlives a deadline is killed and replaced; only the document being rendered is affected:
+
+* opening (or repairing) a document, and each page, must finish within ``page_timeout_s``; the
+  page that overruns gets ``render_timeout`` and rendering goes on with the next page in a
+  fresh process;
+* the whole document must finish within ``doc_timeout_s``: pages not rendered by then get
+  ``render_timeout``;
+* a page whose renderer crashed is tried ``crash_tries`` times in all, then gets
+  ``render_crashed``; after ``max_crashes_per_doc`` crashes the rest of the document gets
+  ``render_crashed`` too; a document that cannot even be opened gets one document-level row
+  with the code.
+
+:class:`InProcessRenderer` renders in the caller's process with the same interface and no
+protection (for benchmarks and for tools that render one known-good page). Knows nothing of Ray.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from padoc_ray.pdf import PdfError, RenderConfig
+
+logger = logging.getLogger(__name__)
+
+RENDER_CRASHED = "render_crashed"
+RENDER_TIMEOUT = "render_timeout"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RendererConfig:
+    """How documents are rendered. Defaults suit crawled PDFs at 1-2k pixels per page."""
+
+    isolate: bool = True  #: render in a separate process (crash and hang protection)
+    page_timeout_s: float = 120.0  #: opening a document, or rendering one page, takes at most this
+    doc_timeout_s: float | None = 600.0  #: all of a document's pages take at most this (None: no limit)
+    crash_tries: int = 2  #: tries of a page whose renderer crashed, before it gets render_crashed
+    max_crashes_per_doc: int = 3  #: crashes after which the rest of a document gets render_crashed
+    recycle_after_pages: int = 5000  #: a fresh renderer process after this many pages (bounds leaks)
+    memory_limit_mb: int = 8192  #: address-space limit of the renderer process (0: none)
+
+    def __post_init__(self) -> None:
+        if self.page_timeout_s <= 0 or (self.doc_timeout_s is not None and self.doc_timeout_s <= 0):
+            raise ValueError("render time-outs must be > 0")
+        if self.crash_tries < 1 or self.max_crashes_per_doc < 1 or self.recycle_after_pages < 1:
+            raise ValueError("crash_tries, max_crashes_per_doc and recycle_after_pages must be >= 1")
+        if self.memory_limit_mb < 0:
+            raise ValueError("memory_limit_mb cannot be negative")
+
+
+# ---- what rendering a document yields -----------------------------------------------------------------
+@dataclass
+class Opened:
+    page_count: int
+    repaired: bool
+
+
+@dataclass
+class DocFailed:
+    code: str
+    message: str
+
+
+@dataclass
+class PageRendered:
+    index: int
+    meta: dict  #: image_width, image_height, page_width_pt, page_height_pt, rotation, render_s
+    image_bytes: bytes  #: see padoc_ray.raster.codec
+
+
+@dataclass
+class PageFailed:
+    index: int
+    code: str
+    message: str
+
+
+Event = Opened | DocFailed | PageRendered | PageFailed
+Selector = Callable[[int], list[int]]  #: page count -> page indices to render, in order
+
+
+class InProcessRenderer:
+    """Renders in this process: no deadline, no crash isolation."""
+
+    def __init__(self, cfg: RendererConfig = RendererConfig()):
+        self.cfg = cfg
+
+    def render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig,
+                        encoding: str) -> Iterator[Event]:
+        from padoc_ray.pdf import ImageDocument, is_repaired, open_document, render_page
+        from padoc_ray.raster.codec import encode_image
+
+        try:
+            doc = open_document(data)
+        except PdfError as e:
+            yield DocFailed(e.code, e.message)
+            return
+        try:
+            yield Opened(len(doc), not isinstance(doc, ImageDocument) and is_repaired(doc))
+            for i in select(len(doc)):
+                t = time.perf_counter()
+                try:
+                    r = render_page(doc, i, render)
+                    meta = {"image_width": r.image.width, "image_height": r.image.height,
+                            "page_width_pt": r.width_pt, "page_height_pt": r.height_pt, "rotation": r.rotation,
+                            "render_s": time.perf_counter() - t}
+                    payload = encode_image(r.image, encoding)
+                except PdfError as e:
+                    yield PageFailed(i, e.code, e.message)
+                else:
+                    yield PageRendered(i, meta, payload)
+        finally:
+            doc.close()
+
+    def close(self) -> None:
+        pass
+
+
+class _Died(Exception):
+    """The renderer process ended (crash, kill)."""
+
+
+class _TimedOut(Exception):
+    """The renderer did not answer before the deadline."""
+
+
+class IsolatedRenderer:
+    """Renders in a child process with deadlines; see the module doc. Not thread-safe: one per thread."""
+
+    def __init__(self, cfg: RendererConfig = RendererConfig()):
+        self.cfg = cfg
+        self._proc: subprocess.Popen | None = None
+        self._conn = None
+        self._pages = 0  # pages rendered by the current process
+        self.restarts = 0  # processes started after a crash or a time-out (for tests and logs)
+        atexit.register(self.close)
+
+    # ---- the child process ----
+    def _start(self) -> None:
+        from multiprocessing import Pipe
+
+        import padoc_ray
+
+        ours, theirs = Pipe(duplex=True)
+        env = dict(os.environ)
+        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(padoc_ray.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
+        cmd = [sys.executable, "-m", "padoc_ray.raster.worker", str(theirs.fileno()), str(os.getpid()),
+               str(self.cfg.memory_limit_mb)]
+        self._proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                      stdout=sys.stderr.fileno() if _has_fileno(sys.stderr) else None, env=env)
+        theirs.close()
+        self._conn, self._pages = ours, 0
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            try:
+                self._proc.kill()
+                self._proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self._conn is not None:
+            self._conn.close()
+        self._proc, self._conn = None, None
+
+    def close(self) -> None:
+        """End the renderer process (also at interpreter exit)."""
+        if self._proc is not None and self._proc.poll() is None and self._conn is not None:
+            try:
+                self._conn.send(("exit",))
+                self._proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+
+    def _send(self, msg) -> None:
+        if self._proc is None:
+            self._start()
+        try:
+            self._conn.send(msg)
+        except OSError as e:  # BrokenPipeError: it died between two documents
+            raise _Died(self._death()) from e
+
+    def _recv(self, deadline: float):
+        wait = deadline - time.monotonic()
+        if wait <= 0 or not self._conn.poll(wait):
+            raise _TimedOut()
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError) as e:
+            raise _Died(self._death()) from e
+
+    def _death(self) -> str:
+        """How the child ended, in words (it is reaped and forgotten)."""
+        rc = None
+        if self._proc is not None:
+            try:
+                rc = self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill()
+        if rc is not None and rc < 0:
+            try:
+                return f"killed by {signal.Signals(-rc).name}"
+            except ValueError:
+                return f"killed by signal {-rc}"
+        return f"exited with code {rc}"
+
+    # ---- one document ----
+    def render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig,
+                        encoding: str) -> Iterator[Event]:
+        """Open ``data`` and render the pages ``select(page_count)`` names, yielding :class:`Opened`
+        then one event per page (in order), or a single :class:`DocFailed`."""
+        cfg = self.cfg
+        doc_deadline = time.monotonic() + cfg.doc_timeout_s if cfg.doc_timeout_s else float("inf")
+        todo: deque[int] | None = None  # pages still to render (known once opened)
+        crashes = 0
+        tries: dict[int, int] = {}
+        clean = False
+
+        def deadline() -> float:
+            return min(time.monotonic() + cfg.page_timeout_s, doc_deadline)
+
+        def rest(code: str, message: str) -> Iterator[PageFailed]:
+            while todo:
+                yield PageFailed(todo.popleft(), code, message)
+
+        try:
+            while True:
+                if self._proc is not None and self._pages >= cfg.recycle_after_pages:
+                    self.close()
+                # (re)open the document in a live renderer
+                try:
+                    self._send(("open", data, name))
+                    reply = self._recv(deadline())
+                except (_Died, _TimedOut) as e:
+                    self._kill()
+                    self.restarts += 1
+                    if isinstance(e, _TimedOut):
+                        msg = _doc_late(cfg) if time.monotonic() >= doc_deadline else (
+                            f"opening the document took longer than {cfg.page_timeout_s:g} s (renderer killed)")
+                        if todo is None:
+                            yield DocFailed(RENDER_TIMEOUT, msg)
+                        else:
+                            yield from rest(RENDER_TIMEOUT, f"not rendered: {msg}")
+                        clean = True
+                        return
+                    crashes += 1
+                    limit = cfg.crash_tries if todo is None else cfg.max_crashes_per_doc
+                    if crashes < limit:
+                        continue
+                    msg = f"the renderer process crashed {crashes} time(s) on this document ({e})"
+                    if todo is None:
+                        yield DocFailed(RENDER_CRASHED, msg)
+                    else:
+                        yield from rest(RENDER_CRASHED, f"not rendered: {msg}")
+                    clean = True
+                    return
+                if reply[0] == "doc_error":
+                    yield DocFailed(reply[1], reply[2])
+                    clean = True
+                    return
+                if todo is None:
+                    _, count, repaired = reply
+                    todo = deque(select(count))
+                    yield Opened(count, repaired)
+                # stream the pages still to do; a crash or time-out ends this pass, the next reopens
+                sent = False
+                while todo:
+                    try:
+                        if not sent:
+                            self._send(("render", list(todo), render, encoding))
+                            sent = True
+                        reply = self._recv(deadline())
+                    except _TimedOut:
+                        self._kill()
+                        self.restarts += 1
+                        i = todo.popleft()
+                        if time.monotonic() >= doc_deadline:
+                            yield PageFailed(i, RENDER_TIMEOUT, f"page {i}: {_doc_late(cfg)} (renderer killed)")
+                            yield from rest(RENDER_TIMEOUT, f"not rendered: {_doc_late(cfg)}")
+                            clean = True
+                            return
+                        yield PageFailed(i, RENDER_TIMEOUT, f"page {i}: rendering took longer than "
+                                                            f"{cfg.page_timeout_s:g} s (renderer killed)")
+                        break
+                    except _Died as e:
+                        self.restarts += 1
+                        crashes += 1
+                        i = todo[0]
+                        tries[i] = tries.get(i, 0) + 1
+                        logger.warning("renderer crashed on %s page %d (%s): try %d of %d", name, i, e, tries[i],
+                                       cfg.crash_tries)
+                        if tries[i] >= cfg.crash_tries:
+                            todo.popleft()
+                            yield PageFailed(i, RENDER_CRASHED, f"page {i}: the renderer process crashed on it "
+                                                                f"{tries[i]} time(s) ({e})")
+                        if crashes >= cfg.max_crashes_per_doc:
+                            yield from rest(RENDER_CRASHED, f"not rendered: the renderer process crashed {crashes} "
+                                                            f"time(s) on this document ({e})")
+                            clean = True
+                            return
+                        break
+                    i = todo.popleft()
+                    if reply[1] != i:  # the protocol is strictly ordered; anything else is a bug
+                        raise RuntimeError(f"renderer answered page {reply[1]}, expected {i}")
+                    self._pages += 1
+                    if reply[0] == "page":
+                        yield PageRendered(i, reply[2], reply[3])
+                    else:
+                        yield PageFailed(i, reply[2], reply[3])
+                if not todo:
+                    if self._proc is not None:
+                        self._send(("close",))
+                    clean = True
+                    return
+        finally:
+            if not clean:  # the consumer stopped early, or an error: the child's state is unknown
+                self._kill()
+
+
+def _doc_late(cfg: RendererConfig) -> str:
+    return f"the document's rendering time limit ({cfg.doc_timeout_s:g} s) passed"
+
+
+def _has_fileno(stream) -> bool:
+    try:
+        stream.fileno()
+        return True
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+_RENDERERS: dict[RendererConfig, IsolatedRenderer | InProcessRenderer] = {}
+
+
+def renderer_for(cfg: RendererConfig) -> IsolatedRenderer | InProcessRenderer:
+    """This process's renderer for ``cfg`` (kept between calls: a Ray worker reuses its renderer
+    process across raster tasks)."""
+    r = _RENDERERS.get(cfg)
+    if r is None:
+        r = _RENDERERS[cfg] = IsolatedRenderer(cfg) if cfg.isolate else InProcessRenderer(cfg)
+    return r

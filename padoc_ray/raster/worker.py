@@ -1,0 +1,142 @@
+"""The renderer process: opens and renders documents for :class:`~padoc_ray.raster.renderer.IsolatedRenderer`.
+
+Started as ``python -m padoc_ray.raster.worker FD PARENT_PID [MEMORY_MB]``; FD is its end of a
+``multiprocessing`` connection. It does one thing at a time, in order:
+
+    parent -> ("open", data, name)             child -> ("opened", page_count, repaired)
+                                                        | ("doc_error", code, message)
+    parent -> ("render", indices, render_cfg, encoding)
+                                               child -> per index, in order:
+                                                        ("page", index, meta, image_bytes)
+                                                        | ("page_error", index, code, message)
+    parent -> ("close",)                       (no answer: drops the open document)
+
+A crash (pdfium can segfault on hostile files) or a hang costs only this process: the parent
+notices the closed connection or its deadline, kills it and starts another. The process dies with
+its parent (PR_SET_PDEATHSIG on Linux), and exits when the connection closes.
+
+Test-only fault injection: ``PADOC_RAY_RENDER_FAULTS`` holds a JSON object mapping a document
+name (the basename of its URI) to ``crash`` or ``hang``, optionally ``@open`` or ``@N`` (page
+index N; default: every page), e.g. ``{"bad.pdf": "crash@2", "slow.pdf": "hang@open"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+FAULTS_ENV = "PADOC_RAY_RENDER_FAULTS"
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux), so a renderer stuck in
+    a hostile file never outlives the task that started it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(0)
+
+
+def _limit_memory(mb: int) -> None:
+    """Cap the address space: a render that would need more fails (or crashes) this process only."""
+    if mb > 0:
+        import resource
+
+        limit = mb << 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _faults() -> dict[str, tuple[str, str]]:
+    """{document name: (action, where)} from the test-only environment variable."""
+    spec = os.environ.get(FAULTS_ENV)
+    if not spec:
+        return {}
+    out = {}
+    for name, text in json.loads(spec).items():
+        action, _, where = text.partition("@")
+        out[name] = (action, where or "*")
+    return out
+
+
+def _inject(fault: tuple[str, str] | None, where: str) -> None:
+    if fault is None or fault[1] not in ("*", where) or (fault[1] == "*" and where == "open"):
+        return
+    if fault[0] == "crash":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif fault[0] == "hang":
+        while True:
+            time.sleep(3600)
+
+
+def _page_meta(r, seconds: float) -> dict:
+    return {"image_width": r.image.width, "image_height": r.image.height, "page_width_pt": r.width_pt,
+            "page_height_pt": r.height_pt, "rotation": r.rotation, "render_s": seconds}
+
+
+def serve(conn) -> None:
+    """Answer requests on ``conn`` until it closes or asks to exit."""
+    from padoc_ray.pdf import ImageDocument, PdfError, is_repaired, open_document, render_page
+    from padoc_ray.raster.codec import encode_image
+
+    faults = _faults()
+    doc, fault = None, None
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        kind = msg[0]
+        if kind in ("open", "close", "exit") and doc is not None:
+            doc.close()
+            doc = None
+        if kind == "exit":
+            return
+        if kind == "open":
+            _, data, name = msg
+            fault = faults.get(name)
+            _inject(fault, "open")
+            try:
+                doc = open_document(data)
+            except PdfError as e:
+                conn.send(("doc_error", e.code, e.message))
+            except Exception as e:  # noqa: BLE001 - a bug or an unforeseen library error: still one row
+                conn.send(("doc_error", "render_failed", f"opening failed: {type(e).__name__}: {e}"))
+            else:
+                conn.send(("opened", len(doc), not isinstance(doc, ImageDocument) and is_repaired(doc)))
+            del data
+        elif kind == "render":
+            _, indices, render_cfg, encoding = msg
+            for i in indices:
+                _inject(fault, str(i))
+                t = time.perf_counter()
+                try:
+                    r = render_page(doc, i, render_cfg)
+                    meta = _page_meta(r, time.perf_counter() - t)
+                    payload = encode_image(r.image, encoding)
+                except PdfError as e:
+                    conn.send(("page_error", i, e.code, e.message))
+                except Exception as e:  # noqa: BLE001
+                    conn.send(("page_error", i, "render_failed", f"page {i}: {type(e).__name__}: {e}"))
+                else:
+                    conn.send(("page", i, meta, payload))
+
+
+def main(argv: list[str]) -> None:
+    from multiprocessing.connection import Connection
+
+    fd, parent_pid = int(argv[0]), int(argv[1])
+    _die_with_parent(parent_pid)
+    _limit_memory(int(argv[2]) if len(argv) > 2 else 0)
+    serve(Connection(fd))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
