@@ -273,7 +273,7 @@ def _pdf_paths(spec: str) -> list[str]:
 def cmd_bench_raster(args) -> int:
     from padoc_ray.bench.raster import run
 
-    res = run(_pdf_paths(args.input), args.dpi, args.workers)
+    res = run(_pdf_paths(args.input), args.dpi, args.workers, encoding=args.encoding)
     print(json.dumps(res, indent=2))
     if args.json:
         with open(args.json, "w") as f:
@@ -429,12 +429,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "branch's output once at its end (the default)")
     br.set_defaults(func=cmd_bench_replay)
     bra = bsub.add_parser("raster", help="rasterization pages/s: padoc-ray's raster stage vs pdftoppm",
-                          description="Rasterize the same PDFs at the same DPI with pypdfium2 (render only; render + "
-                                      "PNG as the pipeline's raster stage does) and with pdftoppm (poppler), with 1 "
-                                      "and N processes, and print pages/s.")
+                          description="Rasterize the same PDFs at the same DPI with pypdfium2 (render only), with "
+                                      "the batch job's raster stage (isolated renderer process + page encoding, and the "
+                                      "same in process, to show the cost of isolation), render + PNG in process, and "
+                                      "pdftoppm (poppler), each with 1 and N processes, and print pages/s.")
     bra.add_argument("--input", required=True, help="folder (searched recursively) or glob of PDFs")
     bra.add_argument("--dpi", type=float, default=144, help="resolution for every tool (default 144)")
     bra.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
+    bra.add_argument("--encoding", choices=("zstd", "png", "ppm"), default="zstd",
+                     help="page encoding of the raster stage variants (default zstd, the batch job's default)")
     bra.add_argument("--json", default=None, help="also write the results here")
     bra.set_defaults(func=cmd_bench_raster)
     __import__("padoc_ray.eval.layout_cli", fromlist=["add_bench_parser"]).add_bench_parser(bsub)

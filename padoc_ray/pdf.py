@@ -205,21 +205,72 @@ def open_document(data: bytes):
 
 
 @dataclass
+class RgbPixels:
+    """A rendered page as packed RGB bytes (``width * height * 3``, rows top to bottom): what the
+    raster stage encodes, without the copies a PIL image costs."""
+
+    width: int
+    height: int
+    data: object  #: a contiguous bytes-like object
+    _keep: object = None  #: whatever owns ``data``'s memory (a pdfium bitmap)
+
+    def to_pil(self):
+        from PIL import Image
+
+        return Image.frombuffer("RGB", (self.width, self.height), self.data, "raw", "RGB", 0, 1).copy()
+
+
+@dataclass
 class RenderedPage:
     index: int
-    image: object  # PIL.Image (RGB)
+    image: object  # PIL.Image (RGB), or RgbPixels with render_page(..., pixels=True)
     width_pt: float
     height_pt: float
     rotation: int
 
 
-def render_page(doc, index: int, cfg: RenderConfig = RenderConfig()) -> RenderedPage:
+class ReusedBitmapBuffer:
+    """A pdfium bitmap maker for :func:`render_page` that renders every page into one buffer, grown
+    as needed: no fresh allocation (and page faults) per page. The pixels of a page are valid until
+    the next render with the same maker."""
+
+    def __init__(self):
+        self._buf = None
+
+    def __call__(self, width, height, format, rev_byteorder=False):
+        import ctypes
+
+        from pypdfium2 import PdfBitmap
+
+        n = width * height * 4  # room for any pixel format pdfium picks
+        if self._buf is None or len(self._buf) < n:
+            self._buf = (ctypes.c_ubyte * n)()
+        return PdfBitmap.new_native(width, height, format, rev_byteorder=rev_byteorder, buffer=self._buf)
+
+
+def _packed_rgb(bitmap) -> RgbPixels:
+    """The RGB bytes of a 3-channel pdfium bitmap, without row padding (copied only if padded)."""
+    w, h, stride = bitmap.width, bitmap.height, bitmap.stride
+    data = memoryview(bitmap.buffer).cast("B")[: stride * h]
+    if stride != w * 3:
+        import numpy as np
+
+        data = np.ascontiguousarray(np.frombuffer(data, np.uint8).reshape(h, stride)[:, : w * 3]).data
+    return RgbPixels(w, h, data, bitmap)
+
+
+def render_page(doc, index: int, cfg: RenderConfig = RenderConfig(), *, pixels: bool = False,
+                bitmap_maker=None) -> RenderedPage:
     """Render page ``index`` (0-based) as a viewer shows it: pdfium applies the page's /Rotate
-    (a portrait MediaBox with /Rotate 90 comes out landscape). Raises PdfError."""
+    (a portrait MediaBox with /Rotate 90 comes out landscape). The image is a PIL RGB image, or
+    :class:`RgbPixels` with ``pixels=True`` (same pixels, fewer copies; with a
+    :class:`ReusedBitmapBuffer` as ``bitmap_maker`` they live in its buffer). Raises PdfError."""
     import pypdfium2 as pdfium
 
     if isinstance(doc, ImageDocument):
         img = doc.render(index, cfg)
+        if pixels:
+            img = RgbPixels(img.width, img.height, img.tobytes())
         return RenderedPage(index=index, image=img, width_pt=None, height_pt=None, rotation=0)
     try:
         page = doc[index]
@@ -231,13 +282,15 @@ def render_page(doc, index: int, cfg: RenderConfig = RenderConfig()) -> Rendered
             raise PdfError(ABSURD_PAGE_SIZE, f"page {index} is {w:.0f}x{h:.0f} pt")
         rot = page.get_rotation()
         try:
-            # pdfium applies /Rotate itself (get_size is the displayed size); no extra rotation here
-            img = page.render(scale=cfg.scale_for(w, h), rotation=0, may_draw_forms=True,
-                              rev_byteorder=True).to_pil()
+            # pdfium applies /Rotate itself (get_size is the displayed size); no extra rotation here.
+            # rev_byteorder: RGB byte order straight from pdfium (no channel swap afterwards)
+            kw = {"bitmap_maker": bitmap_maker} if bitmap_maker is not None else {}
+            bitmap = page.render(scale=cfg.scale_for(w, h), rotation=0, may_draw_forms=True, rev_byteorder=True, **kw)
         except Exception as e:  # noqa: BLE001 - pdfium raises several kinds
             raise PdfError(RENDER_FAILED, f"page {index}: {e}") from e
-        if img.mode != "RGB":  # 3-channel bitmaps come out as an RGB copy already
-            img = img.convert("RGB")
+        if bitmap.n_channels != 3:
+            raise PdfError(RENDER_FAILED, f"page {index}: unexpected {bitmap.n_channels}-channel bitmap")
+        img = _packed_rgb(bitmap) if pixels else bitmap.to_pil()  # a 3-channel bitmap's to_pil is an RGB copy
         return RenderedPage(index=index, image=img, width_pt=w, height_pt=h, rotation=rot)
     finally:
         page.close()

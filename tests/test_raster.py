@@ -61,6 +61,21 @@ def test_every_encoding_gives_back_the_rendered_pixels(encoding):
         assert back.mode == "RGB" and back.size == img.size and back.tobytes() == img.tobytes()
 
 
+def test_packed_pixels_equal_the_pil_image_whatever_the_row_padding():
+    from padoc_ray.pdf import open_pdf, render_page
+
+    widths = set()
+    for side in (301, 302, 303, 304):  # pdfium pads rows of 3-byte pixels to 4 bytes
+        doc = open_pdf(text_pdf(1))
+        cfg = RenderConfig(longest_side=side)
+        img, px = render_page(doc, 0, cfg).image, render_page(doc, 0, cfg, pixels=True).image
+        widths.add(px.width % 4)
+        assert (px.width, px.height) == img.size and bytes(px.data) == img.tobytes()
+        for enc in ENCODINGS:
+            assert decode_image(encode_image(px, enc)).tobytes() == img.tobytes()
+    assert len(widths) > 1
+
+
 def test_zstd_is_much_smaller_than_raw_pixels():
     from padoc_ray.pdf import open_pdf, render_page
 

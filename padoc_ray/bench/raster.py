@@ -1,14 +1,19 @@
-"""Rasterization benchmark: padoc-ray's raster stage (pypdfium2 + PNG) vs pdftoppm (poppler).
+"""Rasterization benchmark: padoc-ray's raster stage vs plain pypdfium2 vs pdftoppm (poppler).
 
-Same PDFs, same resolution (a DPI), same output format (PNG). Reports pages/s for: pypdfium2
-render only, render + PNG encode (what the pipeline's raster stage does per page), both with
-1 and N processes, and pdftoppm (one process per PDF, N at a time) when it is installed.
+Same PDFs, same resolution (a DPI). Reports pages/s, each with 1 and N processes, for:
+
+* ``pypdfium2_render``: open + render to an RGB image, nothing else (the ceiling);
+* ``padoc_raster_stage``: what the batch job's raster stage does per page: read the file, render
+  in the isolated renderer process (deadlines, crash isolation) and encode the page as the engine
+  stage receives it (``--encoding``, default zstd);
+* ``padoc_raster_stage_in_process``: the same without isolation (the cost of isolation is the gap);
+* ``png_encode_in_process``: render + PNG (compress_level 1) in process, the encoding used before zstd;
+* ``pdftoppm_png``: poppler, one process per PDF, N at a time (when installed).
 """
 
 from __future__ import annotations
 
 import glob
-import io
 import os
 import shutil
 import subprocess
@@ -17,28 +22,34 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 
-def _render_file(args: tuple[str, float, bool]) -> int:
-    from padoc_ray.pdf import PdfError, RenderConfig, open_pdf, render_page
+def _render_file(args: tuple) -> int:
+    """Pages rendered from one file: ``args`` = (path, dpi, encoding or None, isolate)."""
+    from padoc_ray.pdf import RenderConfig
+    from padoc_ray.raster import PageRendered, RendererConfig, renderer_for
 
-    path, dpi, encode = args
+    path, dpi, encoding, isolate = args
     with open(path, "rb") as f:
         data = f.read()
-    try:
-        doc = open_pdf(data)
-    except PdfError:
-        return 0
-    n = 0
-    cfg = RenderConfig(dpi=dpi)
-    for i in range(len(doc)):
+    if encoding is None:  # render only, in process: the ceiling
+        from padoc_ray.pdf import PdfError, open_pdf, render_page
+
         try:
-            r = render_page(doc, i, cfg)
+            doc = open_pdf(data)
         except PdfError:
-            continue
-        if encode:
-            r.image.save(io.BytesIO(), format="PNG", compress_level=1)
-        n += 1
-    doc.close()
-    return n
+            return 0
+        n = 0
+        for i in range(len(doc)):
+            try:
+                render_page(doc, i, RenderConfig(dpi=dpi))
+                n += 1
+            except PdfError:
+                pass
+        doc.close()
+        return n
+    renderer = renderer_for(RendererConfig(isolate=isolate))
+    events = renderer.render_document(data, os.path.basename(path), lambda n: list(range(n)), RenderConfig(dpi=dpi),
+                                      encoding)
+    return sum(isinstance(e, PageRendered) for e in events)
 
 
 def _pdftoppm(args: tuple[str, float, str]) -> int:
@@ -58,11 +69,21 @@ def _timed(fn, items, workers: int) -> tuple[int, float]:
     return n, time.perf_counter() - t
 
 
-def run(paths: list[str], dpi: float, workers: int) -> dict:
-    out: dict = {"pdfs": len(paths), "dpi": dpi, "workers": workers, "results": {}}
-    for name, encode in (("pypdfium2_render", False), ("padoc_raster_stage", True)):
+#: name -> (encoding, isolate); encoding None renders only
+VARIANTS = {
+    "pypdfium2_render": (None, False),
+    "padoc_raster_stage": ("zstd", True),
+    "padoc_raster_stage_in_process": ("zstd", False),
+    "png_encode_in_process": ("png", False),
+}
+
+
+def run(paths: list[str], dpi: float, workers: int, encoding: str = "zstd") -> dict:
+    out: dict = {"pdfs": len(paths), "dpi": dpi, "workers": workers, "encoding": encoding, "results": {}}
+    for name, (enc, isolate) in VARIANTS.items():
+        enc = encoding if enc == "zstd" else enc
         for w in sorted({1, workers}):
-            n, s = _timed(_render_file, [(p, dpi, encode) for p in paths], w)
+            n, s = _timed(_render_file, [(p, dpi, enc, isolate) for p in paths], w)
             out["results"][f"{name}/{w}proc"] = {"pages": n, "seconds": round(s, 3), "pages_per_s": round(n / s, 2)}
     if shutil.which("pdftoppm"):
         for w in sorted({1, workers}):
@@ -71,4 +92,9 @@ def run(paths: list[str], dpi: float, workers: int) -> dict:
             out["results"][f"pdftoppm_png/{w}proc"] = {"pages": n, "seconds": round(s, 3), "pages_per_s": round(n / s, 2)}
     else:
         out["results"]["pdftoppm_png"] = "pdftoppm not installed (apt-get install poppler-utils)"
+    r = out["results"]
+    base = r["pypdfium2_render/1proc"]["pages_per_s"]
+    out["ratio_stage_to_render_1proc"] = round(r["padoc_raster_stage/1proc"]["pages_per_s"] / base, 3)
+    out["isolation_cost_1proc"] = round(1 - r["padoc_raster_stage/1proc"]["pages_per_s"]
+                                        / r["padoc_raster_stage_in_process/1proc"]["pages_per_s"], 3)
     return out

@@ -29,7 +29,14 @@ def _zstd():
 
 
 def encode_image(img, encoding: str = "zstd") -> bytes:
-    """Encode a PIL RGB image losslessly as ``encoding`` (one of :data:`ENCODINGS`)."""
+    """Encode a PIL image, or :class:`~padoc_ray.pdf.RgbPixels`, losslessly as ``encoding`` (one of
+    :data:`ENCODINGS`)."""
+    if encoding not in ENCODINGS:
+        raise ValueError(f"image encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
+    if hasattr(img, "data"):  # packed RGB pixels
+        if encoding == "zstd":
+            return _HEADER.pack(_MAGIC, img.width, img.height) + _zstd().compress(img.data, asbytes=True)
+        img = img.to_pil()
     if img.mode != "RGB":
         img = img.convert("RGB")
     if encoding == "zstd":
@@ -37,10 +44,8 @@ def encode_image(img, encoding: str = "zstd") -> bytes:
     buf = io.BytesIO()
     if encoding == "png":
         img.save(buf, format="PNG", compress_level=1)
-    elif encoding == "ppm":
-        img.save(buf, format="PPM")
     else:
-        raise ValueError(f"image encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
+        img.save(buf, format="PPM")
     return buf.getvalue()
 
 

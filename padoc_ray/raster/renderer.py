@@ -99,9 +99,10 @@ class InProcessRenderer:
 
     def render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig,
                         encoding: str) -> Iterator[Event]:
-        from padoc_ray.pdf import ImageDocument, is_repaired, open_document, render_page
+        from padoc_ray.pdf import ImageDocument, ReusedBitmapBuffer, is_repaired, open_document, render_page
         from padoc_ray.raster.codec import encode_image
 
+        buffer = ReusedBitmapBuffer()
         try:
             doc = open_document(data)
         except PdfError as e:
@@ -112,7 +113,7 @@ class InProcessRenderer:
             for i in select(len(doc)):
                 t = time.perf_counter()
                 try:
-                    r = render_page(doc, i, render)
+                    r = render_page(doc, i, render, pixels=True, bitmap_maker=buffer)
                     meta = {"image_width": r.image.width, "image_height": r.image.height,
                             "page_width_pt": r.width_pt, "page_height_pt": r.height_pt, "rotation": r.rotation,
                             "render_s": time.perf_counter() - t}
@@ -144,6 +145,7 @@ class IsolatedRenderer:
         self._proc: subprocess.Popen | None = None
         self._conn = None
         self._pages = 0  # pages rendered by the current process
+        self._owner = os.getpid()  # a forked copy of this object must never talk to our renderer
         self.restarts = 0  # processes started after a crash or a time-out (for tests and logs)
         atexit.register(self.close)
 
@@ -177,6 +179,8 @@ class IsolatedRenderer:
 
     def close(self) -> None:
         """End the renderer process (also at interpreter exit)."""
+        if os.getpid() != self._owner:  # inherited through fork: the renderer is the parent's
+            return
         if self._proc is not None and self._proc.poll() is None and self._conn is not None:
             try:
                 self._conn.send(("exit",))
@@ -348,8 +352,10 @@ _RENDERERS: dict[RendererConfig, IsolatedRenderer | InProcessRenderer] = {}
 
 def renderer_for(cfg: RendererConfig) -> IsolatedRenderer | InProcessRenderer:
     """This process's renderer for ``cfg`` (kept between calls: a Ray worker reuses its renderer
-    process across raster tasks)."""
+    process across raster tasks). A forked process gets renderers of its own."""
     r = _RENDERERS.get(cfg)
+    if r is not None and isinstance(r, IsolatedRenderer) and r._owner != os.getpid():
+        r = None
     if r is None:
         r = _RENDERERS[cfg] = IsolatedRenderer(cfg) if cfg.isolate else InProcessRenderer(cfg)
     return r

@@ -83,10 +83,12 @@ def _page_meta(r, seconds: float) -> dict:
 
 def serve(conn) -> None:
     """Answer requests on ``conn`` until it closes or asks to exit."""
-    from padoc_ray.pdf import ImageDocument, PdfError, is_repaired, open_document, render_page
+    from padoc_ray.pdf import (ImageDocument, PdfError, ReusedBitmapBuffer, is_repaired, open_document,
+                               render_page)
     from padoc_ray.raster.codec import encode_image
 
     faults = _faults()
+    buffer = ReusedBitmapBuffer()  # every page renders into one buffer, encoded before the next
     doc, fault = None, None
     while True:
         try:
@@ -118,7 +120,7 @@ def serve(conn) -> None:
                 _inject(fault, str(i))
                 t = time.perf_counter()
                 try:
-                    r = render_page(doc, i, render_cfg)
+                    r = render_page(doc, i, render_cfg, pixels=True, bitmap_maker=buffer)
                     meta = _page_meta(r, time.perf_counter() - t)
                     payload = encode_image(r.image, encoding)
                 except PdfError as e:
