@@ -443,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     __import__("padoc_ray.eval.layout_cli", fromlist=["add_bench_parser"]).add_bench_parser(bsub)
     __import__("padoc_ray.trainer.bench_attention", fromlist=["add_bench_parser"]).add_bench_parser(bsub)
     bpi = bsub.add_parser("pipeline", help="batch-job overhead: no-op engine pipeline vs raw rasterization",
-                          description="Run the raster stage's work (render + PNG) in a plain process pool, then the "
+                          description="Run the raster stage's work (render + zstd page encoding) in a plain process pool, then the "
                                       "whole batch job on a local Ray with the no-op engine, then the raw side again; "
                                       "print pages/s of both and the ratio (wall with local Ray start, and the job alone on the "
                                       "running cluster). The no-op actor stands for a GPU engine, so by default it "
