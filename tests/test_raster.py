@@ -244,3 +244,17 @@ def test_renderer_config_is_validated():
         RendererConfig(page_timeout_s=0)
     with pytest.raises(ValueError):
         RendererConfig(crash_tries=0)
+
+
+def test_bench_raster_reports_the_contract_keys(tmp_path):
+    """`padoc-ray bench raster --json`: every variant renders every page; the keys scripts read stay."""
+    for i, n in enumerate((2, 3)):
+        (tmp_path / f"d{i}.pdf").write_bytes(text_pdf(n))
+    out = tmp_path / "bench.json"
+    run = subprocess.run([sys.executable, "-m", "padoc_ray.cli", "bench", "raster", "--input", str(tmp_path),
+                          "--dpi", "36", "--workers", "1", "--json", str(out)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    res = json.loads(out.read_text())["results"]
+    for key in ("pypdfium2_render/1proc", "padoc_raster_stage/1proc", "padoc_raster_stage_in_process/1proc"):
+        assert res[key]["pages"] == 5 and res[key]["pages_per_s"] > 0
