@@ -70,6 +70,9 @@ def filter_stderr(patterns) -> None:
         _filter_installed = True
 
     def pump() -> None:
+        # Never stop reading: a full pipe would block every write to stderr in this process (Ray's
+        # C++ threads included). If the real stderr goes away (a closed pipe), output is dropped.
+        forward = True
         while True:
             try:
                 chunk = os.read(read_end, 65536)
@@ -77,13 +80,15 @@ def filter_stderr(patterns) -> None:
                 return
             if not chunk:
                 return
+            if not forward:
+                continue
             lines = chunk.splitlines(keepends=True)
             kept = b"".join(ln for ln in lines if not any(p.search(ln) for p in patterns))
-            if kept:
-                try:
-                    os.write(original, kept)
-                except OSError:
-                    return
+            try:
+                while kept:
+                    kept = kept[os.write(original, kept):]
+            except OSError:
+                forward = False
 
     t = threading.Thread(target=pump, name="padoc-stderr-filter", daemon=True)
     t.start()
