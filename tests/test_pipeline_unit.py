@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -75,13 +76,17 @@ def test_documents_table_statuses():
     assert d["part"]["pages_ok"] == 1 and d["part"]["pages_failed"] == 1 and d["inc"]["pages_selected"] == 3
 
 
-def test_read_pages_removes_half_written_files(tmp_path):
+def test_read_pages_skips_half_written_files_and_the_driver_removes_old_ones(tmp_path):
     cfg = BatchConfig(input="x", output=str(tmp_path), model="m")
     pages = tmp_path / "pages"
     pages.mkdir()
     pq.write_table(rows.to_table([_page("a", 0, 1)]), pages / "good.parquet")
     (pages / "torn.parquet").write_bytes(b"PAR1 half a file")
-    got = read_pages(str(pages), cfg.storage)
+    got = read_pages(str(pages), cfg.storage)  # read-only: skipped, kept
+    assert got.num_rows == 1 and (pages / "torn.parquet").exists()
+    old = time.time() - 2 * 3600
+    os.utime(pages / "torn.parquet", (old, old))
+    got = read_pages(str(pages), cfg.storage, remove_leftovers_older_than=3600)  # the driver's cleanup
     assert got.num_rows == 1 and not (pages / "torn.parquet").exists()
     assert read_pages(str(tmp_path / "none"), cfg.storage).num_rows == 0
 

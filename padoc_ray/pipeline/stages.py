@@ -22,6 +22,7 @@ import pyarrow as pa
 from padoc_ray.pdf import PdfError, doc_id_of, open_document, render_page
 from padoc_ray.pipeline import rows
 from padoc_ray.pipeline.config import BatchConfig
+from padoc_ray.pipeline.limits import page_cap_error
 from padoc_ray.pipeline.storage import read_bytes
 
 logger = logging.getLogger(__name__)
@@ -29,9 +30,9 @@ logger = logging.getLogger(__name__)
 RASTER_SCHEMA = rows.PAGE_SCHEMA.append(pa.field("image_bytes", pa.binary()))
 
 
-def _doc_error(base: dict, doc_id: str | None, code: str, message: str) -> pa.Table:
+def _doc_error(base: dict, doc_id: str | None, code: str, message: str, page_count: int | None = None) -> pa.Table:
     """The one row of a document that cannot be parsed at all (``page_index = -1``)."""
-    row = rows.error_row(rows.base_row(doc_id=doc_id, page_index=-1, page_count=None, **base), code, message)
+    row = rows.error_row(rows.base_row(doc_id=doc_id, page_index=-1, page_count=page_count, **base), code, message)
     return pa.Table.from_pylist([{**row, "image_bytes": None}], schema=RASTER_SCHEMA)
 
 
@@ -57,15 +58,19 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> It
         return
     doc_id = doc_id_of(data)
     try:
-        doc = open_document(data)
+        doc = open_document(data, max_frames=cfg.limits.max_image_frames)
     except PdfError as e:
-        yield _doc_error(base, doc_id, e.code, e.message)
+        yield _doc_error(base, doc_id, e.code, e.message, getattr(e, "count", None))
         return
     pending: list[dict] = []
     pending_bytes = 0
     try:
         n = len(doc)
         selected = rows.select_pages(n, cfg.pages, cfg.max_pages_per_doc)
+        capped = page_cap_error(n, selected, cfg.limits)  # before any page is rendered
+        if capped is not None:
+            yield _doc_error(base, doc_id, capped.code, capped.message, n)
+            return
         logger.info("doc %s (%s): %d pages, %d selected, %d already done", doc_id[:12], uri, n, len(selected),
                     len(done & set(selected)))
         for i in selected:
