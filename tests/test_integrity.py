@@ -134,15 +134,17 @@ def test_manifest_lines_outside_get_rows_and_failed_reads_are_retried(local_ray,
 
 # ---- outputs several runs share ------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_the_driver_keeps_fresh_unreadable_files_and_removes_old_ones(local_ray, tiny_model_dir, tmp_path):
+def test_the_driver_removes_only_leftovers_of_runs_that_are_over(local_ray, tiny_model_dir, tmp_path):
     inp, out = tmp_path / "in", tmp_path / "out"
     inp.mkdir()
     (inp / "a.pdf").write_bytes(text_pdf(1))
     os.makedirs(out / "pages")
     (out / "pages" / "live.parquet").write_bytes(b"PAR1 a live run's half-written file")
-    (out / "pages" / "dead.parquet").write_bytes(b"PAR1 a killed run's leftover")
+    (out / "pages" / "dead.parquet").write_bytes(b"PAR1 an old leftover")
     old = time.time() - 2 * 3600
     os.utime(out / "pages" / "dead.parquet", (old, old))
+    killed = out / "pages" / "0123abcd4567_0123456789abcdef0123456789abcdef_000002-0.parquet"
+    killed.write_bytes(b"PAR1 torn by a killed run")
     from padoc_ray.show import ShowError, find_row
 
     with pytest.raises(ShowError):  # a read-only command deletes nothing, however old
@@ -150,7 +152,12 @@ def test_the_driver_keeps_fresh_unreadable_files_and_removes_old_ones(local_ray,
     assert (out / "pages" / "dead.parquet").exists()
     summary, _ = run(tmp_path, inp, out, tiny_model_dir)
     assert summary["all_inputs_accounted"]
-    assert (out / "pages" / "live.parquet").exists() and not (out / "pages" / "dead.parquet").exists()
+    from padoc_ray.pipeline.job import RUN_FILE
+
+    written = set(os.listdir(out / "pages")) - {"live.parquet"}
+    assert written and all(RUN_FILE.match(n)["run"] == summary["run_id"] for n in written)  # named by their run
+    assert (out / "pages" / "live.parquet").exists()  # young, of unknown origin: maybe being written
+    assert not (out / "pages" / "dead.parquet").exists() and not killed.exists()  # old; an earlier run's
 
 
 HOLDER = """
@@ -394,7 +401,7 @@ def test_a_storage_error_while_reading_pages_is_retried_and_never_deletes(tmp_pa
 
     monkeypatch.setattr(job, "_footer", flaky)
     monkeypatch.setattr(job.time, "sleep", lambda s: None)
-    got = job.read_pages(str(pages), StorageConfig(), remove_leftovers_older_than=0)
+    got = job.read_pages(str(pages), StorageConfig(), cleanup_for_run="now", grace_s=0)
     assert got.num_rows == 1 and len(calls) == 3 and (pages / "good.parquet").exists()
 
     def down(fs, path):
@@ -402,7 +409,7 @@ def test_a_storage_error_while_reading_pages_is_retried_and_never_deletes(tmp_pa
 
     monkeypatch.setattr(job, "_footer", down)
     with pytest.raises(OSError, match="after 4 attempts"):
-        job.read_pages(str(pages), StorageConfig(), remove_leftovers_older_than=0)
+        job.read_pages(str(pages), StorageConfig(), cleanup_for_run="now", grace_s=0)
     assert (pages / "good.parquet").exists()
 
 

@@ -52,8 +52,8 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
     io.add_argument("--wait-lock", type=float, default=0.0, metavar="SECONDS",
                     help="when another run holds --output, wait this long for it (default 0: refuse with exit code 2)")
     io.add_argument("--leftover-grace", type=float, default=3600.0, metavar="SECONDS",
-                    help="unreadable Parquet files under OUTPUT/pages older than this are leftovers of killed runs "
-                         "and are removed; younger ones are skipped and kept (default 3600)")
+                    help="unreadable Parquet files under OUTPUT/pages are skipped; the driver removes those of earlier "
+                         "(killed) runs, and files of unknown origin once older than this (default 3600)")
     io.add_argument("--s3-endpoint", default=None,
                     help="S3-compatible endpoint URL (default: AWS_ENDPOINT_URL(_S3), else AWS); credentials come "
                          "from the standard AWS chain")

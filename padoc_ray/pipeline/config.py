@@ -50,8 +50,8 @@ class BatchConfig:
     limits: InputLimits = field(default_factory=InputLimits)  #: caps per input (pages, frames, bytes)
     #: prefixes (folders, s3://bucket/prefix) a manifest --input may name; empty: the manifest's own folder
     manifest_allow: tuple[str, ...] = ()
-    #: unreadable Parquet files under pages/ older than this (seconds) are leftovers of runs that are
-    #: over, and the driver removes them; younger ones are skipped but kept
+    #: unreadable Parquet files under pages/ that no run's name claims are removed by the driver once
+    #: older than this (seconds; an earlier run's are removed at once, the live run's never)
     leftover_grace_s: float = 3600.0
     lock_wait_s: float = 0.0  #: wait this long for another run's lock on the output (0: refuse at once)
     #: an s3:// output's lock is stale (its run is taken for dead) when its heartbeat is older than this
@@ -80,6 +80,8 @@ class BatchConfig:
             raise ValueError("raster_cpus and writer_cpus must be > 0")
         if self.leftover_grace_s < 0 or self.lock_wait_s < 0 or self.lock_stale_s <= 0:
             raise ValueError("leftover_grace_s and lock_wait_s must be >= 0, lock_stale_s > 0")
+        if not self.run_id or not all(c.isascii() and (c.isalnum() or c == "-") for c in self.run_id):
+            raise ValueError(f"run_id must be letters, digits and '-' (it names the run's files), got {self.run_id!r}")
         if output_inside_input(self.input, self.output):
             raise ValueError(f"--output {self.output} is inside --input {self.input}: every rerun would parse the "
                              f"job's own outputs; choose an output outside the input")

@@ -5,7 +5,8 @@ Resume works from the output itself: ``pages/`` says which (document, page) pair
 rerun with the same ``--output`` parses only what is missing and never writes a row twice. One
 run at a time works on an output (:class:`~padoc_ray.pipeline.lock.OutputLock`). Unreadable
 Parquet files under ``pages/`` are skipped by every reader; only the driver, holding the lock,
-removes them, and only when they are older than a grace period (a killed run's leftovers).
+removes them, and never its own run's: a file named by an earlier run (that run is over: its lock
+is gone) at once, a file of unknown origin only when older than a grace period.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -34,6 +36,9 @@ KEY_COLUMNS = ["source_uri", "doc_id", "page_index", "page_count", "status", "er
                "output_tokens", "valid", "processed_at"]
 #: how often a storage error while reading pages/ is tried (then the read fails; never a deletion)
 READ_ATTEMPTS = 4
+#: files a run writes under pages/: ``<run_id>_<write uuid>_<task>-<i>.parquet`` (Ray Data, named by
+#: the run in :func:`_pipeline`) and ``<run_id>_listing.parquet`` (the driver's own rows)
+RUN_FILE = re.compile(r"^(?P<run>[A-Za-z0-9-]+)_(?:[0-9a-f]{32}_\d{6}(?:-\d+)?|listing)\.parquet$")
 
 
 def _footer(fs: pafs.FileSystem, path: str) -> bytes:
@@ -71,12 +76,22 @@ def _is_parquet(fs: pafs.FileSystem, path: str) -> bool | None:
         return False
 
 
-def read_pages(pages_uri: str, storage: StorageConfig, columns=KEY_COLUMNS, *,
-               remove_leftovers_older_than: float | None = None) -> pa.Table:
+def _leftover(name: str, age_s: float | None, run_id: str, grace_s: float) -> bool:
+    """Whether an unreadable file under pages/ may be removed by run ``run_id``, which holds the
+    output's lock: never its own; an earlier run's at once (that run is over); a file of unknown
+    origin only when older than ``grace_s``."""
+    m = RUN_FILE.match(name)
+    if m is not None:
+        return m["run"] != run_id
+    return age_s is not None and age_s > grace_s
+
+
+def read_pages(pages_uri: str, storage: StorageConfig, columns=KEY_COLUMNS, *, cleanup_for_run: str | None = None,
+               grace_s: float = 3600.0) -> pa.Table:
     """Every page row written so far (all runs). Unreadable files (torn by a killed run, or being
-    written by a live one) are skipped. Read-only unless ``remove_leftovers_older_than`` (seconds)
-    is given: then unreadable files older than that are deleted; only the batch driver does this,
-    holding the output's lock. A storage error is retried and then raised, never a reason to delete."""
+    written by a live one) are skipped. Read-only unless ``cleanup_for_run`` names the run holding
+    the output's lock (only the batch driver): then the unreadable files :func:`_leftover` allows
+    are deleted. A storage error is retried and then raised, never a reason to delete."""
     fs, path = filesystem(pages_uri, storage)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
@@ -92,10 +107,9 @@ def read_pages(pages_uri: str, storage: StorageConfig, columns=KEY_COLUMNS, *,
             continue
         if ok is None:
             continue
-        mtime = f.mtime.astimezone(timezone.utc) if f.mtime is not None else None
-        age = (now - mtime).total_seconds() if mtime is not None else None
-        if remove_leftovers_older_than is not None and age is not None and age > remove_leftovers_older_than:
-            logger.warning("removing unreadable leftover %s (%.0f s old)", f.path, age)
+        age = (now - f.mtime.astimezone(timezone.utc)).total_seconds() if f.mtime is not None else None
+        if cleanup_for_run is not None and _leftover(f.base_name, age, cleanup_for_run, grace_s):
+            logger.warning("removing unreadable leftover %s", f.path)
             fs.delete_file(f.path)
         else:
             logger.warning("skipping unreadable %s (a leftover of a killed run, or being written)", f.path)
@@ -153,7 +167,7 @@ def _write_listing_rows(refused: list[dict], cfg: BatchConfig, model_id: str) ->
                              mode=cfg.mode, model_id=model_id)
         out.append(rows.error_row(base, code, message))
     fs, path = filesystem(join(cfg.output, "pages"), cfg.storage)
-    final = f"{path.rstrip('/')}/{cfg.run_id}-listing.parquet"
+    final = f"{path.rstrip('/')}/{cfg.run_id}_listing.parquet"
     if is_s3(cfg.output):  # an S3 object appears only when complete
         pq.write_table(rows.to_table(out), final, filesystem=fs)
         return
@@ -174,6 +188,7 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
     import ray
     import ray.data
     from ray.data import ActorPoolStrategy, DataContext
+    from ray.data.datasource import FilenameProvider
 
     from padoc_ray.pipeline.stages import EngineStage, rasterize
 
@@ -198,7 +213,9 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
         os.makedirs(path, exist_ok=True)
     # Writing Parquet is light; Ray Data's default of 1 CPU per write task would reserve a whole core
     # on a small node and starve rasterization (its budget is taken from the same pool).
+    # files are named by the run (RUN_FILE), so a later run can tell a killed run's torn file
     ds.write_parquet(path, filesystem=fs, min_rows_per_file=cfg.rows_per_file,
+                     filename_provider=FilenameProvider(dataset_uuid=cfg.run_id, file_format="parquet"),
                      ray_remote_args={"num_cpus": cfg.writer_cpus})
 
 
@@ -214,7 +231,7 @@ def _run_locked(cfg: BatchConfig, *, log=print) -> dict:
     t0 = time.perf_counter()
     listed = list_inputs(cfg.input, cfg.storage, cfg.manifest_allow)
     pages_uri = join(cfg.output, "pages")
-    existing = read_pages(pages_uri, cfg.storage, remove_leftovers_older_than=cfg.leftover_grace_s)
+    existing = read_pages(pages_uri, cfg.storage, cleanup_for_run=cfg.run_id, grace_s=cfg.leftover_grace_s)
     todo, complete = plan(listed, existing, cfg)
     model_id = cfg.model.rstrip("/").rsplit("/", 1)[-1]
     refused = [t for t in todo if limits.listing_refusal(t["size"], cfg.limits) is not None]
