@@ -239,7 +239,8 @@ def test_listing_refusals_and_what_a_rerun_retries():
     assert limits.listing_refusal(DISALLOWED, lim)[0] == "disallowed_uri"
     assert limits.listing_refusal(MISSING, lim)[0] == "missing_file"
     assert limits.listing_refusal(1001, lim)[0] == "file_too_large"
-    assert limits.listing_refusal(1000, lim) is None and limits.listing_refusal(10**12, InputLimits(max_file_bytes=None)) is None
+    assert limits.listing_refusal(1000, lim) is None
+    assert limits.listing_refusal(10**12, InputLimits(max_file_bytes=None)) is None
     for code in ("read_failed", "missing_file", "disallowed_uri", "file_too_large"):
         assert limits.retried(code, None, None, lim)
     for code in ("corrupt_pdf", "not_pdf", "encrypted_pdf", "absurd_page_size", None):

@@ -18,7 +18,6 @@ import hashlib
 import json
 import logging
 import os
-import posixpath
 import re
 import shutil
 import uuid
@@ -164,7 +163,7 @@ def output_inside_input(input_spec: str, output: str) -> bool:
     spec, out = input_spec.rstrip("/") or "/", normalize_uri(output)
     folder, _, last = spec.rpartition("/")
     if any(c in last for c in "*?["):
-        base = normalize_uri(folder or ".")
+        base = normalize_uri(folder or ("/" if spec.startswith("/") else "."))
         return under_prefix(out, base) and under_prefix(base, out)
     return under_prefix(out, normalize_uri(spec))
 

@@ -377,7 +377,6 @@ def _resolve_device(cfg: TrainJobConfig) -> str:
 
 def run_training(cfg: TrainJobConfig, *, progress=None) -> dict:
     """Run (or resume) a training run; returns a summary dict. Raises TrainInputError on bad input."""
-    import ray
     from ray.train import CheckpointConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
