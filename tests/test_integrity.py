@@ -211,23 +211,36 @@ def test_a_second_run_refuses_a_live_output_and_a_dead_runs_lock_is_recovered(ti
 
 @pytest.mark.slow
 def test_two_concurrent_runs_on_one_output_write_every_row_once(tiny_model_dir, tmp_path):
+    """Two runs started on one output while a third holds it: both wait; when the holder dies, one
+    runs and the other, after it, finds nothing to do."""
     inp, out = tmp_path / "in", tmp_path / "out"
     inp.mkdir()
     for i in range(4):
         (inp / f"d{i}.pdf").write_bytes(text_pdf(3, label=f"Doc {i}"))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=_env(),
+                              start_new_session=True)
+    assert holder.stdout.readline().strip() == "held"
+    os.remove(out / "pages" / "half.parquet")
     args = ["--input", str(inp), "--output", str(out), "--model", tiny_model_dir, "--engine", "noop",
-            "--address", "local", "--wait-lock", "300", "--rows-per-file", "2"]
-    procs = [parse(*args, start_new_session=True) for _ in range(2)]
+            "--address", "local", "--wait-lock", "600", "--rows-per-file", "2"]
+    logs = [tmp_path / f"run{i}.out" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "padoc_ray.cli", "parse", *args], stdout=open(log, "w"),
+                              stderr=subprocess.DEVNULL, env=_env(), start_new_session=True) for log in logs]
     try:
-        results = [p.communicate(timeout=600) for p in procs]
+        deadline = time.time() + 400
+        while time.time() < deadline and not all("waiting up to 600 s" in log.read_text() for log in logs):
+            assert all(p.poll() is None for p in procs), [log.read_text()[-2000:] for log in logs]
+            time.sleep(0.5)
+        assert all("waiting up to 600 s" in log.read_text() for log in logs)  # both are at the lock
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)
+        assert [p.wait(timeout=900) for p in procs] == [0, 0], [log.read_text()[-2000:] for log in logs]
     finally:
-        for p in procs:
+        for p in (*procs, holder):
             if p.poll() is None:
                 stop_process_group(p.pid)
-    assert [p.returncode for p in procs] == [0, 0], [r[1][-2000:] for r in results]
-    todo = sorted(int(r[0].split(" to do")[0].rsplit(" ", 1)[-1]) for r in results)
+    todo = sorted(int(log.read_text().split(" to do")[0].rsplit(" ", 1)[-1]) for log in logs)
     assert todo == [0, 4]  # the second planned after the first had finished
-    assert sum("waiting up to 300 s" in r[0] for r in results) == 1  # ... because it waited for the lock
     got = pq.read_table(out / "pages").to_pylist()
     assert len(got) == 12 and len({(r["source_uri"], r["page_index"]) for r in got}) == 12
     assert json.load(open(out / "summary.json"))["all_inputs_accounted"]
