@@ -160,8 +160,14 @@ def cmd_demo(args) -> int:
     if replay:
         print("  the tiny model has random weights: its outputs are teacher-forced from ground_truth.json so the\n"
               "  real engine and scheduler do a trained model's work (use --no-replay to see raw generation)")
-    if os.path.isdir(args.output):
+    if os.path.exists(args.output):
+        if not os.path.isdir(args.output) or (os.listdir(args.output)
+                                               and not os.path.exists(os.path.join(args.output, DEMO_MARKER))):
+            _die(f"--output {args.output} exists and is not a previous demo output (no {DEMO_MARKER}); the demo "
+                 f"replaces its output, so give a new or empty folder, or remove this one yourself")
         shutil.rmtree(args.output)  # the demo always parses afresh (the batch job itself resumes)
+    os.makedirs(args.output)
+    open(os.path.join(args.output, DEMO_MARKER), "w").close()
     import ray
     import ray.data
 
@@ -190,6 +196,10 @@ def cmd_demo(args) -> int:
     print(f"output: {os.path.abspath(args.output)}/pages (Parquet, one row per page), documents/, summary.json")
     ok = summary["all_inputs_accounted"] and (not replay or summary["page_status"] == {"ok": summary["pages_written"]})
     return 0 if ok else 1
+
+
+#: marks a folder as a demo output, which the next demo may replace (it never deletes anything else)
+DEMO_MARKER = ".padoc-demo-output"
 
 
 def _row_matches(row: dict, truth) -> bool:
@@ -362,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--examples", default=EXAMPLES_DIR, help="folder of PDFs (default: the bundled examples)")
     d.add_argument("--no-replay", action="store_true", help="let the model generate freely (noise for the tiny model)")
     d.add_argument("--output", default=os.path.join(os.path.dirname(EXAMPLES_DIR), "out", "demo"),
-                   help="output folder, wiped first (default out/demo)")
+                   help="output folder (default out/demo); replaced when it is a previous demo output, refused when it "
+                        "is any other non-empty folder")
     _add_generation_args(d)
     d.set_defaults(func=cmd_demo)
 

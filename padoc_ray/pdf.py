@@ -153,7 +153,9 @@ def is_image(data: bytes) -> bool:
 class ImageDocument:
     """A page image (or a multi-frame TIFF) seen as a document: one page per frame."""
 
-    def __init__(self, data: bytes):
+    def __init__(self, data: bytes, max_frames: int | None = None):
+        """``max_frames``: refuse images with more frames (None: :data:`MAX_IMAGE_FRAMES`). Every
+        frame's size is checked against PIL's pixel limit before any frame is decoded."""
         import io
         import warnings
 
@@ -162,13 +164,16 @@ class ImageDocument:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error", Image.DecompressionBombWarning)
-                self._img = Image.open(io.BytesIO(data))
+                self._img = Image.open(io.BytesIO(data))  # PIL checks frame 0's size here
+                self._n = max(1, int(getattr(self._img, "n_frames", 1)))
+                check_frames(self._img, self._n, MAX_IMAGE_FRAMES if max_frames is None else max_frames)
                 self._img.load()
+        except PdfError:
+            raise
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
             raise PdfError(ABSURD_PAGE_SIZE, f"image too large: {e}") from e
         except Exception as e:  # noqa: BLE001 - PIL raises many kinds for broken files
             raise PdfError(CORRUPT_IMAGE, f"cannot decode the image ({type(e).__name__}: {e})") from e
-        self._n = max(1, int(getattr(self._img, "n_frames", 1)))
 
     def __len__(self) -> int:
         return self._n
@@ -194,11 +199,12 @@ class ImageDocument:
         self._img.close()
 
 
-def open_document(data: bytes):
-    """A PDF (pypdfium2 document) or a page image (:class:`ImageDocument`); raises PdfError."""
+def open_document(data: bytes, *, max_frames: int | None = None):
+    """A PDF (pypdfium2 document) or a page image (:class:`ImageDocument`, at most ``max_frames``
+    frames); raises PdfError."""
     if data and b"%PDF-" not in data[:1024]:
         if is_image(data):
-            return ImageDocument(data)
+            return ImageDocument(data, max_frames)
         raise PdfError(NOT_PDF, "neither a PDF (no %PDF- header in the first 1024 bytes) nor a page image "
                                 "(PNG, JPEG, TIFF, WebP, BMP, GIF)")
     return open_pdf(data)
@@ -303,3 +309,39 @@ def iter_pages(doc, indices: list[int] | None = None, cfg: RenderConfig = Render
             yield render_page(doc, i, cfg)
         except PdfError as e:
             yield e
+
+
+# ---- caps on images with many frames (hostile inputs) ---------------------------------------------------
+TOO_MANY_FRAMES = "too_many_frames"
+#: an image with more frames than this is refused (a multi-page TIFF scan has tens to hundreds)
+MAX_IMAGE_FRAMES = 1000
+#: formats whose frames each have their own size (other formats' frames share the canvas of frame 0,
+#: which PIL checks when it opens the file; seeking them would decode the frames before)
+_FRAMES_WITH_OWN_SIZE = frozenset({"TIFF", "MPO"})
+
+
+class CapError(PdfError):
+    """A document over a cap; ``count`` is what was counted (frames, pages)."""
+
+    def __init__(self, code: str, message: str, count: int):
+        super().__init__(code, message)
+        self.count = count
+
+
+def check_frames(img, n_frames: int, max_frames: int) -> None:
+    """Refuse an image with more than ``max_frames`` frames, or with any frame over PIL's pixel
+    limit (``Image.MAX_IMAGE_PIXELS``), reading frame headers only (nothing is decoded)."""
+    from PIL import Image
+
+    if n_frames > max_frames:
+        raise CapError(TOO_MANY_FRAMES, f"the image has {n_frames} frames, over the limit of {max_frames} "
+                                        f"(--image-frame-limit)", n_frames)
+    limit = Image.MAX_IMAGE_PIXELS
+    if n_frames < 2 or not limit or img.format not in _FRAMES_WITH_OWN_SIZE:
+        return
+    for i in range(n_frames):
+        img.seek(i)
+        w, h = img.size
+        if w * h > limit:
+            raise PdfError(ABSURD_PAGE_SIZE, f"frame {i} is {w}x{h} pixels, over the limit of {limit}")
+    img.seek(0)

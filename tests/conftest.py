@@ -90,17 +90,55 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_RAY_TOKEN: list[str] = []
+
+
+def ray_token_path() -> str:
+    """The Ray authentication token of the clusters the tests start, in a file of its own (never
+    ~/.ray/auth_token): clusters keep token authentication on and every client passes this token."""
+    if not _RAY_TOKEN:
+        import atexit
+        import secrets
+        import shutil
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="padoc-test-ray-token-")
+        atexit.register(shutil.rmtree, d, True)
+        path = os.path.join(d, "auth_token")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(secrets.token_hex(32))
+        _RAY_TOKEN.append(path)
+    return _RAY_TOKEN[0]
+
+
+def ray_auth_env() -> dict:
+    """Token authentication on, with the tests' token (for a cluster and for its clients)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": ray_token_path()}
+
+
+def use_ray_token_in_process() -> None:
+    """Before an in-process ``ray.init(address="local")``: the new cluster keeps token auth on, with
+    the tests' token. RAY_AUTH_MODE is left unset so that ray.init turns token mode on itself (it
+    then refreshes its cached configuration; a mode set after ``import ray`` would not be seen)."""
+    os.environ.pop("RAY_AUTH_MODE", None)
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    os.environ["RAY_AUTH_TOKEN_PATH"] = ray_token_path()
+
+
 def _env(**extra) -> dict:
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1", **extra)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **ray_auth_env(), **extra)
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")  # as with an activated venv: `python` is this one
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_AUTH_TOKEN", None)  # the token comes from RAY_AUTH_TOKEN_PATH
     return env
 
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
-    """`ray start --head` on loopback (2 CPUs), in a process group of its own; at the end exactly
-    that group is stopped (never `ray stop`, which ends every Ray cluster on the machine)."""
+    """`ray start --head` on loopback (2 CPUs), in a process group of its own, with token
+    authentication on (the tests' token, :func:`ray_token_path`; clients get it from :func:`_env`);
+    at the end exactly that group is stopped (never `ray stop`, which ends every Ray cluster on the
+    machine)."""
     port, dash = _free_port(), _free_port()
     tmp = str(tmp_path_factory.mktemp("ray"))
     cmd = [os.path.join(BIN, "ray"), "start", "--head", "--num-cpus=2", "--disable-usage-stats",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -87,14 +88,26 @@ def test_failed_document_error_code_is_the_most_common_page_code():
     assert d["tie"]["error_code"] == "deadline"
 
 
-def test_read_pages_removes_half_written_files(tmp_path):
-    cfg = BatchConfig(input="x", output=str(tmp_path), model="m")
+def test_read_pages_skips_half_written_files_and_only_the_driver_removes_leftovers(tmp_path):
+    cfg = BatchConfig(input="x", output=str(tmp_path), model="m", run_id="live")
     pages = tmp_path / "pages"
     pages.mkdir()
     pq.write_table(rows.to_table([_page("a", 0, 1)]), pages / "good.parquet")
-    (pages / "torn.parquet").write_bytes(b"PAR1 half a file")
-    got = read_pages(str(pages), cfg.storage)
-    assert got.num_rows == 1 and not (pages / "torn.parquet").exists()
+    uuid = "0123456789abcdef0123456789abcdef"
+    torn = {name: pages / name for name in ("torn.parquet", f"killed_{uuid}_000003-0.parquet",
+                                            f"live_{uuid}_000001-0.parquet")}
+    for p in torn.values():
+        p.write_bytes(b"PAR1 half a file")
+    got = read_pages(str(pages), cfg.storage)  # read-only: skipped, kept
+    assert got.num_rows == 1 and all(p.exists() for p in torn.values())
+    got = read_pages(str(pages), cfg.storage, cleanup_for_run="live", grace_s=3600)  # the driver's cleanup
+    assert got.num_rows == 1
+    assert sorted(os.listdir(pages)) == sorted(["good.parquet", "torn.parquet", f"live_{uuid}_000001-0.parquet"])
+    old = time.time() - 2 * 3600
+    for p in pages.iterdir():
+        os.utime(p, (old, old))
+    read_pages(str(pages), cfg.storage, cleanup_for_run="live", grace_s=3600)
+    assert sorted(os.listdir(pages)) == sorted(["good.parquet", f"live_{uuid}_000001-0.parquet"])  # never its own
     assert read_pages(str(tmp_path / "none"), cfg.storage).num_rows == 0
 
 

@@ -215,7 +215,7 @@ os.environ[{FAULTS_ENV!r}] = json.dumps({{"slow.pdf": "hang@open"}})
 from padoc_ray.raster import IsolatedRenderer, RendererConfig
 from tests.pdf_factory import text_pdf
 r = IsolatedRenderer(RendererConfig(page_timeout_s=600))
-r._send(("open", text_pdf(1), "slow.pdf"))
+r._send(("open", text_pdf(1), "slow.pdf", None))
 print(r._proc.pid, flush=True)
 import time; time.sleep(600)
 """

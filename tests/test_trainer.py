@@ -383,7 +383,9 @@ def _corpus(root, n: int = 4) -> tuple[str, str]:
 def ray_cpu():
     ray = pytest.importorskip("ray")
     pytest.importorskip("ray.train")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from .conftest import use_ray_token_in_process
+
+    use_ray_token_in_process()  # the local cluster keeps token auth on, with the tests' token
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -35,13 +35,14 @@ def noop_pipeline(paths: list[str], model: str, dpi: float, out: str, *, pages_i
     from padoc_ray.pdf import RenderConfig
     from padoc_ray.pipeline.config import BatchConfig
     from padoc_ray.pipeline.job import run_batch
+    from padoc_ray.utils.raylog import init_ray
 
     manifest = os.path.join(out, "inputs.txt")
     with open(manifest, "w") as f:
         f.write("\n".join(paths) + "\n")
     t0 = time.perf_counter()
     if not ray.is_initialized():
-        ray.init(num_cpus=os.cpu_count(), log_to_driver=False, include_dashboard=False)
+        init_ray("local", num_cpus=os.cpu_count(), include_dashboard=False)
     t_ray = time.perf_counter() - t0
     cfg = BatchConfig(input=manifest, output=os.path.join(out, "run"), model=model, engine="noop",
                       render=RenderConfig(dpi=dpi), pages_in_flight=pages_in_flight,

@@ -8,6 +8,7 @@ import sys
 
 from padoc_ray.pdf import RenderConfig
 from padoc_ray.pipeline.config import BatchConfig
+from padoc_ray.pipeline.limits import InputLimits
 from padoc_ray.pipeline.storage import StorageConfig
 from padoc_ray.raster import ENCODINGS, RendererConfig
 from padoc_ray.scheduler import SchedulerConfig
@@ -16,8 +17,11 @@ DESCRIPTION = """\
 Parse PDFs at scale: Ray Data lists the inputs, reads and rasterizes pages (pypdfium2) in CPU
 tasks, feeds engine actors that each host a vLLM engine with the layout-fork scheduler, and
 writes Parquet: OUTPUT/pages/ (one row per page), OUTPUT/documents/ (one row per input) and
-OUTPUT/summary.json. Rerunning with the same --output parses only what is missing. Exit code 0
-when every input is accounted for, 1 otherwise, 2 for bad arguments."""
+OUTPUT/summary.json. Rerunning with the same --output parses only what is missing (and tries
+again inputs that failed to read, were missing, or were refused by a cap that no longer applies).
+One run at a time per --output: a second one refuses (exit 2) or waits (--wait-lock). Exit code 0
+when every input is accounted for, 1 otherwise, 2 for bad arguments (also: --output inside
+--input, or --output in use by another run)."""
 
 
 def _range_pair(text: str) -> tuple[int, int]:
@@ -43,6 +47,15 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
         io.add_argument("--output", required=True, help="local folder or s3://bucket/prefix for pages/, documents/, "
                                                         "summary.json")
     io.add_argument("--model", required=True, help="checkpoint directory, local or s3:// (holds padoc_protocol.json)")
+    io.add_argument("--manifest-allow", action="append", default=[], metavar="PREFIX",
+                    help="a folder or s3://bucket/prefix that a manifest --input may name (repeatable; default: the "
+                         "manifest's own folder). Lines outside get a row with status disallowed_uri and are never "
+                         "read")
+    io.add_argument("--wait-lock", type=float, default=0.0, metavar="SECONDS",
+                    help="when another run holds --output, wait this long for it (default 0: refuse with exit code 2)")
+    io.add_argument("--leftover-grace", type=float, default=3600.0, metavar="SECONDS",
+                    help="unreadable Parquet files under OUTPUT/pages are skipped; the driver removes those of earlier "
+                         "(killed) runs, and files of unknown origin once older than this (default 3600)")
     io.add_argument("--s3-endpoint", default=None,
                     help="S3-compatible endpoint URL (default: AWS_ENDPOINT_URL(_S3), else AWS); credentials come "
                          "from the standard AWS chain")
@@ -53,6 +66,14 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
     gen.add_argument("--pages", type=parse_page_ranges, default=None,
                      help="1-based page ranges to parse in every document, e.g. 1-3,7 (default: all)")
     gen.add_argument("--max-pages-per-doc", type=int, default=None, help="parse at most N pages per document")
+    gen.add_argument("--doc-page-limit", type=int, default=5000, metavar="N",
+                     help="refuse documents with more than N selected pages before any is rendered (status "
+                          "too_many_pages; 0: no limit; default 5000)")
+    gen.add_argument("--image-frame-limit", type=int, default=1000, metavar="N",
+                     help="refuse images with more than N frames (status too_many_frames; default 1000)")
+    gen.add_argument("--file-size-limit-mb", type=float, default=512, metavar="MB",
+                     help="refuse input files larger than this, from the listing, without reading them (status "
+                          "file_too_large; 0: no limit; default 512)")
     gen.add_argument("--longest-side", type=int, default=1600, help="render pages to this many pixels (default 1600)")
     gen.add_argument("--dpi", type=float, default=None, help="render at this DPI instead of --longest-side")
     gen.add_argument("--max-tokens", type=int, default=8192, help="generated tokens per stream (default 8192)")
@@ -116,6 +137,9 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
         raster_cpus=args.raster_cpus, replay_gt=args.replay, rows_per_file=args.rows_per_file,
         image_encoding=args.image_encoding, raster_pages_per_block=args.raster_pages_per_block,
         engine_batch_pages=args.engine_batch_pages, raster_docs_per_task=args.raster_docs_per_task,
+        limits=InputLimits(max_doc_pages=args.doc_page_limit or None, max_image_frames=args.image_frame_limit,
+                           max_file_bytes=int(args.file_size_limit_mb * 2**20) or None),
+        manifest_allow=tuple(args.manifest_allow), lock_wait_s=args.wait_lock, leftover_grace_s=args.leftover_grace,
     )
 
 

@@ -6,7 +6,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from padoc_ray.pdf import RenderConfig
-from padoc_ray.pipeline.storage import StorageConfig
+from padoc_ray.pipeline.limits import InputLimits
+from padoc_ray.pipeline.storage import StorageConfig, output_inside_input
 from padoc_ray.raster import ENCODINGS, RendererConfig
 from padoc_ray.scheduler import SchedulerConfig
 
@@ -48,6 +49,16 @@ class BatchConfig:
     image_encoding: str = "zstd"
     writer_cpus: float = 0.1  #: CPUs per Parquet write task (light; do not reserve a core)
     rows_per_file: int = 64  #: page rows per Parquet file: smaller files = finer-grained resume
+    # hostile inputs and shared outputs
+    limits: InputLimits = field(default_factory=InputLimits)  #: caps per input (pages, frames, bytes)
+    #: prefixes (folders, s3://bucket/prefix) a manifest --input may name; empty: the manifest's own folder
+    manifest_allow: tuple[str, ...] = ()
+    #: unreadable Parquet files under pages/ that no run's name claims are removed by the driver once
+    #: older than this (seconds; an earlier run's are removed at once, the live run's never)
+    leftover_grace_s: float = 3600.0
+    lock_wait_s: float = 0.0  #: wait this long for another run's lock on the output (0: refuse at once)
+    #: an s3:// output's lock is stale (its run is taken for dead) when its heartbeat is older than this
+    lock_stale_s: float = 120.0
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
@@ -70,3 +81,10 @@ class BatchConfig:
             raise ValueError("resources per actor cannot be negative")
         if self.raster_cpus <= 0 or self.writer_cpus <= 0:
             raise ValueError("raster_cpus and writer_cpus must be > 0")
+        if self.leftover_grace_s < 0 or self.lock_wait_s < 0 or self.lock_stale_s <= 0:
+            raise ValueError("leftover_grace_s and lock_wait_s must be >= 0, lock_stale_s > 0")
+        if not self.run_id or not all(c.isascii() and (c.isalnum() or c == "-") for c in self.run_id):
+            raise ValueError(f"run_id must be letters, digits and '-' (it names the run's files), got {self.run_id!r}")
+        if output_inside_input(self.input, self.output):
+            raise ValueError(f"--output {self.output} is inside --input {self.input}: every rerun would parse the "
+                             f"job's own outputs; choose an output outside the input")

@@ -2,8 +2,11 @@
 write the documents table and the run summary.
 
 Resume works from the output itself: ``pages/`` says which (document, page) pairs are done, so a
-rerun with the same ``--output`` parses only what is missing and never writes a row twice. A
-file left half-written by a killed driver is detected (unreadable Parquet) and removed first.
+rerun with the same ``--output`` parses only what is missing and never writes a row twice. One
+run at a time works on an output (:class:`~padoc_ray.pipeline.lock.OutputLock`). Unreadable
+Parquet files under ``pages/`` are skipped by every reader; only the driver, holding the lock,
+removes them, and never its own run's: a file named by an earlier run (that run is over: its lock
+is gone) at once, a file of unknown origin only when older than a grace period.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import asdict
+from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,18 +25,73 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from padoc_ray.pipeline import rows
+from padoc_ray.pipeline import limits, rows
 from padoc_ray.pipeline.config import BatchConfig
+from padoc_ray.pipeline.lock import OutputLock
 from padoc_ray.pipeline.storage import StorageConfig, filesystem, is_s3, join, list_inputs, write_bytes
 
 logger = logging.getLogger(__name__)
 
 KEY_COLUMNS = ["source_uri", "doc_id", "page_index", "page_count", "status", "error_code", "run_id",
-               "output_tokens", "valid"]
+               "output_tokens", "valid", "processed_at"]
+#: how often a storage error while reading pages/ is tried (then the read fails; never a deletion)
+READ_ATTEMPTS = 4
+#: files a run writes under pages/: ``<run_id>_<write uuid>_<task>-<i>.parquet`` (Ray Data, named by
+#: the run in :func:`_pipeline`) and ``<run_id>_listing.parquet`` (the driver's own rows)
+RUN_FILE = re.compile(r"^(?P<run>[A-Za-z0-9-]+)_(?:[0-9a-f]{32}_\d{6}(?:-\d+)?|listing)\.parquet$")
 
 
-def read_pages(pages_uri: str, storage: StorageConfig, columns=KEY_COLUMNS) -> pa.Table:
-    """Every page row written so far (all runs); removes unreadable leftovers of killed runs."""
+def _footer(fs: pafs.FileSystem, path: str) -> bytes:
+    """The tail of a file that holds its Parquet footer (metadata, its length, the magic). Only
+    storage errors (OSError) come out of here; what the bytes mean is judged apart from reading."""
+    with fs.open_input_file(path) as fh:
+        size = fh.size()
+        n = min(size, 1 << 16)
+        tail = fh.read_at(n, size - n) if n else b""
+        if len(tail) >= 8 and tail[-4:] == b"PAR1":
+            need = int.from_bytes(tail[-8:-4], "little") + 8
+            if n < need <= size:
+                tail = fh.read_at(need, size - need)
+        return tail
+
+
+def _is_parquet(fs: pafs.FileSystem, path: str) -> bool | None:
+    """True: a readable Parquet file; False: not one (torn by a killed writer, or still being
+    written); None: it vanished. A storage error is retried, then raised."""
+    for attempt in range(READ_ATTEMPTS):
+        try:
+            tail = _footer(fs, path)
+            break
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if attempt == READ_ATTEMPTS - 1:
+                raise OSError(f"cannot read {path} after {READ_ATTEMPTS} attempts: {e}") from e
+            logger.warning("reading %s failed (%s); retrying", path, e)
+            time.sleep(0.5 * 2 ** attempt)
+    try:
+        pq.read_metadata(pa.BufferReader(tail))
+        return True
+    except Exception:  # noqa: BLE001 - whatever the parser says, these bytes are not a Parquet file
+        return False
+
+
+def _leftover(name: str, age_s: float | None, run_id: str, grace_s: float) -> bool:
+    """Whether an unreadable file under pages/ may be removed by run ``run_id``, which holds the
+    output's lock: never its own; an earlier run's at once (that run is over); a file of unknown
+    origin only when older than ``grace_s``."""
+    m = RUN_FILE.match(name)
+    if m is not None:
+        return m["run"] != run_id
+    return age_s is not None and age_s > grace_s
+
+
+def read_pages(pages_uri: str, storage: StorageConfig, columns=KEY_COLUMNS, *, cleanup_for_run: str | None = None,
+               grace_s: float = 3600.0) -> pa.Table:
+    """Every page row written so far (all runs). Unreadable files (torn by a killed run, or being
+    written by a live one) are skipped. Read-only unless ``cleanup_for_run`` names the run holding
+    the output's lock (only the batch driver): then the unreadable files :func:`_leftover` allows
+    are deleted. A storage error is retried and then raised, never a reason to delete."""
     fs, path = filesystem(pages_uri, storage)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
@@ -39,30 +99,55 @@ def read_pages(pages_uri: str, storage: StorageConfig, columns=KEY_COLUMNS) -> p
     files = [f for f in fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
              if f.type == pafs.FileType.File and f.path.endswith(".parquet")]
     good = []
+    now = datetime.now(timezone.utc)
     for f in files:
-        try:
-            with fs.open_input_file(f.path) as fh:
-                pq.read_metadata(fh)
+        ok = _is_parquet(fs, f.path)
+        if ok:
             good.append(f.path)
-        except Exception as e:  # noqa: BLE001 - any unreadable file is a leftover
-            logger.warning("removing unreadable leftover %s (%s)", f.path, e)
+            continue
+        if ok is None:
+            continue
+        age = (now - f.mtime.astimezone(timezone.utc)).total_seconds() if f.mtime is not None else None
+        if cleanup_for_run is not None and _leftover(f.base_name, age, cleanup_for_run, grace_s):
+            logger.warning("removing unreadable leftover %s", f.path)
             fs.delete_file(f.path)
+        else:
+            logger.warning("skipping unreadable %s (a leftover of a killed run, or being written)", f.path)
     if not good:
         return rows.PAGE_SCHEMA.empty_table().select(columns)
     return pads.dataset(good, schema=rows.PAGE_SCHEMA, filesystem=fs, format="parquet").to_table(columns=columns)
 
 
 def plan(listed: list[tuple[str, int]], existing: pa.Table, cfg: BatchConfig) -> tuple[list[dict], int]:
-    """Inputs still to do (with the pages already done), and how many inputs are complete."""
+    """Inputs still to do (with the pages already done), and how many inputs are complete.
+
+    An input whose current row (:func:`rows.current_rows`) is document-level is complete, unless a
+    rerun can change it (:func:`limits.retried`: a failed read, a missing or refused listing, a cap
+    no longer exceeded). Inputs the listing refuses are to do (the driver writes their rows) unless
+    the same refusal is already recorded."""
     by_uri: dict[str, list[dict]] = {}
-    for r in existing.select(["source_uri", "page_index", "page_count"]).to_pylist():
+    current = rows.current_rows(existing.select(["source_uri", "page_index", "page_count", "error_code",
+                                                 "processed_at"]))
+    for r in current.to_pylist():
         by_uri.setdefault(r["source_uri"], []).append(r)
     todo, complete = [], 0
     for uri, size in listed:
         prev = by_uri.get(uri, [])
-        if any(r["page_index"] < 0 for r in prev):
-            complete += 1
+        doc = next((r for r in prev if r["page_index"] < 0), None)
+        refusal = limits.listing_refusal(size, cfg.limits)
+        if refusal is not None:
+            if doc is not None and doc["error_code"] == refusal[0]:
+                complete += 1
+            else:
+                todo.append({"uri": uri, "size": size, "done": []})
             continue
+        if doc is not None:
+            count = doc["page_count"]
+            n_sel = len(rows.select_pages(count, cfg.pages, cfg.max_pages_per_doc)) if count is not None else None
+            if not limits.retried(doc["error_code"], count, n_sel, cfg.limits):
+                complete += 1
+                continue
+            prev = []
         done = sorted({r["page_index"] for r in prev})
         count = next((r["page_count"] for r in prev if r["page_count"] is not None), None)
         if count is not None and set(rows.select_pages(count, cfg.pages, cfg.max_pages_per_doc)) <= set(done):
@@ -70,6 +155,25 @@ def plan(listed: list[tuple[str, int]], existing: pa.Table, cfg: BatchConfig) ->
             continue
         todo.append({"uri": uri, "size": size, "done": done})
     return todo, complete
+
+
+def _write_listing_rows(refused: list[dict], cfg: BatchConfig, model_id: str) -> None:
+    """The rows of inputs refused from the listing (missing, disallowed, too large), written by the
+    driver itself: nothing of them is ever read."""
+    out = []
+    for t in refused:
+        code, message = limits.listing_refusal(t["size"], cfg.limits)
+        base = rows.base_row(run_id=cfg.run_id, uri=t["uri"], doc_id=None, page_index=-1, page_count=None,
+                             mode=cfg.mode, model_id=model_id)
+        out.append(rows.error_row(base, code, message))
+    fs, path = filesystem(join(cfg.output, "pages"), cfg.storage)
+    final = f"{path.rstrip('/')}/{cfg.run_id}_listing.parquet"
+    if is_s3(cfg.output):  # an S3 object appears only when complete
+        pq.write_table(rows.to_table(out), final, filesystem=fs)
+        return
+    os.makedirs(path, exist_ok=True)
+    pq.write_table(rows.to_table(out), final + ".tmp", filesystem=fs)
+    fs.move(final + ".tmp", final)
 
 
 def docs_per_task(cfg: BatchConfig, n_docs: int, cpus: float) -> int:
@@ -84,6 +188,7 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
     import ray
     import ray.data
     from ray.data import ActorPoolStrategy, DataContext
+    from ray.data.datasource import FilenameProvider
 
     from padoc_ray.pipeline.stages import EngineStage, rasterize
 
@@ -108,35 +213,48 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
         os.makedirs(path, exist_ok=True)
     # Writing Parquet is light; Ray Data's default of 1 CPU per write task would reserve a whole core
     # on a small node and starve rasterization (its budget is taken from the same pool).
+    # files are named by the run (RUN_FILE), so a later run can tell a killed run's torn file
     ds.write_parquet(path, filesystem=fs, min_rows_per_file=cfg.rows_per_file,
+                     filename_provider=FilenameProvider(dataset_uuid=cfg.run_id, file_format="parquet"),
                      ray_remote_args={"num_cpus": cfg.writer_cpus})
 
 
 def run_batch(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
-    """Run the job; returns the summary (also written to OUTPUT/summary.json).
+    """Run the job holding the output's lock; returns the summary (also written to
+    OUTPUT/summary.json). Raises :class:`~padoc_ray.pipeline.lock.OutputInUse` (an InputError) when
+    another live run holds the output and ``cfg.lock_wait_s`` passes.
 
     ``start_ray`` (a callable) starts or joins Ray; it is called only when there is work to do, so
     a rerun with nothing left answers from the listing and the existing rows alone. Without it,
     Ray must already be initialized (or ``ray.data`` starts a default local cluster)."""
+    with OutputLock(cfg.output, cfg.storage, cfg.run_id, wait_s=cfg.lock_wait_s, stale_s=cfg.lock_stale_s, log=log):
+        return _run_locked(cfg, log=log, start_ray=start_ray)
+
+
+def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
     t0 = time.perf_counter()
-    listed = list_inputs(cfg.input, cfg.storage)
+    listed = list_inputs(cfg.input, cfg.storage, cfg.manifest_allow)
     pages_uri = join(cfg.output, "pages")
-    existing = read_pages(pages_uri, cfg.storage)
+    existing = read_pages(pages_uri, cfg.storage, cleanup_for_run=cfg.run_id, grace_s=cfg.leftover_grace_s)
     todo, complete = plan(listed, existing, cfg)
     model_id = cfg.model.rstrip("/").rsplit("/", 1)[-1]
+    refused = [t for t in todo if limits.listing_refusal(t["size"], cfg.limits) is not None]
     log(f"padoc-ray batch run {cfg.run_id}: {len(listed)} inputs, {complete} already complete, "
-        f"{len(todo)} to do; output {cfg.output}")
-    if todo:
+        f"{len(todo)} to do ({len(refused)} refused from the listing); output {cfg.output}")
+    if refused:
+        _write_listing_rows(refused, cfg, model_id)
+    work = [t for t in todo if limits.listing_refusal(t["size"], cfg.limits) is None]
+    if work:
         if start_ray is not None:
             start_ray()
-        _pipeline(todo, cfg, model_id)
+        _pipeline(work, cfg, model_id)
     wall = time.perf_counter() - t0
     final = read_pages(pages_uri, cfg.storage)
-    docs = rows.documents_table(final, listed, cfg.pages, cfg.max_pages_per_doc)
+    docs = rows.documents_table(rows.current_rows(final), listed, cfg.pages, cfg.max_pages_per_doc)
     fs, dpath = filesystem(join(cfg.output, "documents"), cfg.storage)
     if not is_s3(cfg.output):
         os.makedirs(dpath, exist_ok=True)
-    tmp = dpath.rstrip("/") + "/documents.parquet.tmp"
+    tmp = dpath.rstrip("/") + f"/documents.parquet.{cfg.run_id}.tmp"  # unique: never shared with another run
     pq.write_table(docs, tmp, filesystem=fs)
     fs.move(tmp, dpath.rstrip("/") + "/documents.parquet")
     this_run = final.filter(pc.equal(final.column("run_id"), cfg.run_id))
@@ -147,6 +265,7 @@ def run_batch(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
     summary = {
         "run_id": cfg.run_id, "input": cfg.input, "output": cfg.output, "model": cfg.model, "mode": cfg.mode,
         "inputs": len(listed), "inputs_already_complete": complete, "inputs_processed": len(todo),
+        "inputs_refused_from_listing": len(refused),
         "rows_written": this_run.num_rows, "pages_written": real_pages.num_rows,
         "page_status": rows.status_counts(real_pages), "document_status": doc_status,
         "all_inputs_accounted": unaccounted.num_rows == 0,

@@ -195,7 +195,7 @@ def run_reannotate(cfg: ReannotateConfig, *, log=print, start_ray=None) -> dict:
         write_bytes(manifest, ("\n".join(sources) + "\n").encode(), cfg.batch.storage)
         for m in cfg.modes:
             bc = dataclasses.replace(cfg.batch, input=manifest, output=join(cfg.output, "predictions", m), mode=m,
-                                     run_id=f"{cfg.batch.run_id}-{m}")
+                                     run_id=f"{cfg.batch.run_id}-{m}", manifest_allow=(cfg.source,))
             s = run_batch(bc, log=log, start_ray=start_ray)
             runs[m] = {k: s[k] for k in ("pages_written", "page_status", "all_inputs_accounted", "wall_s")}
     sets = {m: prediction_pages(join(cfg.output, "predictions", m), cfg.batch.storage) for m in cfg.modes}
@@ -205,8 +205,9 @@ def run_reannotate(cfg: ReannotateConfig, *, log=print, start_ray=None) -> dict:
     fs, apath = filesystem(join(cfg.output, "agreement"), cfg.batch.storage)
     if not is_s3(cfg.output):
         os.makedirs(apath, exist_ok=True)
-    pq.write_table(table, apath + "/agreement.parquet.tmp", filesystem=fs)
-    fs.move(apath + "/agreement.parquet.tmp", apath + "/agreement.parquet")
+    tmp = f"{apath}/agreement.parquet.{cfg.batch.run_id}.tmp"  # unique: never shared with another run
+    pq.write_table(table, tmp, filesystem=fs)
+    fs.move(tmp, apath + "/agreement.parquet")
     compared = table.filter(pc.is_valid(table.column("consensus")))
     diff = compared.column("difficulty")
     summary = {

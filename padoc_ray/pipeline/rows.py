@@ -169,3 +169,29 @@ def status_counts(table: pa.Table) -> dict[str, int]:
         return {}
     vc = pc.value_counts(table.column("status"))
     return {str(v["values"]): int(v["counts"]) for v in vc.to_pylist()}
+
+
+def current_rows(table: pa.Table) -> pa.Table:
+    """The rows that say where each input stands now (``table`` needs ``source_uri``,
+    ``page_index`` and ``processed_at``).
+
+    ``pages/`` only grows: a rerun that tries a document again (after ``read_failed``,
+    ``missing_file``, a refusal or cap that no longer applies) adds rows next to the old ones. For
+    each input the newest document-level row wins when it is newer than all its page rows;
+    otherwise its page rows do, the newest row per page."""
+    if table.num_rows == 0:
+        return table
+    uris = table.column("source_uri").to_pylist()
+    pages = table.column("page_index").to_pylist()
+    times = [-1 if t is None else t for t in pc.cast(table.column("processed_at"), pa.int64()).to_pylist()]
+    newest: dict[tuple[str, int], int] = {}  # (uri, page) -> row of its newest row
+    last_doc: dict[str, int] = {}
+    last_page: dict[str, int] = {}
+    for i, (u, p, t) in enumerate(zip(uris, pages, times)):
+        if (u, p) not in newest or t >= times[newest[(u, p)]]:
+            newest[(u, p)] = i
+        latest = last_doc if p < 0 else last_page
+        latest[u] = max(latest.get(u, t), t)
+    keep = [i for (u, p), i in newest.items()
+            if (p < 0) == (u in last_doc and (u not in last_page or last_doc[u] > last_page[u]))]
+    return table.take(sorted(keep))

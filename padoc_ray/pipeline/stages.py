@@ -22,6 +22,7 @@ import pyarrow as pa
 from padoc_ray.pdf import doc_id_of
 from padoc_ray.pipeline import rows
 from padoc_ray.pipeline.config import BatchConfig
+from padoc_ray.pipeline.limits import page_cap_error
 from padoc_ray.pipeline.storage import read_bytes
 from padoc_ray.raster import DocFailed, Opened, PageFailed, decode_image, renderer_for
 
@@ -30,9 +31,9 @@ logger = logging.getLogger(__name__)
 RASTER_SCHEMA = rows.PAGE_SCHEMA.append(pa.field("image_bytes", pa.binary()))
 
 
-def _doc_error(base: dict, doc_id: str | None, code: str, message: str) -> pa.Table:
+def _doc_error(base: dict, doc_id: str | None, code: str, message: str, page_count: int | None = None) -> pa.Table:
     """The one row of a document that cannot be parsed at all (``page_index = -1``)."""
-    row = rows.error_row(rows.base_row(doc_id=doc_id, page_index=-1, page_count=None, **base), code, message)
+    row = rows.error_row(rows.base_row(doc_id=doc_id, page_index=-1, page_count=page_count, **base), code, message)
     return pa.Table.from_pylist([{**row, "image_bytes": None}], schema=RASTER_SCHEMA)
 
 
@@ -65,14 +66,17 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> It
 
     def select(n: int) -> list[int]:
         selected = rows.select_pages(n, cfg.pages, cfg.max_pages_per_doc)
+        capped = page_cap_error(n, selected, cfg.limits)  # before any page is rendered
+        if capped is not None:
+            raise capped  # the renderer turns it into DocFailed: one row, nothing rendered
         logger.info("doc %s (%s): %d pages, %d selected, %d already done", doc_id[:12], uri, n, len(selected),
                     len(done & set(selected)))
         return [i for i in selected if i not in done]
 
     for ev in renderer.render_document(data, os.path.basename(uri.rstrip("/")), select, cfg.render,
-                                       cfg.image_encoding):
+                                       cfg.image_encoding, max_frames=cfg.limits.max_image_frames):
         if isinstance(ev, DocFailed):
-            yield _doc_error(base, doc_id, ev.code, ev.message)
+            yield _doc_error(base, doc_id, ev.code, ev.message, ev.page_count)
             return
         if isinstance(ev, Opened):
             page_count, repaired = ev.page_count, ev.repaired

@@ -5,17 +5,33 @@ one file's bytes, and fetching a model directory from S3 into a local cache. S3-
 are reached through an endpoint setting; credentials come from the standard AWS chain (env vars,
 config files, instance roles) as pyarrow's S3 client resolves them, with its standard retry
 strategy (exponential backoff) for transient errors. Knows nothing of PDFs, models or Ray.
+
+Inputs written by someone else are not trusted: a manifest may only name URIs under allowed
+prefixes (by default its own folder), URIs are normalized before they become keys, and a model
+copied from object storage refuses keys that would land outside its cache folder.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
+import logging
 import os
+import re
+import shutil
+import uuid
 from dataclasses import dataclass
+from typing import Sequence
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
+
+logger = logging.getLogger(__name__)
+
+#: listing sizes that are not sizes: a manifest line naming nothing, or naming a URI it may not name
+MISSING = -1
+DISALLOWED = -2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +45,9 @@ class StorageConfig:
     def resolved_endpoint(self) -> str | None:
         return self.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
+    def resolved_region(self) -> str:
+        return self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+
 
 def is_s3(uri: str) -> bool:
     return uri.startswith("s3://")
@@ -40,7 +59,7 @@ def filesystem(uri: str, cfg: StorageConfig = StorageConfig()) -> tuple[pafs.Fil
         u = urlparse(uri)
         ep = cfg.resolved_endpoint()
         kw: dict = {
-            "region": cfg.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+            "region": cfg.resolved_region(),
             "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=cfg.retry_attempts),
         }
         if ep:
@@ -69,7 +88,7 @@ def write_bytes(uri: str, data: bytes, cfg: StorageConfig = StorageConfig()) -> 
     fs, path = filesystem(uri, cfg)
     if not is_s3(uri):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = path + ".tmp"
+        tmp = f"{path}.{uuid.uuid4().hex[:12]}.tmp"  # unique: two writers never share a temporary file
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, path)  # atomic on local disks
@@ -79,25 +98,102 @@ def write_bytes(uri: str, data: bytes, cfg: StorageConfig = StorageConfig()) -> 
 
 
 class InputError(ValueError):
-    """The --input names nothing readable."""
+    """The --input names nothing readable (or nothing it may name)."""
 
 
-def list_inputs(spec: str, cfg: StorageConfig = StorageConfig()) -> list[tuple[str, int]]:
-    """(uri, size) of every file named by ``spec``, sorted by uri.
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def normalize_uri(uri: str) -> str:
+    """The key form of a URI: an absolute, normalized local path (``./a.pdf`` and ``a.pdf`` are one
+    file), or an ``s3://`` URI as given (object keys are literal)."""
+    return uri if _SCHEME.match(uri) else os.path.abspath(uri)
+
+
+def _s3_key_is_plain(uri: str) -> bool:
+    """No empty, ``.`` or ``..`` part in the key (clients may collapse them into another key)."""
+    key = urlparse(uri).path.lstrip("/")
+    return bool(urlparse(uri).netloc) and bool(key) and all(p not in ("", ".", "..") for p in key.split("/"))
+
+
+def under_prefix(uri: str, prefix: str) -> bool:
+    """Whether ``uri`` is ``prefix`` or below it, part by part (``s3://b/in`` does not hold
+    ``s3://b/in2``). Local paths are compared after resolving symbolic links."""
+    if is_s3(uri) != is_s3(prefix) or (_SCHEME.match(uri) and not is_s3(uri)):
+        return False
+    if is_s3(uri):
+        p = prefix.rstrip("/")
+        return uri == p or uri.startswith(p + "/")
+    u, p = os.path.realpath(uri), os.path.realpath(prefix)
+    return u == p or u.startswith(p.rstrip(os.sep) + os.sep)
+
+
+def _parent(uri: str) -> str:
+    return uri.rsplit("/", 1)[0] if is_s3(uri) else os.path.dirname(os.path.abspath(uri))
+
+
+def manifest_entry(line: str, manifest: str, allowed: Sequence[str]) -> tuple[str, bool]:
+    """(normalized URI, whether the manifest may name it) for one manifest line.
+
+    A line without a scheme is relative to the manifest's folder: a local path in a local
+    manifest, a key in an ``s3://`` one. A line is allowed only when it lies under one of
+    ``allowed`` (default: the manifest's own folder, hence of the manifest's own scheme); other
+    schemes, and ``s3://`` keys with empty, ``.`` or ``..`` parts, never are.
+    """
+    if _SCHEME.match(line):
+        uri = line
+    elif is_s3(manifest):
+        uri = _parent(manifest) + "/" + line if not line.startswith("/") else line  # "/x": no key, refused below
+    else:
+        uri = os.path.normpath(os.path.join(_parent(manifest), line))
+    prefixes = [normalize_uri(p) for p in allowed] or [_parent(normalize_uri(manifest))]
+    ok = (not is_s3(uri) or _s3_key_is_plain(uri)) and any(under_prefix(uri, p) for p in prefixes)
+    return uri, ok
+
+
+def is_manifest(spec: str) -> bool:
+    return spec.endswith((".txt", ".manifest")) and not any(c in spec for c in "*?")
+
+
+def output_inside_input(input_spec: str, output: str) -> bool:
+    """Whether the job's outputs would be listed as its own inputs: ``output`` at or below a folder
+    ``--input`` (listed recursively), or equal to the folder of a glob (which lists that folder only)."""
+    if not input_spec or not output or is_manifest(input_spec):
+        return False
+    spec, out = input_spec.rstrip("/") or "/", normalize_uri(output)
+    folder, _, last = spec.rpartition("/")
+    if any(c in last for c in "*?["):
+        base = normalize_uri(folder or ("/" if spec.startswith("/") else "."))
+        return under_prefix(out, base) and under_prefix(base, out)
+    return under_prefix(out, normalize_uri(spec))
+
+
+def list_inputs(spec: str, cfg: StorageConfig = StorageConfig(),
+                allowed_prefixes: Sequence[str] = ()) -> list[tuple[str, int]]:
+    """(uri, size) of every file named by ``spec``, sorted by uri; local URIs are absolute paths.
 
     ``spec`` is a folder or ``s3://bucket/prefix`` (every file below it, recursively), a glob
     (``dir/*.pdf``; ``*`` and ``?`` within the last path part), or a manifest: a text file whose
     name ends in ``.txt`` or ``.manifest`` holding one URI per line (``#`` comments allowed).
+    Manifest lines are checked by :func:`manifest_entry` against ``allowed_prefixes``: a line it
+    may not name gets size :data:`DISALLOWED` (and is never looked at), a missing file
+    :data:`MISSING`; the same file named twice is listed once.
     """
-    if spec.endswith((".txt", ".manifest")) and not any(c in spec for c in "*?"):
+    if is_manifest(spec):
         text = read_bytes(spec, cfg).decode("utf-8")
-        uris = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-        out = []
-        for u in uris:
-            fs, path = filesystem(u, cfg)
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+        out: dict[str, int] = {}
+        for line in lines:
+            uri, ok = manifest_entry(line, spec, allowed_prefixes)
+            if uri in out:
+                continue
+            if not ok:
+                out[uri] = DISALLOWED
+                continue
+            fs, path = filesystem(uri, cfg)
             info = fs.get_file_info(path)
-            out.append((u, info.size if info.type == pafs.FileType.File else -1))  # -1: missing, recorded later
-        return sorted(out)
+            out[uri] = info.size if info.type == pafs.FileType.File else MISSING  # recorded later
+        return sorted(out.items())
     pattern = None
     base = spec
     last = spec.rstrip("/").rsplit("/", 1)[-1]
@@ -106,7 +202,7 @@ def list_inputs(spec: str, cfg: StorageConfig = StorageConfig()) -> list[tuple[s
     fs, path = filesystem(base, cfg)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.File and pattern is None:
-        return [(spec, info.size)]
+        return [(normalize_uri(spec), info.size)]
     if info.type != pafs.FileType.Directory and not (is_s3(base) and info.type == pafs.FileType.NotFound):
         raise InputError(f"--input {spec}: no such file or folder")
     try:
@@ -128,26 +224,117 @@ def list_inputs(spec: str, cfg: StorageConfig = StorageConfig()) -> list[tuple[s
     return sorted(out)
 
 
+# ---- models from object storage -------------------------------------------------------------------------
+class UnsafeKeyError(ValueError):
+    """An object key that would be written outside the folder it is copied into."""
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """(bucket, key or prefix without a trailing slash)."""
+    u = urlparse(uri)
+    return u.netloc, u.path.strip("/")
+
+
+def s3_client(cfg: StorageConfig = StorageConfig()):
+    """A boto3 S3 client for the same endpoint and region as :func:`filesystem`, with the AWS
+    standard retry mode."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=cfg.resolved_endpoint(), region_name=cfg.resolved_region(),
+                        config=Config(retries={"mode": "standard", "max_attempts": cfg.retry_attempts}))
+
+
+def relative_key(key: str, prefix: str) -> str | None:
+    """``key`` relative to the folder ``prefix``; None for the folder's own marker object.
+    Raises :class:`UnsafeKeyError` for a key that is not below ``prefix`` or whose relative part
+    is absolute or has an empty, ``.`` or ``..`` part."""
+    if not key.startswith(prefix + "/"):
+        raise UnsafeKeyError(f"{key!r} is not below {prefix!r}/")
+    rel = key[len(prefix) + 1:]
+    if rel == "":
+        return None
+    parts = rel.rstrip("/").split("/") if rel.endswith("/") else rel.split("/")
+    if rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
+        raise UnsafeKeyError(f"unsafe object key {key!r}: absolute, or an empty, '.' or '..' part")
+    return None if rel.endswith("/") else rel
+
+
+def _list_model(client, bucket: str, prefix: str) -> list[dict]:
+    """Every object of the model folder (key, rel, size, etag); raises UnsafeKeyError before
+    anything is written."""
+    out = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        for o in page.get("Contents", []):
+            rel = relative_key(o["Key"], prefix)
+            if rel is not None:
+                out.append({"key": o["Key"], "rel": rel, "size": int(o["Size"]), "etag": o.get("ETag", "")})
+    return sorted(out, key=lambda o: o["rel"])
+
+
+def _inside(folder: str, rel: str) -> str:
+    """The path of ``rel`` in ``folder``, checked to resolve below it."""
+    dest = os.path.join(folder, *rel.split("/"))
+    root = os.path.realpath(folder)
+    if not os.path.realpath(dest).startswith(root + os.sep):
+        raise UnsafeKeyError(f"{rel!r} resolves outside {folder}")
+    return dest
+
+
+def _download_model(client, bucket: str, objects: list[dict], folder: str) -> None:
+    for o in objects:
+        dest = _inside(folder, o["rel"])
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        client.download_file(bucket, o["key"], dest)
+        if os.path.getsize(dest) != o["size"]:
+            raise OSError(f"s3://{bucket}/{o['key']}: got {os.path.getsize(dest)} bytes, listed {o['size']}")
+
+
 def local_model_dir(uri: str, cfg: StorageConfig = StorageConfig(), cache_root: str | None = None) -> str:
-    """A local directory holding the model: ``uri`` itself, or a cached copy of an s3:// model."""
+    """A local directory holding the model: ``uri`` itself, or a cached copy of an s3:// model.
+
+    The cache is keyed on the URI plus the listing (each object's key, size and ETag), so a model
+    updated at the same URI is fetched again. One process per node downloads (a file lock); the
+    others wait and reuse its copy. Objects are copied key by key, each checked to land inside
+    the copy's folder (keys that are absolute, empty or have a ``..`` part are refused before
+    anything is written), and a failed copy is removed.
+    """
+    from filelock import FileLock
+
     if not is_s3(uri):
         if not os.path.isdir(uri):
             raise FileNotFoundError(f"model directory not found: {uri}")
         return os.path.abspath(uri)
-    root = cache_root or os.path.join(os.path.expanduser("~"), ".cache", "padoc-ray", "models")
-    dest = os.path.join(root, hashlib.sha256(uri.encode()).hexdigest()[:16])
-    done = os.path.join(dest, ".complete")
-    if os.path.exists(done):
-        return dest
-    fs, path = filesystem(uri, cfg)
-    tmp = f"{dest}.{os.getpid()}.tmp"
-    os.makedirs(tmp, exist_ok=True)
-    pafs.copy_files(path, tmp, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
-    if not os.path.exists(os.path.join(tmp, "config.json")):
-        raise FileNotFoundError(f"{uri} holds no config.json: not a model directory")
+    bucket, prefix = split_s3(uri)
+    client = s3_client(cfg)
     try:
-        os.replace(tmp, dest)
-    except OSError:  # another process finished first
-        pass
-    open(done, "w").close()
+        objects = _list_model(client, bucket, prefix)
+    except UnsafeKeyError as e:
+        raise UnsafeKeyError(f"model {uri}: {e}; refusing to copy it") from None
+    if not any(o["rel"] == "config.json" for o in objects):
+        raise FileNotFoundError(f"{uri} holds no config.json: not a model directory")
+    listing = json.dumps([uri, [[o["rel"], o["size"], o["etag"]] for o in objects]])
+    root = cache_root or os.path.join(os.path.expanduser("~"), ".cache", "padoc-ray", "models")
+    os.makedirs(root, exist_ok=True)
+    dest = os.path.join(root, hashlib.sha256(listing.encode()).hexdigest()[:20])
+    done = os.path.join(dest, ".complete")
+    with FileLock(dest + ".lock"):
+        if os.path.exists(done):
+            return dest
+        # holding the lock, anything else of this key is a leftover of a killed copy
+        for name in os.listdir(root):
+            if name.startswith(os.path.basename(dest)) and (name.endswith(".tmp") or name == os.path.basename(dest)):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        tmp = f"{dest}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(tmp)
+            _download_model(client, bucket, objects, tmp)
+            with open(os.path.join(tmp, ".source.json"), "w") as f:
+                f.write(listing)
+            os.replace(tmp, dest)
+            open(done, "w").close()
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    logger.info("copied model %s to %s (%d objects)", uri, dest, len(objects))
     return dest

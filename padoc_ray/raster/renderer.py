@@ -71,6 +71,7 @@ class Opened:
 class DocFailed:
     code: str
     message: str
+    page_count: int | None = None  #: pages (or frames) counted before it failed, when known
 
 
 @dataclass
@@ -88,7 +89,8 @@ class PageFailed:
 
 
 Event = Opened | DocFailed | PageRendered | PageFailed
-Selector = Callable[[int], list[int]]  #: page count -> page indices to render, in order
+#: page count -> page indices to render, in order; raising PdfError refuses the document (DocFailed)
+Selector = Callable[[int], list[int]]
 
 
 class InProcessRenderer:
@@ -98,19 +100,24 @@ class InProcessRenderer:
         self.cfg = cfg
 
     def render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig,
-                        encoding: str) -> Iterator[Event]:
+                        encoding: str, *, max_frames: int | None = None) -> Iterator[Event]:
         from padoc_ray.pdf import ImageDocument, ReusedBitmapBuffer, is_repaired, open_document, render_page
         from padoc_ray.raster.codec import encode_image
 
         buffer = ReusedBitmapBuffer()
         try:
-            doc = open_document(data)
+            doc = open_document(data, max_frames=max_frames)
         except PdfError as e:
-            yield DocFailed(e.code, e.message)
+            yield DocFailed(e.code, e.message, getattr(e, "count", None))
             return
         try:
             yield Opened(len(doc), not isinstance(doc, ImageDocument) and is_repaired(doc))
-            for i in select(len(doc)):
+            try:
+                pages = select(len(doc))
+            except PdfError as e:
+                yield DocFailed(e.code, e.message, len(doc))
+                return
+            for i in pages:
                 t = time.perf_counter()
                 try:
                     r = render_page(doc, i, render, pixels=True, bitmap_maker=buffer)
@@ -224,9 +231,10 @@ class IsolatedRenderer:
 
     # ---- one document ----
     def render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig,
-                        encoding: str) -> Iterator[Event]:
+                        encoding: str, *, max_frames: int | None = None) -> Iterator[Event]:
         """Open ``data`` and render the pages ``select(page_count)`` names, yielding :class:`Opened`
-        then one event per page (in order), or a single :class:`DocFailed`."""
+        then one event per page (in order), or a single :class:`DocFailed` (after :class:`Opened`
+        when ``select`` refused the document). ``max_frames`` caps the frames of a page image."""
         cfg = self.cfg
         doc_deadline = time.monotonic() + cfg.doc_timeout_s if cfg.doc_timeout_s else float("inf")
         todo: deque[int] | None = None  # pages still to render (known once opened)
@@ -247,7 +255,7 @@ class IsolatedRenderer:
                     self.close()
                 # (re)open the document in a live renderer
                 try:
-                    self._send(("open", data, name))
+                    self._send(("open", data, name, max_frames))
                     reply = self._recv(deadline())
                 except (_Died, _TimedOut) as e:
                     self._kill()
@@ -273,13 +281,19 @@ class IsolatedRenderer:
                     clean = True
                     return
                 if reply[0] == "doc_error":
-                    yield DocFailed(reply[1], reply[2])
+                    yield DocFailed(*reply[1:])
                     clean = True
                     return
                 if todo is None:
                     _, count, repaired = reply
-                    todo = deque(select(count))
                     yield Opened(count, repaired)
+                    try:
+                        todo = deque(select(count))
+                    except PdfError as e:
+                        self._send(("close",))
+                        yield DocFailed(e.code, e.message, count)
+                        clean = True
+                        return
                 # stream the pages still to do; a crash or time-out ends this pass, the next reopens
                 sent = False
                 while todo:

@@ -3,8 +3,8 @@
 Started as ``python -m padoc_ray.raster.worker FD PARENT_PID [MEMORY_MB]``; FD is its end of a
 ``multiprocessing`` connection. It does one thing at a time, in order:
 
-    parent -> ("open", data, name)             child -> ("opened", page_count, repaired)
-                                                        | ("doc_error", code, message)
+    parent -> ("open", data, name, max_frames) child -> ("opened", page_count, repaired)
+                                                        | ("doc_error", code, message, count)
     parent -> ("render", indices, render_cfg, encoding)
                                                child -> per index, in order:
                                                         ("page", index, meta, image_bytes)
@@ -102,15 +102,15 @@ def serve(conn) -> None:
         if kind == "exit":
             return
         if kind == "open":
-            _, data, name = msg
+            _, data, name, max_frames = msg
             fault = faults.get(name)
             _inject(fault, "open")
             try:
-                doc = open_document(data)
+                doc = open_document(data, max_frames=max_frames)
             except PdfError as e:
-                conn.send(("doc_error", e.code, e.message))
+                conn.send(("doc_error", e.code, e.message, getattr(e, "count", None)))
             except Exception as e:  # noqa: BLE001 - a bug or an unforeseen library error: still one row
-                conn.send(("doc_error", "render_failed", f"opening failed: {type(e).__name__}: {e}"))
+                conn.send(("doc_error", "render_failed", f"opening failed: {type(e).__name__}: {e}", None))
             else:
                 conn.send(("opened", len(doc), not isinstance(doc, ImageDocument) and is_repaired(doc)))
             del data

@@ -71,7 +71,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     tr.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                     help="auto: GPUs when the cluster has one per worker, else CPU (default auto)")
     tr.add_argument("--resume", default=None, metavar="CHECKPOINT_DIR",
-                    help="start from this checkpoint (a checkpoint_* folder) when the run has none of its own")
+                    help="start from this checkpoint (a checkpoint_* folder) when the run has none of its own. Loading "
+                         "a checkpoint unpickles its metadata (a crafted folder runs code on every worker), so it "
+                         "must be under --out, or owned by you, with no symbolic links, writable by no one else")
     tr.add_argument("--run-name", default="train", help="run name under OUT/ray_results (default train)")
     p.add_argument("--address", default=None,
                    help="Ray cluster address (default: RAY_ADDRESS, else a local cluster started for this run)")

@@ -12,7 +12,9 @@ worker (:func:`train_func`):
   label count of the step;
 * resumes from the latest checkpoint of the run (``RunConfig(storage_path=OUT/ray_results,
   name=run_name)``: rerunning the same command continues), else from ``resume`` (a checkpoint
-  folder every worker can read; Ray's ``resume_from_checkpoint`` is deprecated in Train V2);
+  folder every worker can read; Ray's ``resume_from_checkpoint`` is deprecated in Train V2).
+  Loading a checkpoint unpickles its metadata, so ``resume`` must be under OUT or pass
+  :func:`check_resume_path` (owned by this user, writable by no one else);
 * every ``checkpoint_every`` steps and at the end saves a distributed checkpoint
   (``get_state_dict`` + ``torch.distributed.checkpoint.save``) and reports it with
   ``ray.train.report(..., checkpoint=Checkpoint.from_directory(...))``;
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
@@ -120,6 +123,7 @@ def check_inputs(cfg: TrainJobConfig):
     if cfg.resume is not None:
         if not os.path.isdir(cfg.resume):
             raise TrainInputError(f"--resume: no such checkpoint directory: {cfg.resume}")
+        check_resume_path(cfg.resume, cfg.out)
         if not os.path.exists(os.path.join(cfg.resume, STATE_FILE)):
             raise TrainInputError(f"--resume: {cfg.resume} is not a training checkpoint (no {STATE_FILE}); give a "
                                   f"checkpoint_* folder under OUT/{RESULTS_DIR}/RUN_NAME")
@@ -130,6 +134,44 @@ def check_inputs(cfg: TrainJobConfig):
         raise TrainInputError(f"no usable page: {len(skipped)} skipped ({reasons}){first}" if skipped
                               else "no pages in the input")
     return refs, skipped
+
+
+def check_resume_path(resume: str, out: str) -> None:
+    """Refuse a ``--resume`` folder someone else could have written: loading a checkpoint
+    unpickles its metadata (``torch.distributed.checkpoint``), so a crafted folder runs code on
+    every worker. Accepted: a folder under ``out`` (the run's own output), or one whose every file
+    and folder is this user's, no symbolic link, writable by no one else, below folders owned by
+    this user or root that no one else may write to (unless sticky, like /tmp)."""
+    real, own = os.path.realpath(resume), os.path.realpath(out)
+    if real == own or real.startswith(own.rstrip(os.sep) + os.sep):
+        return
+    uid = os.getuid()
+    problems = []
+    for dirpath, dirnames, filenames in os.walk(real):
+        for p in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                problems.append(f"{p} is a symbolic link")
+            elif st.st_uid != uid:
+                problems.append(f"{p} is owned by uid {st.st_uid}, not {uid}")
+            elif st.st_mode & 0o022:
+                problems.append(f"{p} is writable by group or others ({stat.filemode(st.st_mode)})")
+    parent = os.path.dirname(real)
+    while True:
+        st = os.stat(parent)
+        if st.st_uid not in (uid, 0):
+            problems.append(f"{parent} is owned by uid {st.st_uid}")
+        elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            problems.append(f"{parent} is writable by group or others ({stat.filemode(st.st_mode)})")
+        if os.path.dirname(parent) == parent:
+            break
+        parent = os.path.dirname(parent)
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise TrainInputError(
+            f"--resume {resume}: refusing to load it: {'; '.join(problems[:3])}{more}. Loading a checkpoint unpickles "
+            f"its metadata, so resume only from a checkpoint under --out, or one owned by you and writable by no one "
+            f"else")
 
 
 def load_refs(cfg: TrainJobConfig):
@@ -314,6 +356,15 @@ def train_func(config: dict) -> None:
 
 
 # ---- the driver ----------------------------------------------------------------------------------
+def init_ray(address: str | None) -> None:
+    """Join the cluster at ``address`` (or RAY_ADDRESS), else start a fresh local one. Token
+    authentication is left as Ray sets it (on for a new local cluster; joining a cluster needs its
+    token, e.g. RAY_AUTH_MODE=token with ~/.ray/auth_token): never turned off here."""
+    from padoc_ray.utils.raylog import init_ray as start
+
+    start(address or os.environ.get("RAY_ADDRESS") or "local", verbose=True, filter_noise=False)
+
+
 def _resolve_device(cfg: TrainJobConfig) -> str:
     import ray
 
@@ -325,17 +376,13 @@ def _resolve_device(cfg: TrainJobConfig) -> str:
 
 def run_training(cfg: TrainJobConfig, *, progress=None) -> dict:
     """Run (or resume) a training run; returns a summary dict. Raises TrainInputError on bad input."""
-    import ray
     from ray.train import CheckpointConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     refs, skipped = check_inputs(cfg)
     out = os.path.abspath(cfg.out)
     os.makedirs(out, exist_ok=True)
-    if not ray.is_initialized():
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(address=cfg.address, ignore_reinit_error=True, log_to_driver=True,
-                 logging_level=logging.WARNING)
+    init_ray(cfg.address)
     device = _resolve_device(cfg)
     if cfg.backend == "flex" and device == "cpu":
         raise TrainInputError("--backend flex cannot train on CPU (torch has no FlexAttention backward there); "

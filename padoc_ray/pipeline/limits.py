@@ -1,0 +1,90 @@
+"""Caps that keep one input from exhausting the batch job, and what a rerun retries.
+
+Each cap has its own code in the rows. ``file_too_large`` and ``disallowed_uri`` (like
+``missing_file``) are decided by the driver from the listing, before any work is queued; the
+page cap is decided when a document is opened, before any of its pages is rendered; the frame cap
+when an image is opened, before any frame is decoded (:class:`padoc_ray.pdf.ImageDocument`).
+
+A document-level row is final unless it says something a rerun can change: a read that failed, a
+file that was missing or refused by the listing (decided again on every run), or a cap that the
+current configuration no longer exceeds. Pure: no pyarrow, ray, vllm or torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from padoc_ray.pdf import TOO_MANY_FRAMES, PdfError
+
+MISSING_FILE = "missing_file"  #: a manifest line naming nothing
+READ_FAILED = "read_failed"  #: the bytes could not be read (retried by a rerun)
+DISALLOWED_URI = "disallowed_uri"  #: a manifest line outside the allowed prefixes (never read)
+FILE_TOO_LARGE = "file_too_large"  #: over ``max_file_bytes`` (never read)
+TOO_MANY_PAGES = "too_many_pages"  #: more selected pages than ``max_doc_pages`` (no page rendered)
+
+#: codes decided from the listing alone: the driver writes these rows itself
+LISTING_CODES = frozenset({MISSING_FILE, DISALLOWED_URI, FILE_TOO_LARGE})
+#: document-level codes a rerun always tries again (the listing's are decided again)
+RETRIED_CODES = LISTING_CODES | {READ_FAILED}
+
+#: listing sizes that are not sizes (see padoc_ray.pipeline.storage.MISSING / DISALLOWED)
+_MISSING, _DISALLOWED = -1, -2
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputLimits:
+    """Per-input caps; None: no cap (the frame cap is always on).
+
+    * ``max_doc_pages`` 5,000: pages selected in one document. Long books and filings have a few
+      thousand pages; 5,000 pages are hours of one engine, and a tiny PDF can claim 100,000.
+    * ``max_image_frames`` 1,000: frames of one image (a multi-page TIFF scan has tens to
+      hundreds); every frame's size is also checked against PIL's pixel limit before decoding.
+    * ``max_file_bytes`` 512 MiB: a raster task holds the whole file (and pdfium a copy), so this
+      bounds a task's memory; large scanned PDFs stay well below it.
+    """
+
+    max_doc_pages: int | None = 5000
+    max_image_frames: int = 1000
+    max_file_bytes: int | None = 512 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("max_doc_pages", "max_image_frames", "max_file_bytes"):
+            v = getattr(self, name)
+            if (v is not None or name == "max_image_frames") and not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+
+
+def listing_refusal(size: int | None, limits: InputLimits) -> tuple[str, str] | None:
+    """(code, message) when an input must not be queued, from its listed size alone."""
+    if size == _DISALLOWED:
+        return DISALLOWED_URI, ("the manifest may not name this URI: only URIs under its own folder or a "
+                                "--manifest-allow prefix are read")
+    if size is not None and size < 0:
+        return MISSING_FILE, "listed in the manifest but not found"
+    if size is not None and limits.max_file_bytes is not None and size > limits.max_file_bytes:
+        return FILE_TOO_LARGE, (f"{size} bytes, over the limit of {limits.max_file_bytes} "
+                                f"(--file-size-limit-mb {limits.max_file_bytes / 2**20:g})")
+    return None
+
+
+def page_cap_error(page_count: int, selected: Sequence[int], limits: InputLimits) -> PdfError | None:
+    """The error of a document with more selected pages than the cap (checked before rendering)."""
+    cap = limits.max_doc_pages
+    if cap is None or len(selected) <= cap:
+        return None
+    return PdfError(TOO_MANY_PAGES, f"{len(selected)} of its {page_count} pages selected, over the limit of {cap} "
+                                    f"(--doc-page-limit); select fewer with --pages/--max-pages-per-doc or raise it")
+
+
+def retried(code: str | None, page_count: int | None, n_selected: int | None, limits: InputLimits) -> bool:
+    """Whether a rerun tries again a document whose current row is document-level with ``code``.
+    ``page_count`` is the row's (pages, or frames of an image), ``n_selected`` the pages the current
+    configuration selects of it."""
+    if code in RETRIED_CODES:
+        return True
+    if code == TOO_MANY_PAGES:
+        return n_selected is not None and (limits.max_doc_pages is None or n_selected <= limits.max_doc_pages)
+    if code == TOO_MANY_FRAMES:
+        return page_count is not None and page_count <= limits.max_image_frames
+    return False

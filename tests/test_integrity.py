@@ -1,0 +1,441 @@
+"""Outputs shared by several runs, and inputs that must not exhaust the job, through the real batch
+job (issue 18): Ray Data on a local cluster with token authentication, the no-op engine (no vLLM:
+these tests are about what reaches the engine and what lands in pages/, not about generation)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from padoc_ray.pipeline import rows
+from padoc_ray.pipeline.config import BatchConfig
+from padoc_ray.pipeline.limits import InputLimits
+from padoc_ray.pipeline.storage import StorageConfig
+
+from .conftest import _env, stop_process_group, use_ray_token_in_process
+from .pdf_factory import text_pdf
+from .test_hostile_inputs import many_page_pdf, tiff_frames
+
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One in-process local Ray cluster for this module, token authentication on (the tests' token)."""
+    ray = pytest.importorskip("ray")
+    use_ray_token_in_process()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def run(tmp_path, inp, out, model, **kw):
+    from padoc_ray.pipeline.job import run_batch
+
+    cfg = BatchConfig(input=str(inp), output=str(out), model=model, engine="noop", rows_per_file=4, **kw)
+    lines: list[str] = []
+    return run_batch(cfg, log=lines.append), lines
+
+
+def page_rows(out) -> list[dict]:
+    return pq.read_table(os.path.join(out, "pages")).to_pylist()
+
+
+def documents(out) -> dict[str, dict]:
+    return {os.path.basename(r["source_uri"]): r for r in pq.read_table(os.path.join(out, "documents")).to_pylist()}
+
+
+# ---- one input must not exhaust the job -----------------------------------------------------------------------
+@pytest.mark.slow
+def test_caps_refuse_bombs_with_their_codes_and_a_raised_cap_retries(local_ray, tiny_model_dir, tmp_path):
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    (inp / "good.pdf").write_bytes(text_pdf(2))
+    (inp / "big.pdf").write_bytes(many_page_pdf(100_000))
+    (inp / "bomb.tif").write_bytes(tiff_frames([(100, 100)] + [(13000, 13000)] * 2))
+    (inp / "frames.tif").write_bytes(tiff_frames([(80, 100)] * 5))
+    with open(inp / "large.bin", "wb") as f:
+        f.truncate(16 << 20)  # 16 MiB (sparse)
+    caps = InputLimits(max_image_frames=3, max_file_bytes=12 << 20)
+    t = time.perf_counter()
+    summary, _ = run(tmp_path, inp, out, tiny_model_dir, limits=caps)
+    assert time.perf_counter() - t < 120  # 100,000 pages never reach the engine
+    docs = documents(out)
+    assert {k: d["status"] for k, d in docs.items()} == {
+        "good.pdf": "ok", "big.pdf": "too_many_pages", "bomb.tif": "absurd_page_size",
+        "frames.tif": "too_many_frames", "large.bin": "file_too_large"}
+    assert docs["big.pdf"]["page_count"] == 100_000 and docs["frames.tif"]["page_count"] == 5
+    got = page_rows(out)
+    assert sorted((os.path.basename(r["source_uri"]), r["page_index"]) for r in got) == [
+        ("big.pdf", -1), ("bomb.tif", -1), ("frames.tif", -1), ("good.pdf", 0), ("good.pdf", 1), ("large.bin", -1)]
+    big = next(r for r in got if r["source_uri"].endswith("big.pdf"))
+    assert "100000" in big["error_message"] and "--doc-page-limit" in big["error_message"]
+    assert summary["all_inputs_accounted"] and summary["pages_written"] == 2
+    # the same caps again: nothing to do, no row added
+    summary, lines = run(tmp_path, inp, out, tiny_model_dir, limits=caps)
+    assert "0 to do" in lines[0] and len(page_rows(out)) == len(got)
+    # raised caps: the refused inputs are parsed now; the page cap still holds for big.pdf
+    summary, lines = run(tmp_path, inp, out, tiny_model_dir, limits=InputLimits(max_image_frames=10))
+    assert "2 to do" in lines[0]
+    docs = documents(out)
+    assert docs["frames.tif"]["status"] == "ok" and docs["frames.tif"]["pages_ok"] == 5
+    assert docs["large.bin"]["status"] == "skipped" and docs["big.pdf"]["status"] == "too_many_pages"  # read: not_pdf
+    keys = [(r["source_uri"], r["page_index"]) for r in page_rows(out) if r["page_index"] >= 0]
+    assert len(keys) == len(set(keys)) == 2 + 5
+
+
+# ---- manifests, normalized URIs, retried reads ---------------------------------------------------------------
+@pytest.mark.slow
+def test_manifest_lines_outside_get_rows_and_failed_reads_are_retried(local_ray, tiny_model_dir, tmp_path):
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    (inp / "a.pdf").write_bytes(text_pdf(1))
+    (inp / "b.pdf").write_bytes(text_pdf(2))
+    (tmp_path / "secret.pdf").write_bytes(text_pdf(1, label="Secret"))
+    man = inp / "list.txt"
+    man.write_text("a.pdf\n./a.pdf\nb.pdf\n../secret.pdf\n/etc/hostname\ns3://other-bucket/x.pdf\nlater.pdf\n")
+    # an earlier run could not read b.pdf (a transient storage error)
+    os.makedirs(out / "pages")
+    earlier = rows.error_row(rows.base_row(run_id="earlier", uri=str(inp / "b.pdf"), doc_id=None, page_index=-1,
+                                           page_count=None, mode="fork", model_id="tiny"), "read_failed", "timed out")
+    pq.write_table(rows.to_table([earlier]), out / "pages" / "earlier.parquet")
+
+    summary, lines = run(tmp_path, man, out, tiny_model_dir)
+    docs = documents(out)
+    assert {k: d["status"] for k, d in docs.items()} == {
+        "a.pdf": "ok", "b.pdf": "ok", "secret.pdf": "disallowed_uri", "hostname": "disallowed_uri",
+        "x.pdf": "disallowed_uri", "later.pdf": "missing_file"}
+    got = page_rows(out)
+    outside = [r for r in got if r["source_uri"] in (str(tmp_path / "secret.pdf"), "/etc/hostname")]
+    assert len(outside) == 2 and all(r["doc_id"] is None and r["markdown"] is None and r["page_index"] == -1
+                                     for r in outside)  # never read: no hash, no content, no hint of what exists
+    assert sorted(r["page_index"] for r in got if r["source_uri"] == str(inp / "b.pdf")) == [-1, 0, 1]  # retried
+    assert len([r for r in got if r["source_uri"].endswith("a.pdf")]) == 1  # one file, one key
+    assert summary["all_inputs_accounted"]
+    # the missing file appears: the rerun parses it, and only it
+    (inp / "later.pdf").write_bytes(text_pdf(1))
+    summary, lines = run(tmp_path, man, out, tiny_model_dir)
+    assert "1 to do" in lines[0] and documents(out)["later.pdf"]["status"] == "ok"
+    summary, lines = run(tmp_path, man, out, tiny_model_dir)
+    assert "0 to do" in lines[0]
+    # a wider --manifest-allow reads what was refused
+    summary, lines = run(tmp_path, man, out, tiny_model_dir, manifest_allow=(str(tmp_path),))
+    assert documents(out)["secret.pdf"]["status"] == "ok" and documents(out)["hostname"]["status"] == "disallowed_uri"
+
+
+# ---- outputs several runs share ------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_driver_removes_only_leftovers_of_runs_that_are_over(local_ray, tiny_model_dir, tmp_path):
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    (inp / "a.pdf").write_bytes(text_pdf(1))
+    os.makedirs(out / "pages")
+    (out / "pages" / "live.parquet").write_bytes(b"PAR1 a live run's half-written file")
+    (out / "pages" / "dead.parquet").write_bytes(b"PAR1 an old leftover")
+    old = time.time() - 2 * 3600
+    os.utime(out / "pages" / "dead.parquet", (old, old))
+    killed = out / "pages" / "0123abcd4567_0123456789abcdef0123456789abcdef_000002-0.parquet"
+    killed.write_bytes(b"PAR1 torn by a killed run")
+    from padoc_ray.show import ShowError, find_row
+
+    with pytest.raises(ShowError):  # a read-only command deletes nothing, however old
+        find_row(str(out), "a.pdf", 0)
+    assert (out / "pages" / "dead.parquet").exists()
+    summary, _ = run(tmp_path, inp, out, tiny_model_dir)
+    assert summary["all_inputs_accounted"]
+    from padoc_ray.pipeline.job import RUN_FILE
+
+    written = set(os.listdir(out / "pages")) - {"live.parquet"}
+    assert written and all(RUN_FILE.match(n)["run"] == summary["run_id"] for n in written)  # named by their run
+    assert (out / "pages" / "live.parquet").exists()  # young, of unknown origin: maybe being written
+    assert not (out / "pages" / "dead.parquet").exists() and not killed.exists()  # old; an earlier run's
+
+
+HOLDER = """
+import sys, time
+from padoc_ray.pipeline.lock import OutputLock
+from padoc_ray.pipeline.storage import StorageConfig
+lock = OutputLock(sys.argv[1], StorageConfig(), "live-run-1")
+lock.acquire()
+import os
+os.makedirs(os.path.join(sys.argv[1], "pages"), exist_ok=True)
+open(os.path.join(sys.argv[1], "pages", "half.parquet"), "wb").write(b"PAR1 being written")
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def parse(*args, timeout=600, **popen):
+    cmd = [sys.executable, "-m", "padoc_ray.cli", "parse", *args]
+    if popen:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), **popen)
+    return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=timeout)
+
+
+@pytest.mark.slow
+def test_a_second_run_refuses_a_live_output_and_a_dead_runs_lock_is_recovered(tiny_model_dir, tmp_path):
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    for i in range(3):
+        (inp / f"d{i}.pdf").write_bytes(text_pdf(2, label=f"Doc {i}"))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=_env(),
+                              start_new_session=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        args = ["--input", str(inp), "--output", str(out), "--model", tiny_model_dir, "--engine", "noop",
+                "--address", "local"]
+        second = parse(*args)
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert "in use by run live-run-1" in second.stderr and "--wait-lock" in second.stderr
+        assert os.listdir(out / "pages") == ["half.parquet"]  # nothing planned, written or removed
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)  # the live run dies without releasing anything
+        holder.wait(timeout=30)
+    third = parse(*args)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert (out / "pages" / "half.parquet").exists()  # young: maybe a live run's, so kept
+    from padoc_ray.pipeline.job import read_pages
+
+    got = read_pages(str(out / "pages"), StorageConfig()).to_pylist()  # skips the unreadable file
+    assert len(got) == 6 and len({(r["source_uri"], r["page_index"]) for r in got}) == 6
+
+
+@pytest.mark.slow
+def test_two_concurrent_runs_on_one_output_write_every_row_once(tiny_model_dir, tmp_path):
+    """Two runs started on one output while a third holds it: both wait; when the holder dies, one
+    runs and the other, after it, finds nothing to do."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    for i in range(4):
+        (inp / f"d{i}.pdf").write_bytes(text_pdf(3, label=f"Doc {i}"))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=_env(),
+                              start_new_session=True)
+    assert holder.stdout.readline().strip() == "held"
+    os.remove(out / "pages" / "half.parquet")
+    args = ["--input", str(inp), "--output", str(out), "--model", tiny_model_dir, "--engine", "noop",
+            "--address", "local", "--wait-lock", "600", "--rows-per-file", "2"]
+    logs = [tmp_path / f"run{i}.out" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "padoc_ray.cli", "parse", *args], stdout=open(log, "w"),
+                              stderr=subprocess.DEVNULL, env=_env(), start_new_session=True) for log in logs]
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline and not all("waiting up to 600 s" in log.read_text() for log in logs):
+            assert all(p.poll() is None for p in procs), [log.read_text()[-2000:] for log in logs]
+            time.sleep(0.5)
+        assert all("waiting up to 600 s" in log.read_text() for log in logs)  # both are at the lock
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)
+        assert [p.wait(timeout=900) for p in procs] == [0, 0], [log.read_text()[-2000:] for log in logs]
+    finally:
+        for p in (*procs, holder):
+            if p.poll() is None:
+                stop_process_group(p.pid)
+    todo = sorted(int(log.read_text().split(" to do")[0].rsplit(" ", 1)[-1]) for log in logs)
+    assert todo == [0, 4]  # the second planned after the first had finished
+    got = pq.read_table(out / "pages").to_pylist()
+    assert len(got) == 12 and len({(r["source_uri"], r["page_index"]) for r in got}) == 12
+    assert json.load(open(out / "summary.json"))["all_inputs_accounted"]
+
+
+# ---- commands that refuse before doing anything ------------------------------------------------------------------
+def cli(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "padoc_ray.cli", *args], capture_output=True, text=True,
+                          env=env or _env(), timeout=timeout)
+
+
+def test_an_output_inside_the_input_is_refused_with_exit_code_2(tmp_path):
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "a.pdf").write_bytes(text_pdf(1))
+    for spec, out in ((inp, inp / "parsed"), (inp, inp), (inp / "*.pdf", inp)):
+        r = cli("parse", "--input", str(spec), "--output", str(out), "--model", str(tmp_path), "--engine", "noop")
+        assert r.returncode == 2 and "is inside --input" in r.stderr, r.stderr[-2000:]
+    assert sorted(os.listdir(inp)) == ["a.pdf"]  # nothing created
+
+
+def test_demo_refuses_a_folder_that_is_not_a_previous_demo_output(tmp_path):
+    keep = tmp_path / "mine"
+    keep.mkdir()
+    (keep / "thesis.tex").write_text("years of work")
+    r = cli("demo", "--output", str(keep), "--model", str(tmp_path))
+    assert r.returncode == 2 and "not a previous demo output" in r.stderr
+    assert (keep / "thesis.tex").read_text() == "years of work"
+    (tmp_path / "afile").write_text("x")
+    assert cli("demo", "--output", str(tmp_path / "afile"), "--model", str(tmp_path)).returncode == 2
+
+
+def test_train_resumes_only_from_a_trusted_checkpoint(tmp_path, tiny_model_dir):
+    from padoc_ray.trainer.ray_train import STATE_FILE, TrainInputError, check_resume_path
+
+    out = tmp_path / "out"
+    own = out / "ray_results" / "train" / "checkpoint_000001"
+    own.mkdir(parents=True)
+    check_resume_path(str(own), str(out))  # the run's own output
+    ckpt = tmp_path / "shared" / "checkpoint_000001"
+    ckpt.mkdir(parents=True)
+    (ckpt / STATE_FILE).write_text('{"step": 1}')
+    (ckpt / ".metadata").write_bytes(b"pickled metadata")
+    check_resume_path(str(ckpt), str(out))  # owned by this user, writable by no one else
+    os.chmod(ckpt / ".metadata", 0o666)
+    with pytest.raises(TrainInputError, match="writable by group or others"):
+        check_resume_path(str(ckpt), str(out))
+    os.chmod(ckpt / ".metadata", 0o644)
+    os.symlink("/etc/hostname", ckpt / "link")
+    with pytest.raises(TrainInputError, match="symbolic link"):
+        check_resume_path(str(ckpt), str(out))
+    os.remove(ckpt / "link")
+    if os.getuid() == 0:  # only root can give a file away
+        os.chown(ckpt / ".metadata", 65534, 65534)
+        with pytest.raises(TrainInputError, match="owned by uid 65534"):
+            check_resume_path(str(ckpt), str(out))
+    os.chmod(ckpt, 0o777)
+    gt, images = tmp_path / "gt.json", tmp_path / "images"
+    gt.write_text("[]")
+    images.mkdir()
+    r = cli("train", "--model", tiny_model_dir, "--gt", str(gt), "--images", str(images), "--steps", "1",
+            "--out", str(out), "--resume", str(ckpt))
+    assert r.returncode == 2 and "refusing to load it" in r.stderr and "unpickles" in r.stderr, r.stderr[-2000:]
+    assert "unpickles" in cli("train", "--help").stdout
+
+
+@pytest.mark.slow
+def test_the_trainer_keeps_ray_token_authentication_on(tmp_path):
+    """A new local cluster started by the trainer has token auth (Ray's default), and the trainer
+    does not turn it off; run with a fresh HOME, so Ray makes a token of its own there."""
+    env = _env(HOME=str(tmp_path))
+    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN"):
+        env.pop(k, None)
+    probe = ("import os, ray\n"
+             "from padoc_ray.trainer.ray_train import init_ray\n"
+             "init_ray('local')\n"
+             "from ray._raylet import AuthenticationMode, get_authentication_mode\n"
+             "print(get_authentication_mode() == AuthenticationMode.TOKEN, os.environ.get('RAY_AUTH_MODE'))\n"
+             "ray.shutdown()\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["True", "token"]
+    assert (tmp_path / ".ray" / "auth_token").stat().st_size > 0
+
+
+def test_the_lock_on_an_s3_output_heartbeats_and_a_dead_runs_lock_is_taken_over(s3, monkeypatch):
+    from padoc_ray.pipeline.lock import OutputInUse, OutputLock
+
+    for k, v in s3["env"].items():
+        monkeypatch.setenv(k, v)
+    s3["client"].create_bucket(Bucket="locked-out")
+    cfg, out = StorageConfig(endpoint=s3["endpoint"]), "s3://locked-out/run"
+    a = OutputLock(out, cfg, "run-a", stale_s=2)
+    a.acquire()
+    with pytest.raises(OutputInUse, match="in use by run run-a"):
+        OutputLock(out, cfg, "run-b", stale_s=2).acquire()
+    time.sleep(3)  # longer than stale_s: run-a's heartbeat keeps its lock fresh
+    with pytest.raises(OutputInUse):
+        OutputLock(out, cfg, "run-b", stale_s=2).acquire()
+    a._stop.set()  # run-a dies: no heartbeat, no release
+    a._beat.join()
+    b = OutputLock(out, cfg, "run-b", stale_s=2, wait_s=30, poll_s=0.5)
+    t = time.monotonic()
+    b.acquire()  # waits until the lock is stale, then takes it over
+    assert 1 < time.monotonic() - t < 15
+    body = json.loads(s3["client"].get_object(Bucket="locked-out", Key="run/_lock.json")["Body"].read())
+    assert body["run_id"] == "run-b"
+    b.release()
+    with OutputLock(out, cfg, "run-c"):
+        pass
+    assert "Contents" not in s3["client"].list_objects_v2(Bucket="locked-out")
+
+
+# ---- pure parts: what a rerun retries, which rows are current, storage errors ----------------------------------
+def _row(uri, page, count, code=None, t=0):
+    import datetime as dt
+
+    r = rows.base_row(run_id="r", uri=uri, doc_id="d", page_index=page, page_count=count, mode="fork", model_id="m")
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=t)
+    return {**(rows.error_row(r, code, code) if code else {**r, "status": "ok"}), "processed_at": at}
+
+
+def test_plan_retries_failed_reads_and_missing_files_and_keeps_other_verdicts():
+    from padoc_ray.pipeline.job import plan
+    from padoc_ray.pipeline.storage import DISALLOWED
+
+    existing = rows.to_table([
+        _row("read", -1, None, "read_failed"),
+        _row("gone", -1, None, "missing_file"),
+        _row("bad", -1, None, "corrupt_pdf"),
+        _row("healed", -1, None, "read_failed", t=0), _row("healed", 0, 1, t=5),  # retried earlier, now done
+        _row("outside", -1, None, "disallowed_uri"),
+        _row("grew", 0, 100_000, t=0), _row("grew", -1, 100_000, "too_many_pages", t=9),  # refused after a change
+    ])
+    listed = [("read", 10), ("gone", 10), ("bad", 10), ("healed", 10), ("outside", DISALLOWED), ("grew", 10)]
+    todo, complete = plan(listed, existing, BatchConfig(input="x", output="y", model="m"))
+    assert [t["uri"] for t in todo] == ["read", "gone"] and complete == 4
+    assert all(t["done"] == [] for t in todo)
+    todo, _ = plan(listed, existing, BatchConfig(input="x", output="y", model="m", max_pages_per_doc=10))
+    assert [t["uri"] for t in todo] == ["read", "gone", "grew"]  # 10 selected pages are under the cap
+
+
+def test_current_rows_take_the_newest_verdict_per_input():
+    t = rows.to_table([
+        _row("a", -1, None, "read_failed", t=0), _row("a", 0, 2, t=3), _row("a", 1, 2, "runaway", t=4),
+        _row("b", 0, 1, t=0), _row("b", -1, None, "corrupt_pdf", t=7),
+        _row("c", 0, 1, "deadline", t=0), _row("c", 0, 1, t=2),
+    ])
+    got = sorted((r["source_uri"], r["page_index"], r["status"]) for r in rows.current_rows(t).to_pylist())
+    assert got == [("a", 0, "ok"), ("a", 1, "runaway"), ("b", -1, "corrupt_pdf"), ("c", 0, "ok")]
+    docs = {d["source_uri"]: d["status"] for d in
+            rows.documents_table(rows.current_rows(t), [("a", 1), ("b", 1), ("c", 1)], None, None).to_pylist()}
+    assert docs == {"a": "partial", "b": "corrupt_pdf", "c": "ok"}
+
+
+def test_a_storage_error_while_reading_pages_is_retried_and_never_deletes(tmp_path, monkeypatch):
+    from padoc_ray.pipeline import job
+
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    pq.write_table(rows.to_table([_row("a", 0, 1)]), pages / "good.parquet")
+    old = time.time() - 2 * 3600
+    os.utime(pages / "good.parquet", (old, old))
+    real, calls = job._footer, []
+
+    def flaky(fs, path):
+        calls.append(path)
+        if len(calls) <= 2:
+            raise OSError("AWS Error SLOW_DOWN during GetObject operation: please reduce your request rate")
+        return real(fs, path)
+
+    monkeypatch.setattr(job, "_footer", flaky)
+    monkeypatch.setattr(job.time, "sleep", lambda s: None)
+    got = job.read_pages(str(pages), StorageConfig(), cleanup_for_run="now", grace_s=0)
+    assert got.num_rows == 1 and len(calls) == 3 and (pages / "good.parquet").exists()
+
+    def down(fs, path):
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(job, "_footer", down)
+    with pytest.raises(OSError, match="after 4 attempts"):
+        job.read_pages(str(pages), StorageConfig(), cleanup_for_run="now", grace_s=0)
+    assert (pages / "good.parquet").exists()
+
+
+@pytest.mark.slow
+def test_the_test_clusters_keep_token_authentication_on(ray_cluster, tmp_path):
+    """The `ray start --head` fixture runs with token auth: a client without the token is refused,
+    one with it (what _env() passes) gets in."""
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    cmd = [ray_bin, "job", "list", "--address", ray_cluster["dashboard"]]
+    anonymous = _env(HOME=str(tmp_path))
+    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN"):
+        anonymous.pop(k, None)
+    refused = subprocess.run(cmd, capture_output=True, text=True, env=anonymous, timeout=120)
+    assert refused.returncode != 0 and "authentication" in (refused.stdout + refused.stderr).lower()
+    allowed = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
