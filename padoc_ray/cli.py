@@ -465,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     bpi.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="raw-side processes (default: all cores)")
     bpi.add_argument("--pages-in-flight", type=int, default=64, help="pages in flight in the actor (default 64)")
     bpi.add_argument("--cpus-per-actor", type=float, default=0.0, help="CPUs reserved by the no-op actor (default 0)")
-    bpi.add_argument("--raster-cpus", type=float, default=0.5, help="CPUs per raster task (default 0.5)")
+    bpi.add_argument("--raster-cpus", type=float, default=0.25, help="CPUs per raster task (default 0.25, as the batch job)")
     bpi.add_argument("--json", default=None, help="also write the results here")
     bpi.set_defaults(func=cmd_bench_pipeline)
     bench.set_defaults(func=lambda a: (bench.print_help(), 2)[1])

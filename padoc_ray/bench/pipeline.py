@@ -46,7 +46,8 @@ def noop_pipeline(paths: list[str], model: str, dpi: float, out: str, *, pages_i
     t_ray = time.perf_counter() - t0
     cfg = BatchConfig(input=manifest, output=os.path.join(out, "run"), model=model, engine="noop",
                       render=RenderConfig(dpi=dpi), pages_in_flight=pages_in_flight,
-                      cpus_per_actor=cpus_per_actor, raster_cpus=raster_cpus)
+                      cpus_per_actor=cpus_per_actor, raster_cpus=raster_cpus,
+                      manifest_allow=tuple(sorted({os.path.dirname(os.path.abspath(p)) for p in paths})))
     summary = run_batch(cfg, log=lambda *_: None)
     wall = time.perf_counter() - t0
     n = summary["pages_written"]
@@ -76,7 +77,7 @@ def steady_rate(pages_dir: str, lo: float = 0.25, hi: float = 0.90) -> float | N
 
 
 def run(paths: list[str], model: str, dpi: float, workers: int, *, pages_in_flight: int = 64,
-        cpus_per_actor: float = 0.0, raster_cpus: float = 0.5, out: str | None = None) -> dict:
+        cpus_per_actor: float = 0.0, raster_cpus: float = 0.25, out: str | None = None) -> dict:
     tmp = out or tempfile.mkdtemp(prefix="padoc-bench-pipeline-")
     try:
         before = raw_raster(paths, dpi, workers)

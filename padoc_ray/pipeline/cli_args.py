@@ -93,7 +93,9 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
     act.add_argument("--max-num-seqs", type=int, default=None, help="vLLM max_num_seqs (default 384)")
     act.add_argument("--engine", choices=("vllm", "noop"), default="vllm",
                      help="noop: no model, every page an empty layout (measures pipeline overhead)")
-    p.add_argument("--raster-cpus", type=float, default=0.5, help="CPUs per rasterization task (default 0.5)")
+    p.add_argument("--raster-cpus", type=float, default=BatchConfig.raster_cpus,
+                   help="CPUs Ray reserves per rasterization task; a task mostly waits on its renderer process "
+                        "(default %(default)g)")
     p.add_argument("--raster-docs-per-task", type=int, default=None,
                    help="input files per rasterization task (default: up to 8, fewer when files are few per CPU)")
     p.add_argument("--raster-pages-per-block", type=int, default=16,
