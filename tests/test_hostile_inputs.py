@@ -251,3 +251,26 @@ def test_listing_refusals_and_what_a_rerun_retries():
     assert limits.retried("too_many_frames", 1500, 1500, InputLimits(max_image_frames=2000))
     with pytest.raises(ValueError):
         InputLimits(max_doc_pages=0)
+
+
+def test_a_file_that_grew_past_the_size_cap_after_listing_is_refused_when_read(tmp_path):
+    """The listing said 10 bytes; by the time the raster task reads it, the file is over the cap:
+    one row, and no more than cap + 1 bytes are read."""
+    import pyarrow as pa
+
+    from padoc_ray.pipeline.config import BatchConfig
+    from padoc_ray.pipeline.limits import InputLimits
+    from padoc_ray.pipeline.stages import rasterize
+
+    from .pdf_factory import text_pdf
+
+    big = tmp_path / "grew.pdf"
+    big.write_bytes(text_pdf(3))
+    cfg = BatchConfig(input=str(tmp_path), output=str(tmp_path.parent / (tmp_path.name + "_out")), model="m",
+                      limits=InputLimits(max_file_bytes=1000))
+    batch = pa.Table.from_pylist([{"uri": str(big), "size": 10, "done": []}])
+    rows_ = [r for t in rasterize(batch, cfg, "m") for r in t.to_pylist()]
+    assert [(r["page_index"], r["status"]) for r in rows_] == [(-1, "file_too_large")]
+    ok = BatchConfig(input=str(tmp_path), output=str(tmp_path.parent / (tmp_path.name + "_out")), model="m")
+    rows_ = [r for t in rasterize(batch, ok, "m") for r in t.to_pylist()]
+    assert [(r["page_index"], r["status"]) for r in rows_] == [(0, None), (1, None), (2, None)]

@@ -22,7 +22,7 @@ import pyarrow as pa
 from padoc_ray.pdf import doc_id_of
 from padoc_ray.pipeline import rows
 from padoc_ray.pipeline.config import BatchConfig
-from padoc_ray.pipeline.limits import page_cap_error
+from padoc_ray.pipeline.limits import listing_refusal, page_cap_error
 from padoc_ray.pipeline.storage import read_bytes
 from padoc_ray.raster import DocFailed, Opened, PageFailed, decode_image, renderer_for
 
@@ -54,9 +54,14 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> It
     ``raster_block_mb`` of images), so a large document is never held whole and small ones do not
     cost one Ray object per page."""
     try:
-        data = read_bytes(uri, cfg.storage)
+        data = read_bytes(uri, cfg.storage, max_bytes=cfg.limits.max_file_bytes)
     except OSError as e:
         yield _doc_error(base, None, "read_failed", str(e))
+        return
+    too_large = listing_refusal(len(data), cfg.limits)  # the file grew past the cap after it was listed
+    if too_large is not None:
+        yield _doc_error(base, None, too_large[0], f"more than {cfg.limits.max_file_bytes} bytes when read "
+                                                   f"(--file-size-limit-mb)")
         return
     doc_id = doc_id_of(data)
     renderer = renderer_for(cfg.renderer)

@@ -78,10 +78,12 @@ def to_uri(base_uri: str, fs_path: str) -> str:
     return f"s3://{fs_path}" if is_s3(base_uri) else fs_path
 
 
-def read_bytes(uri: str, cfg: StorageConfig = StorageConfig()) -> bytes:
+def read_bytes(uri: str, cfg: StorageConfig = StorageConfig(), *, max_bytes: int | None = None) -> bytes:
+    """The file's bytes; with ``max_bytes``, at most ``max_bytes + 1`` of them (so a caller can tell
+    a file that grew past a limit without holding all of it)."""
     fs, path = filesystem(uri, cfg)
     with fs.open_input_stream(path) as f:
-        return f.read()
+        return f.read() if max_bytes is None else f.read(max_bytes + 1)
 
 
 def write_bytes(uri: str, data: bytes, cfg: StorageConfig = StorageConfig()) -> None:

@@ -261,23 +261,19 @@ class IsolatedRenderer:
                     self._kill()
                     self.restarts += 1
                     if isinstance(e, _TimedOut):
+                        code = RENDER_TIMEOUT
                         msg = _doc_late(cfg) if time.monotonic() >= doc_deadline else (
                             f"opening the document took longer than {cfg.page_timeout_s:g} s (renderer killed)")
-                        if todo is None:
-                            yield DocFailed(RENDER_TIMEOUT, msg)
-                        else:
-                            yield from rest(RENDER_TIMEOUT, f"not rendered: {msg}")
-                        clean = True
-                        return
-                    crashes += 1
-                    limit = cfg.crash_tries if todo is None else cfg.max_crashes_per_doc
-                    if crashes < limit:
-                        continue
-                    msg = f"the renderer process crashed {crashes} time(s) on this document ({e})"
-                    if todo is None:
-                        yield DocFailed(RENDER_CRASHED, msg)
                     else:
-                        yield from rest(RENDER_CRASHED, f"not rendered: {msg}")
+                        crashes += 1
+                        if crashes < (cfg.crash_tries if todo is None else cfg.max_crashes_per_doc):
+                            continue
+                        code = RENDER_CRASHED
+                        msg = f"the renderer process crashed {crashes} time(s) on this document ({e})"
+                    if todo is None:  # never opened: one row for the document
+                        yield DocFailed(code, msg)
+                    else:  # reopening after a failed page: the pages still to do
+                        yield from rest(code, f"not rendered: {msg}")
                     clean = True
                     return
                 if reply[0] == "doc_error":
