@@ -72,8 +72,8 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
     gen.add_argument("--image-frame-limit", type=int, default=1000, metavar="N",
                      help="refuse images with more than N frames (status too_many_frames; default 1000)")
     gen.add_argument("--file-size-limit-mb", type=float, default=512, metavar="MB",
-                     help="refuse input files larger than this, from the listing, without reading them (status "
-                          "file_too_large; 0: no limit; default 512)")
+                     help="refuse input files larger than this, from the listing, without reading them, or when "
+                          "read if a file grew past it (status file_too_large; 0: no limit; default 512)")
     gen.add_argument("--longest-side", type=int, default=1600, help="render pages to this many pixels (default 1600)")
     gen.add_argument("--dpi", type=float, default=None, help="render at this DPI instead of --longest-side")
     gen.add_argument("--max-tokens", type=int, default=8192, help="generated tokens per stream (default 8192)")

@@ -101,8 +101,8 @@ class InProcessRenderer:
 
     def render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig,
                         encoding: str, *, max_frames: int | None = None) -> Iterator[Event]:
-        from padoc_ray.pdf import ImageDocument, ReusedBitmapBuffer, is_repaired, open_document, render_page
-        from padoc_ray.raster.codec import encode_image
+        from padoc_ray.pdf import ImageDocument, ReusedBitmapBuffer, is_repaired, open_document
+        from padoc_ray.raster.worker import render_encoded
 
         buffer = ReusedBitmapBuffer()
         try:
@@ -118,13 +118,8 @@ class InProcessRenderer:
                 yield DocFailed(e.code, e.message, len(doc))
                 return
             for i in pages:
-                t = time.perf_counter()
                 try:
-                    r = render_page(doc, i, render, pixels=True, bitmap_maker=buffer)
-                    meta = {"image_width": r.image.width, "image_height": r.image.height,
-                            "page_width_pt": r.width_pt, "page_height_pt": r.height_pt, "rotation": r.rotation,
-                            "render_s": time.perf_counter() - t}
-                    payload = encode_image(r.image, encoding)
+                    meta, payload = render_encoded(doc, i, render, encoding, buffer)
                 except PdfError as e:
                     yield PageFailed(i, e.code, e.message)
                 else:

@@ -76,16 +76,22 @@ def _inject(fault: tuple[str, str] | None, where: str) -> None:
             time.sleep(3600)
 
 
-def _page_meta(r, seconds: float) -> dict:
-    return {"image_width": r.image.width, "image_height": r.image.height, "page_width_pt": r.width_pt,
-            "page_height_pt": r.height_pt, "rotation": r.rotation, "render_s": seconds}
+def render_encoded(doc, index: int, render_cfg, encoding: str, buffer) -> tuple[dict, bytes]:
+    """Render one page into ``buffer`` and encode it: (row metadata, image bytes). Raises PdfError.
+    The one per-page step of both renderers (this process's and the in-process one)."""
+    from padoc_ray.pdf import render_page
+    from padoc_ray.raster.codec import encode_image
+
+    t = time.perf_counter()
+    r = render_page(doc, index, render_cfg, pixels=True, bitmap_maker=buffer)
+    meta = {"image_width": r.image.width, "image_height": r.image.height, "page_width_pt": r.width_pt,
+            "page_height_pt": r.height_pt, "rotation": r.rotation, "render_s": time.perf_counter() - t}
+    return meta, encode_image(r.image, encoding)
 
 
 def serve(conn) -> None:
     """Answer requests on ``conn`` until it closes or asks to exit."""
-    from padoc_ray.pdf import (ImageDocument, PdfError, ReusedBitmapBuffer, is_repaired, open_document,
-                               render_page)
-    from padoc_ray.raster.codec import encode_image
+    from padoc_ray.pdf import ImageDocument, PdfError, ReusedBitmapBuffer, is_repaired, open_document
 
     faults = _faults()
     buffer = ReusedBitmapBuffer()  # every page renders into one buffer, encoded before the next
@@ -118,11 +124,8 @@ def serve(conn) -> None:
             _, indices, render_cfg, encoding = msg
             for i in indices:
                 _inject(fault, str(i))
-                t = time.perf_counter()
                 try:
-                    r = render_page(doc, i, render_cfg, pixels=True, bitmap_maker=buffer)
-                    meta = _page_meta(r, time.perf_counter() - t)
-                    payload = encode_image(r.image, encoding)
+                    meta, payload = render_encoded(doc, i, render_cfg, encoding, buffer)
                 except PdfError as e:
                     conn.send(("page_error", i, e.code, e.message))
                 except Exception as e:  # noqa: BLE001
