@@ -22,23 +22,15 @@ def _die(msg: str, code: int = 2) -> None:
 
 
 def parse_page_ranges(text: str | None) -> list[int] | None:
-    """'1-3,7' (1-based, inclusive) -> [0, 1, 2, 6]; None -> None (all pages)."""
-    if not text:
-        return None
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            if "-" in part:
-                a, b = (int(x) for x in part.split("-", 1))
-            else:
-                a = b = int(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad page range {part!r}; use e.g. 1-3,7") from None
-        if a < 1 or b < a:
-            raise argparse.ArgumentTypeError(f"bad page range {part!r}: pages count from 1 and ranges go up")
-        out.update(range(a - 1, b))
-    return sorted(out)
+    """'1-3,7' (1-based, inclusive) -> [0, 1, 2, 6]; None -> None (all pages). For argparse."""
+    from padoc_ray.pipeline.rows import PageRangeError
+    from padoc_ray.pipeline.rows import parse_page_ranges as parse
+
+    try:
+        got = parse(text)
+    except PageRangeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return None if got is None else list(got)
 
 
 # ---- build-tiny-model ---------------------------------------------------------------------------
@@ -76,10 +68,10 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dpi", type=float, default=None, help="render PDF pages at this DPI instead of --longest-side")
 
 
-def _run_local(model: str, paths: list[str], args, *, pages=None, gt: str | None = None, replay: bool = False,
-               concurrency: int = 4):
+def _run_local(model: str, paths: list[str], args, *, pages=None, gt: str | None = None, concurrency: int = 4):
     from padoc_ray.hf_tokenizer import ModelProtocol
-    from padoc_ray.local import load_pages, load_truth, parse_local, start_engine
+    from padoc_ray.host import HostConfig, PageHost
+    from padoc_ray.local import load_pages, load_truth, parse_local
     from padoc_ray.pdf import RenderConfig
     from padoc_ray.protocol import ProtocolError
 
@@ -87,20 +79,19 @@ def _run_local(model: str, paths: list[str], args, *, pages=None, gt: str | None
         proto = ModelProtocol(model)
     except (ProtocolError, OSError) as e:
         _die(f"cannot load model {model}: {e}")
-    truth = load_truth(gt) if gt else {}
     render = RenderConfig(longest_side=args.longest_side, dpi=args.dpi)
-    items = load_pages(paths, render=render, pages=pages, truth=truth)
+    items = load_pages(paths, render=render, pages=pages)
 
-    if not any(it.inp is not None for it in items):
+    if not any(it.page is not None for it in items):
         return items, [None] * len(items)
+    cfg = HostConfig(mode=args.mode, scheduler=_scheduler_cfg(args), pages_in_flight=concurrency)
 
     async def go():
-        engine = start_engine(model)
+        host = await PageHost(model, cfg, truth=load_truth(gt), proto=proto).start()
         try:
-            return await parse_local(engine, proto, items, mode=args.mode, cfg=_scheduler_cfg(args),
-                                     concurrency=concurrency, replay=replay)
+            return await parse_local(host, items)
         finally:
-            engine.shutdown()
+            host.shutdown()
 
     return items, asyncio.run(go())
 
@@ -113,8 +104,7 @@ def cmd_parse_page(args) -> int:
     if not os.path.isdir(args.model):
         _die(f"model directory not found: {args.model} (build one with: padoc-ray build-tiny-model {args.model})")
     pages = [args.page - 1] if args.page else None
-    items, recs = _run_local(args.model, [args.input], args, pages=pages, gt=args.replay, replay=bool(args.replay),
-                             concurrency=1)
+    items, recs = _run_local(args.model, [args.input], args, pages=pages, gt=args.replay, concurrency=1)
     if not items:
         _die(f"page {args.page} does not exist in {args.input}")
     rc = 0
@@ -143,9 +133,9 @@ def cmd_demo(args) -> int:
 
     import pyarrow.dataset as pads
 
+    from padoc_ray.local import load_truth
     from padoc_ray.pipeline.config import BatchConfig
     from padoc_ray.pipeline.job import run_batch
-    from padoc_ray.local import load_truth
     from padoc_ray.protocol import quantized
 
     paths = sorted(glob.glob(os.path.join(args.examples, "*.pdf")))
@@ -233,9 +223,8 @@ def _int_list(text: str) -> list[int]:
 
 
 def cmd_bench_replay(args) -> int:
-    from padoc_ray.bench.replay import format_table, load_bench_pages, run_bench
-    from padoc_ray.hf_tokenizer import ModelProtocol
-    from padoc_ray.local import start_engine
+    from padoc_ray.bench.replay import bench_truth, format_table, load_bench_pages, run_bench
+    from padoc_ray.host import HostConfig, PageHost
     from padoc_ray.scheduler import SchedulerConfig
 
     for path, what in ((args.gt, "--gt"), (args.images, "--images"), (args.model, "--model")):
@@ -245,23 +234,23 @@ def cmd_bench_replay(args) -> int:
         pages = load_bench_pages(args.gt, args.images, args.limit)
     except (FileNotFoundError, ValueError) as e:
         _die(str(e))
-    proto = ModelProtocol(args.model)
-    cfg = SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
-                          layout_priority=args.layout_priority, stream_branches=args.stream_branches)
     modes = [m for m in args.modes.split(",") if m]
     if not set(modes) <= {"fork", "sequential"}:
         _die("--modes takes fork and/or sequential")
     overrides = {"scheduling_policy": "priority"} if args.layout_priority else {}
     if args.max_num_seqs:
         overrides["max_num_seqs"] = args.max_num_seqs
+    cfg = HostConfig(
+        engine_overrides=overrides, pages_in_flight=max(args.concurrency), max_live_branches=args.max_live_branches,
+        scheduler=SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
+                                  layout_priority=args.layout_priority, stream_branches=args.stream_branches))
 
     async def go():
-        engine = start_engine(args.model, **overrides)
+        host = await PageHost(args.model, cfg, truth=bench_truth(pages)).start()
         try:
-            return await run_bench(engine, proto, pages, args.concurrency, modes, cfg, args.out, warmup=args.warmup,
-                                   max_live_branches=args.max_live_branches)
+            return await run_bench(host, pages, args.concurrency, modes, args.out, warmup=args.warmup)
         finally:
-            engine.shutdown()
+            host.shutdown()
 
     summary = asyncio.run(go())
     print(format_table(summary))
@@ -330,6 +319,23 @@ def cmd_bench_pipeline(args) -> int:
     return 0
 
 
+def cmd_bench_http(args) -> int:
+    from padoc_ray.bench.http import format_table, run
+
+    for path, what in ((args.gt, "--gt"), (args.model, "--model")):
+        if not os.path.exists(path):
+            _die(f"{what}: {path} does not exist")
+    try:
+        report = run(os.path.abspath(args.model), os.path.abspath(args.gt), _pdf_paths(args.input), args.concurrency,
+                     requests=args.requests, warmup=args.warmup, out_dir=args.out)
+    except ValueError as e:
+        _die(str(e))
+    print(format_table(report))
+    if args.out:
+        print(f"wrote {os.path.join(args.out, 'http_bench.json')}")
+    return 0
+
+
 # ---- the parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -391,6 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
                                            "score agreement", description=REANNOTATE_DESCRIPTION)
     add_reannotate_args(ra)
     ra.set_defaults(func=reannotate_from_args)
+
+    from padoc_ray.serve.cli import add_parser as add_serve_parser
+
+    add_serve_parser(sub)
 
     from padoc_ray.corpus.cli import register as register_corpus
 
@@ -468,6 +478,20 @@ def build_parser() -> argparse.ArgumentParser:
     bpi.add_argument("--raster-cpus", type=float, default=0.25, help="CPUs per raster task (default 0.25, as the batch job)")
     bpi.add_argument("--json", default=None, help="also write the results here")
     bpi.set_defaults(func=cmd_bench_pipeline)
+    bh = bsub.add_parser("http", help="the Serve endpoint's overhead: HTTP clients vs the engine host directly",
+                         description="Send the same one-page requests (teacher-forced) to a PageHost directly and to "
+                                     "the Serve endpoint (padoc-ray serve's application on a local Ray) over HTTP, in "
+                                     "closed loops at each concurrency, one side after the other; print pages/s and "
+                                     "P50/P95 latency of both and HTTP pages/s as a fraction of direct.")
+    bh.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint directory (default {DEFAULT_MODEL})")
+    bh.add_argument("--input", default=EXAMPLES_DIR, help="folder or glob of PDFs (default: the bundled examples)")
+    bh.add_argument("--gt", default=os.path.join(EXAMPLES_DIR, "ground_truth.json"),
+                    help="ground truth covering every page of --input (default: the examples')")
+    bh.add_argument("--concurrency", type=_int_list, default=[1, 8, 32], help="clients, e.g. 1,8,32 (default)")
+    bh.add_argument("--requests", type=int, default=64, help="one-page requests per concurrency and side (default 64)")
+    bh.add_argument("--warmup", type=int, default=4, help="untimed requests per side first (default 4)")
+    bh.add_argument("--out", default=None, help="folder for http_bench.json")
+    bh.set_defaults(func=cmd_bench_http)
     bench.set_defaults(func=lambda a: (bench.print_help(), 2)[1])
     return p
 

@@ -1,21 +1,23 @@
-"""Parse pages on one local engine, without Ray: what ``padoc-ray demo`` and ``parse-page`` run.
+"""Parse pages on one local engine, without Ray: what ``parse-page`` runs.
 
-Starts one engine, loads the checkpoint's protocol, renders PDF pages (or takes images), and runs
-pages through the scheduler with bounded concurrency. Optional teacher forcing from OmniDocBench
-ground truth (``--replay``) makes a random-weight model produce real-length, correct outputs.
+Renders PDF pages (or takes images) and runs them on a :class:`~padoc_ray.host.PageHost`.
+Optional teacher forcing from OmniDocBench ground truth (``--replay``, loaded by
+:func:`load_truth`) makes a random-weight model produce real-length, correct outputs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
+from padoc_ray.host import HostPage, PageHost
 from padoc_ray.pdf import PdfError, RenderConfig, doc_id_of, iter_pages, open_pdf
 from padoc_ray.protocol import Page, page_from_omnidocbench
-from padoc_ray.scheduler import PageInput, PageRecord, SchedulerConfig, replay_input, run_page
+from padoc_ray.scheduler import PageRecord
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 
@@ -24,9 +26,8 @@ IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 class LocalPage:
     source: str
     page_index: int
-    inp: PageInput | None
+    page: HostPage | None
     error: PdfError | None = None
-    truth: Page | None = None
 
 
 def load_truth(gt_path: str | None) -> dict[tuple[str, int], Page]:
@@ -51,75 +52,46 @@ def truth_from_json(data: bytes) -> dict[tuple[str, int], Page]:
     return out
 
 
-def load_pages(paths: Sequence[str], *, render: RenderConfig = RenderConfig(), pages: Iterable[int] | None = None,
-               truth: dict[tuple[str, int], Page] | None = None) -> list[LocalPage]:
-    """Render every requested page of PDFs, or take images as single pages."""
+def load_pages(paths: Sequence[str], *, render: RenderConfig = RenderConfig(),
+               pages: Iterable[int] | None = None) -> list[LocalPage]:
+    """Render every requested page of PDFs, or take images as single pages. A page is named by
+    its file's content hash, never by its file name (two files of one name are two documents)."""
     from PIL import Image
 
-    truth = truth or {}
     want = sorted(set(pages)) if pages is not None else None
     out: list[LocalPage] = []
     for path in paths:
         name = os.path.basename(path)
-        if path.lower().endswith(IMAGE_EXTS):
-            img = Image.open(path).convert("RGB")
-            inp = PageInput(page_id=f"{name}:0", image=img, width=img.width, height=img.height,
-                            cache_salt=name, image_path=name)
-            out.append(LocalPage(name, 0, inp, truth=truth.get((name, 0))))
-            continue
         with open(path, "rb") as f:
             data = f.read()
+        doc_id = doc_id_of(data)
+        if path.lower().endswith(IMAGE_EXTS):
+            img = Image.open(io.BytesIO(data)).convert("RGB")
+            out.append(LocalPage(name, 0, HostPage(doc_id=doc_id, page_index=0, image=img, source_name=name)))
+            continue
         try:
             doc = open_pdf(data)
         except PdfError as e:
             out.append(LocalPage(name, -1, None, e))
             continue
-        doc_id = doc_id_of(data)
         indices = [i for i in want if 0 <= i < len(doc)] if want is not None else None
         for r in iter_pages(doc, indices, render):
             if isinstance(r, PdfError):
                 out.append(LocalPage(name, -1, None, r))
                 continue
-            inp = PageInput(page_id=f"{doc_id[:16]}:{r.index}", image=r.image, width=r.image.width,
-                            height=r.image.height, cache_salt=doc_id, page_no=r.index, image_path=name)
-            out.append(LocalPage(name, r.index, inp, truth=truth.get((name, r.index))))
+            out.append(LocalPage(name, r.index, HostPage(doc_id=doc_id, page_index=r.index, image=r.image,
+                                                         source_name=name)))
         doc.close()
     return out
 
 
-async def parse_local(engine, proto, pages: list[LocalPage], *, mode: str = "fork",
-                      cfg: SchedulerConfig = SchedulerConfig(), concurrency: int = 4,
-                      replay: bool = False) -> list[PageRecord | None]:
-    """Run pages with at most ``concurrency`` in flight; returns records in input order."""
-    sem = asyncio.Semaphore(max(1, concurrency))
+async def parse_local(host: PageHost, pages: list[LocalPage], *, mode: str | None = None) -> list[PageRecord | None]:
+    """Run pages on a started host (it bounds the pages in flight); records in input order, None
+    for a page that could not be rendered."""
 
     async def one(p: LocalPage) -> PageRecord | None:
-        if p.inp is None:
+        if p.page is None:
             return None
-        inp = replay_input(proto, p.truth, p.inp, mode) if (replay and p.truth is not None) else p.inp
-        async with sem:
-            return await run_page(engine, proto, inp, mode=mode, cfg=cfg)
+        return await host.parse(p.page if mode is None else replace(p.page, mode=mode))
 
     return list(await asyncio.gather(*(one(p) for p in pages)))
-
-
-def start_engine(model: str, **overrides):
-    """The CPU-tuned engine when no GPU is visible, else the paper's defaults."""
-    from padoc_ray.engine.config import EngineConfig, cpu_engine_config
-    from padoc_ray.engine.vllm_engine import VllmEngine
-
-    try:
-        import torch
-
-        gpu = torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        gpu = False
-    if gpu:
-        import importlib.util
-
-        if importlib.util.find_spec("flashinfer") is not None:
-            overrides.setdefault("attention_backend", "FLASHINFER")  # the paper's serving setup
-        cfg = EngineConfig(model=model, **overrides)
-    else:
-        cfg = cpu_engine_config(model, **overrides)
-    return VllmEngine(cfg)

@@ -14,6 +14,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from padoc_ray.host import HostConfig
 from padoc_ray.pipeline import rows
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
@@ -41,7 +42,7 @@ def local_ray():
 def run(tmp_path, inp, out, model, **kw):
     from padoc_ray.pipeline.job import run_batch
 
-    cfg = BatchConfig(input=str(inp), output=str(out), model=model, engine="noop", rows_per_file=4, **kw)
+    cfg = BatchConfig(input=str(inp), output=str(out), model=model, host=HostConfig(engine="noop"), rows_per_file=4, **kw)
     lines: list[str] = []
     return run_batch(cfg, log=lines.append), lines
 

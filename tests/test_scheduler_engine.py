@@ -37,9 +37,14 @@ class Recording:
 def _example_pages():
     from padoc_ray.local import load_pages, load_truth
 
-    items = load_pages(sorted(glob.glob(os.path.join(ROOT, "examples", "*.pdf"))),
-                       truth=load_truth(os.path.join(ROOT, "examples", "ground_truth.json")))
-    return [(f"ex-{it.source}-{it.page_index}", it.inp, it.truth) for it in items]
+    truth = load_truth(os.path.join(ROOT, "examples", "ground_truth.json"))
+    out = []
+    for it in load_pages(sorted(glob.glob(os.path.join(ROOT, "examples", "*.pdf")))):
+        p = it.page
+        inp = PageInput(page_id=f"{p.doc_id[:16]}:{p.page_index}", image=p.image, width=p.image.width,
+                        height=p.image.height, cache_salt=p.doc_id, page_no=p.page_index, image_path=it.source)
+        out.append((f"ex-{it.source}-{it.page_index}", inp, truth[(it.source, it.page_index)]))
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import tempfile
 import time
 
 from padoc_ray.bench.raster import _render_file, _timed
+from padoc_ray.host import HostConfig
 
 
 def raw_raster(paths: list[str], dpi: float, workers: int) -> dict:
@@ -44,8 +45,8 @@ def noop_pipeline(paths: list[str], model: str, dpi: float, out: str, *, pages_i
     if not ray.is_initialized():
         init_ray("local", num_cpus=os.cpu_count(), include_dashboard=False)
     t_ray = time.perf_counter() - t0
-    cfg = BatchConfig(input=manifest, output=os.path.join(out, "run"), model=model, engine="noop",
-                      render=RenderConfig(dpi=dpi), pages_in_flight=pages_in_flight,
+    cfg = BatchConfig(input=manifest, output=os.path.join(out, "run"), model=model,
+                      host=HostConfig(engine="noop", pages_in_flight=pages_in_flight), render=RenderConfig(dpi=dpi),
                       cpus_per_actor=cpus_per_actor, raster_cpus=raster_cpus,
                       manifest_allow=tuple(sorted({os.path.dirname(os.path.abspath(p)) for p in paths})))
     summary = run_batch(cfg, log=lambda *_: None)

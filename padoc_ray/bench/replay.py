@@ -5,7 +5,7 @@ worker takes the next page as soon as its previous one finishes), after a short 
 per mode and C: pages/s, valid pages/s, p50/p95 end-to-end latency over valid pages, output
 tokens/s, prefix-cache hit rate; per C: the median paired per-page speedup (sequential latency /
 fork latency over pages valid in both) with P25-P75, and the median forward-step reduction.
-This module holds no engine code: it drives :func:`padoc_ray.scheduler.run_page`.
+This module holds no engine code: it drives a :class:`padoc_ray.host.PageHost`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import asyncio
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
+from padoc_ray.host import HostPage, PageHost
+from padoc_ray.pdf import doc_id_of
 from padoc_ray.protocol import Page, page_from_omnidocbench, quantized
-from padoc_ray.scheduler import PageInput, PageRecord, SchedulerConfig, replay_input, run_page
-from padoc_ray.scheduler.runner import branch_admission
+from padoc_ray.scheduler import PageRecord
 
 
 def quantile(xs: Sequence[float], q: float) -> float | None:
@@ -35,8 +36,8 @@ def quantile(xs: Sequence[float], q: float) -> float | None:
 
 @dataclass
 class BenchPage:
-    name: str
-    inp: PageInput
+    name: str  #: the page image's file name: its replay truth's key
+    page: HostPage
     truth: Page
 
 
@@ -51,16 +52,21 @@ def load_bench_pages(gt_path: str, images_dir: str, limit: int | None = None) ->
         path = os.path.join(images_dir, os.path.basename(truth.image_path or ""))
         if not os.path.exists(path):
             raise FileNotFoundError(f"page {i}: image {path} not found (is --images right?)")
+        with open(path, "rb") as f:
+            data = f.read()
         img = Image.open(path).convert("RGB")
-        out.append(BenchPage(truth.image_path or f"page{i}", PageInput(
-            page_id=f"bench{i}", image=img, width=img.width, height=img.height, cache_salt=f"bench{i}",
-            image_path=truth.image_path), truth))
+        name = os.path.basename(truth.image_path or f"page{i}")
+        out.append(BenchPage(name, HostPage(doc_id=doc_id_of(data), page_index=0, image=img, source_name=name), truth))
     return out
 
 
-async def closed_loop(engine, proto, pages: list[BenchPage], mode: str, concurrency: int, cfg: SchedulerConfig,
-                      tag: str, max_live_branches: int | None = None) -> tuple[list[PageRecord], float]:
-    admission = branch_admission(max_live_branches)
+def bench_truth(pages: Sequence[BenchPage]) -> dict[tuple[str, int], Page]:
+    """The host's replay truth for the bench pages (each image is a one-page document)."""
+    return {(p.name, 0): p.truth for p in pages}
+
+
+async def closed_loop(host: PageHost, pages: list[BenchPage], mode: str, concurrency: int,
+                      tag: str) -> tuple[list[PageRecord], float]:
     queue: asyncio.Queue = asyncio.Queue()
     for i, p in enumerate(pages):
         queue.put_nowait((i, p))
@@ -72,10 +78,8 @@ async def closed_loop(engine, proto, pages: list[BenchPage], mode: str, concurre
                 i, p = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            inp = replay_input(proto, p.truth, p.inp, mode)
-            # a fresh page id and salt per run: no run profits from another run's cache
-            inp = type(inp)(**{**inp.__dict__, "page_id": f"{tag}-{p.inp.page_id}", "cache_salt": f"{tag}-{i}"})
-            results[i] = await run_page(engine, proto, inp, mode=mode, cfg=cfg, admission=admission)
+            # the run's tag as tenant, the page's position as salt: no run profits from another run's cache
+            results[i] = await host.parse(replace(p.page, mode=mode, tenant=tag, salt=str(i)))
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
@@ -118,13 +122,14 @@ def _cache_delta(engine, before: dict[str, float]) -> dict[str, float]:
             "hits": now.get("prefix_cache_hits", 0) - before.get("prefix_cache_hits", 0)}
 
 
-async def run_bench(engine, proto, pages: list[BenchPage], concurrencies: Sequence[int], modes: Sequence[str],
-                    cfg: SchedulerConfig, out_dir: str, warmup: int = 2, log=print,
-                    max_live_branches: int | None = None) -> dict:
+async def run_bench(host: PageHost, pages: list[BenchPage], concurrencies: Sequence[int], modes: Sequence[str],
+                    out_dir: str, warmup: int = 2, log=print) -> dict:
+    """``host``: started, with :func:`bench_truth` as its truth and pages_in_flight >= max(concurrencies)."""
     os.makedirs(out_dir, exist_ok=True)
-    truths = [quantized(p.truth, proto.vocab) for p in pages]
+    engine = host.engine
+    truths = [quantized(p.truth, host.proto.vocab) for p in pages]
     for mode in modes:  # warm-up: not timed
-        await closed_loop(engine, proto, pages[:warmup], mode, 1, cfg, f"warm-{mode}")
+        await closed_loop(host, pages[:warmup], mode, 1, f"warm-{mode}")
     summary: dict = {"pages": len(pages), "modes": list(modes), "concurrency": {}}
     with open(os.path.join(out_dir, "pages.jsonl"), "w", encoding="utf-8") as pj:
         for c in concurrencies:
@@ -133,7 +138,7 @@ async def run_bench(engine, proto, pages: list[BenchPage], concurrencies: Sequen
             for mode in modes:
                 get = getattr(engine, "prefix_cache_counters", dict)
                 before = get()
-                recs, wall = await closed_loop(engine, proto, pages, mode, c, cfg, f"c{c}-{mode}", max_live_branches)
+                recs, wall = await closed_loop(host, pages, mode, c, f"c{c}-{mode}")
                 per_mode[mode] = recs
                 block[mode] = mode_summary(recs, wall, _cache_delta(engine, before))
                 for p, r, t in zip(pages, recs, truths):

@@ -48,3 +48,29 @@ def cpu_engine_config(model: str, **overrides: Any) -> EngineConfig:
         kv_cache_memory_bytes=256 << 20, max_num_batched_tokens=4096,
     )
     return replace(base, **overrides)
+
+
+def gpu_engine_config(model: str, **overrides: Any) -> EngineConfig:
+    """The paper's serving setup (the defaults), with FlashInfer attention when it is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("flashinfer") is not None:
+        overrides.setdefault("attention_backend", "FLASHINFER")
+    return EngineConfig(model=model, **overrides)
+
+
+def engine_preset(model: str, preset: str = "auto", **overrides: Any) -> EngineConfig:
+    """The engine settings for this machine: ``gpu`` (the paper's), ``cpu`` (see
+    :func:`cpu_engine_config`), or ``auto``: gpu when CUDA is visible, else cpu."""
+    if preset == "auto":
+        try:
+            import torch
+
+            preset = "gpu" if torch.cuda.is_available() else "cpu"
+        except Exception:  # noqa: BLE001 - no torch: no CUDA
+            preset = "cpu"
+    if preset == "gpu":
+        return gpu_engine_config(model, **overrides)
+    if preset == "cpu":
+        return cpu_engine_config(model, **overrides)
+    raise ValueError(f"engine preset must be auto, gpu or cpu, got {preset!r}")

@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from padoc_ray.host import HostConfig
 from padoc_ray.pdf import RenderConfig
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
@@ -131,11 +132,12 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
         renderer=RendererConfig(isolate=not args.no_render_isolation, page_timeout_s=args.render_timeout,
                                 doc_timeout_s=args.doc_timeout or None),
         pages=tuple(args.pages) if args.pages is not None else None, max_pages_per_doc=args.max_pages_per_doc,
-        scheduler=SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
-                                  deadline_s=args.page_deadline),
+        host=HostConfig(engine=args.engine, engine_overrides=overrides, pages_in_flight=args.pages_in_flight,
+                        max_live_branches=args.max_live_branches, mode=getattr(args, "mode", "fork"),
+                        scheduler=SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
+                                                  deadline_s=args.page_deadline)),
         storage=StorageConfig(endpoint=args.s3_endpoint), num_actors=args.actors,
-        gpus_per_actor=args.gpus_per_actor, cpus_per_actor=args.cpus_per_actor, pages_in_flight=args.pages_in_flight,
-        max_live_branches=args.max_live_branches, engine_overrides=overrides, engine=args.engine,
+        gpus_per_actor=args.gpus_per_actor, cpus_per_actor=args.cpus_per_actor,
         raster_cpus=args.raster_cpus, replay_gt=args.replay, rows_per_file=args.rows_per_file,
         image_encoding=args.image_encoding, raster_pages_per_block=args.raster_pages_per_block,
         engine_batch_pages=args.engine_batch_pages, raster_docs_per_task=args.raster_docs_per_task,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
+from padoc_ray.host import HostConfig
 from padoc_ray.pdf import RenderConfig
 from padoc_ray.pipeline.limits import InputLimits
 from padoc_ray.pipeline.storage import StorageConfig, output_inside_input
 from padoc_ray.raster import ENCODINGS, RendererConfig
-from padoc_ray.scheduler import SchedulerConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,16 +23,14 @@ class BatchConfig:
     renderer: RendererConfig = field(default_factory=RendererConfig)
     pages: tuple[int, ...] | None = None  #: 0-based page indices to parse (None: all)
     max_pages_per_doc: int | None = None  #: parse at most this many pages of each document
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    #: each engine actor's host: engine (vllm|noop, preset, overrides), per-page limits, pages in flight
+    #: per actor (16), cap on live branches per actor (none). Its ``mode`` is ignored: ``mode`` above rules
+    host: HostConfig = field(default_factory=HostConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     # engine actors
     num_actors: tuple[int, int] = (1, 1)  #: (min, max) engine actors (autoscaled between)
     gpus_per_actor: float = 0.0  #: 1 on GPU clusters
     cpus_per_actor: float = 1.0
-    pages_in_flight: int = 16  #: pages one actor runs concurrently
-    max_live_branches: int | None = None  #: per actor: cap on concurrently live branches (None: no cap)
-    engine_overrides: dict = field(default_factory=dict)  #: EngineConfig fields (e.g. max_num_seqs)
-    engine: str = "vllm"  #: "vllm", or "noop" (no model: measures the pipeline's own overhead)
     #: teacher-forced replay: OmniDocBench-format ground truth whose pages (matched by file name
     #: and page_no, see examples/ground_truth.json) force the model's output (tiny-model demos, benchmarks)
     replay_gt: str | None = None
@@ -70,14 +68,10 @@ class BatchConfig:
         lo, hi = self.num_actors
         if not 1 <= lo <= hi:
             raise ValueError(f"actor range must satisfy 1 <= min <= max, got {self.num_actors}")
-        if self.engine not in ("vllm", "noop"):
-            raise ValueError(f"engine must be vllm or noop, got {self.engine!r}")
         if self.image_encoding not in ENCODINGS:
             raise ValueError(f"image_encoding must be one of {', '.join(ENCODINGS)}, got {self.image_encoding!r}")
         if self.raster_pages_per_block < 1 or self.engine_batch_pages < 1 or (self.raster_docs_per_task or 1) < 1:
             raise ValueError("raster_docs_per_task, raster_pages_per_block and engine_batch_pages must be >= 1")
-        if self.pages_in_flight < 1:
-            raise ValueError("pages_in_flight must be >= 1")
         if self.max_pages_per_doc is not None and self.max_pages_per_doc < 1:
             raise ValueError("max_pages_per_doc must be >= 1")
         if self.gpus_per_actor < 0 or self.cpus_per_actor < 0:

@@ -200,8 +200,8 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
                         fn_kwargs={"cfg": cfg, "model_id": model_id})
     lo, hi = cfg.num_actors
     # Keep pages_in_flight pages inside each actor: batches of `batch` pages, enough of them queued.
-    batch = min(cfg.engine_batch_pages, cfg.pages_in_flight)
-    batches_in_flight = -(-cfg.pages_in_flight // batch) + 1
+    batch = min(cfg.engine_batch_pages, cfg.host.pages_in_flight)
+    batches_in_flight = -(-cfg.host.pages_in_flight // batch) + 1
     ds = ds.map_batches(
         EngineStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=batch, batch_format="pyarrow",
         compute=ActorPoolStrategy(min_size=lo, max_size=hi, max_tasks_in_flight_per_actor=batches_in_flight),

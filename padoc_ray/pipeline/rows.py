@@ -80,6 +80,36 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+class PageRangeError(ValueError):
+    """A page selection that does not parse, or selects more than allowed (``too_many`` is set)."""
+
+    def __init__(self, message: str, too_many: bool = False):
+        super().__init__(message)
+        self.too_many = too_many
+
+
+def parse_page_ranges(text: str | None, limit: int | None = None) -> tuple[int, ...] | None:
+    """``"1-3,7"`` (1-based, inclusive ranges, any order) -> 0-based ``(0, 1, 2, 6)``; None or "" ->
+    None (all pages). More than ``limit`` pages selected raises before anything is expanded."""
+    if text is None or not str(text).strip():
+        return None
+    out: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if sep else a
+        except ValueError:
+            raise PageRangeError(f"bad page range {part!r}; use e.g. 1-3,7") from None
+        if a < 1 or b < a:
+            raise PageRangeError(f"bad page range {part!r}: pages count from 1 and ranges go up")
+        if limit is not None and len(out) + (b - a + 1) > limit:
+            raise PageRangeError(f"more than {limit} pages selected", too_many=True)
+        out.update(range(a - 1, b))
+    return tuple(sorted(out))
+
+
 def select_pages(page_count: int, ranges: Sequence[int] | None, max_pages: int | None) -> list[int]:
     """0-based page indices to parse: ``ranges`` (0-based, any order) clipped to the document,
     then at most ``max_pages`` of them."""

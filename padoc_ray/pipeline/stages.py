@@ -24,7 +24,7 @@ from padoc_ray.pipeline import rows
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import listing_refusal, page_cap_error
 from padoc_ray.pipeline.storage import read_bytes
-from padoc_ray.raster import DocFailed, Opened, PageFailed, decode_image, renderer_for
+from padoc_ray.raster import DocFailed, Opened, PageFailed, renderer_for
 
 logger = logging.getLogger(__name__)
 
@@ -101,48 +101,33 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> It
 
 
 class EngineStage:
-    """One engine per actor. Created lazily inside the actor's event loop on the first batch."""
+    """One :class:`~padoc_ray.host.PageHost` per actor, created inside the actor's event loop on the
+    first batch. A page error is its row's status; an engine death ends the actor process, so Ray
+    restarts the actor and retries its batches."""
 
     def __init__(self, cfg: BatchConfig):
         self.cfg = cfg
-        self.engine = None
+        self.host = None
         self._init_lock = asyncio.Lock()
-        self.pages_done = 0
 
-    async def _ensure_engine(self) -> None:
-        if self.engine is not None:
+    async def _ensure_host(self) -> None:
+        if self.host is not None:
             return
         async with self._init_lock:
-            if self.engine is not None:
+            if self.host is not None:
                 return
-            from padoc_ray.hf_tokenizer import ModelProtocol
-            from padoc_ray.local import start_engine
+            from padoc_ray.host import PageHost
+            from padoc_ray.local import truth_from_json
             from padoc_ray.pipeline.storage import local_model_dir
-            from padoc_ray.scheduler.runner import branch_admission
 
-            model_dir = local_model_dir(self.cfg.model, self.cfg.storage)
-            self.proto = ModelProtocol(model_dir)
-            self.truth = {}
-            if self.cfg.replay_gt:
-                from padoc_ray.local import truth_from_json
-                from padoc_ray.pipeline.storage import read_bytes as _read
-
-                self.truth = truth_from_json(_read(self.cfg.replay_gt, self.cfg.storage))
-            self.sem = asyncio.Semaphore(self.cfg.pages_in_flight)
-            self.admission = branch_admission(self.cfg.max_live_branches)
-            if self.cfg.engine == "noop":  # pipeline-overhead benchmark: every page is an empty layout
-                from padoc_ray.engine.fake import ScriptedEngine
-
-                eos = self.proto.vocab.end_of_stream
-                self.engine = ScriptedEngine(lambda req: [eos])
-            else:
-                self.engine = start_engine(model_dir, **dict(self.cfg.engine_overrides))
-            logger.info("engine actor pid %d ready (model %s)", os.getpid(), self.cfg.model)
+            truth = truth_from_json(read_bytes(self.cfg.replay_gt, self.cfg.storage)) if self.cfg.replay_gt else {}
+            host = PageHost(local_model_dir(self.cfg.model, self.cfg.storage), self.cfg.host, truth=truth)
+            self.host = await host.start()
 
     async def __call__(self, batch: pa.Table) -> AsyncIterator[pa.Table]:
         from padoc_ray.engine.interface import EngineDeadError
 
-        await self._ensure_engine()
+        await self._ensure_host()
         # image bytes stay in Arrow until a page needs them (the no-op engine never does)
         images = batch.column("image_bytes")
         metas = batch.drop_columns(["image_bytes"]).to_pylist()
@@ -157,21 +142,12 @@ class EngineStage:
             os._exit(1)
 
     async def _one(self, row: dict, image: pa.BinaryScalar) -> dict:
-        from padoc_ray.scheduler import PageInput, replay_input, run_page
+        from padoc_ray.host import HostPage
 
         if row.get("status") is not None or not image.is_valid:
             return row  # an error row from rasterization: passes through
-        # the no-op engine never looks at the image: do not decode it (it measures the pipeline alone)
-        img = None if self.cfg.engine == "noop" else decode_image(image.as_buffer())
-        inp = PageInput(page_id=f"{row['doc_id'][:16]}:{row['page_index']}", image=img,
-                        width=row["image_width"], height=row["image_height"], cache_salt=row["doc_id"],
-                        page_no=row["page_index"], image_path=row["source_uri"])
-        truth = self.truth.get((os.path.basename(row["source_uri"]), row["page_index"]))
-        if truth is not None:
-            inp = replay_input(self.proto, truth, inp, self.cfg.mode)
-        async with self.sem:
-            rec = await run_page(self.engine, self.proto, inp, mode=self.cfg.mode, cfg=self.cfg.scheduler,
-                                 admission=self.admission)
-        self.pages_done += 1
+        rec = await self.host.parse(HostPage(
+            doc_id=row["doc_id"], page_index=row["page_index"], image_bytes=image.as_buffer(),
+            width=row["image_width"], height=row["image_height"], source_name=row["source_uri"], mode=self.cfg.mode))
         logger.info("page %s:%d %s in %.2fs", row["doc_id"][:12], row["page_index"], rec.status, rec.e2e_s)
         return rows.page_row(row, rec, render_s=row.get("render_s"))

@@ -112,7 +112,7 @@ def normalize_uri(uri: str) -> str:
     return uri if _SCHEME.match(uri) else os.path.abspath(uri)
 
 
-def _s3_key_is_plain(uri: str) -> bool:
+def s3_key_is_plain(uri: str) -> bool:
     """No empty, ``.`` or ``..`` part in the key (clients may collapse them into another key)."""
     key = urlparse(uri).path.lstrip("/")
     return bool(urlparse(uri).netloc) and bool(key) and all(p not in ("", ".", "..") for p in key.split("/"))
@@ -149,7 +149,7 @@ def manifest_entry(line: str, manifest: str, allowed: Sequence[str]) -> tuple[st
     else:
         uri = os.path.normpath(os.path.join(_parent(manifest), line))
     prefixes = [normalize_uri(p) for p in allowed] or [_parent(normalize_uri(manifest))]
-    ok = (not is_s3(uri) or _s3_key_is_plain(uri)) and any(under_prefix(uri, p) for p in prefixes)
+    ok = (not is_s3(uri) or s3_key_is_plain(uri)) and any(under_prefix(uri, p) for p in prefixes)
     return uri, ok
 
 

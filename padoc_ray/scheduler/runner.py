@@ -178,6 +178,9 @@ class _Page:
             raise
         except EngineError as e:
             st.flag(PageStatus.ENGINE_ERROR, str(e))
+        except Exception as e:  # noqa: BLE001 - any other failure is this page's, not the engine's
+            logger.exception("page %s: unexpected error", self.inp.page_id)
+            st.flag(PageStatus.INTERNAL_ERROR, f"{type(e).__name__}: {e}")
         except asyncio.CancelledError:
             st.flag(PageStatus.CANCELLED, "page cancelled")
             await asyncio.shield(self._cleanup())

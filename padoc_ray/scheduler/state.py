@@ -29,6 +29,7 @@ class PageStatus(IntEnum):
     DEADLINE = 5  # the per-page deadline passed
     CANCELLED = 6  # the caller cancelled the page
     ENGINE_ERROR = 7  # the engine refused or failed a request
+    INTERNAL_ERROR = 8  # an unexpected exception while the page ran (a bug; the message says which)
 
     @property
     def label(self) -> str:
@@ -181,6 +182,9 @@ class PageState:
         self.main.finish_reason, self.main.prompt_tokens, self.main.cached_tokens = reason, prompt_tokens, cached
         if reason == "length":
             self.flag(PageStatus.TOKEN_LIMIT, f"main stream hit max_tokens={self.cfg.max_tokens}")
+        elif reason == "error":  # the engine failed the request itself (vLLM's finish reason "error")
+            self.flag(PageStatus.ENGINE_ERROR, f"the engine ended the main stream with an error after "
+                                               f"{len(self.main.tokens)} tokens")
 
     # ---- branches ----------------------------------------------------------------------------------
     def on_branch_tokens(self, index: int, ids: Sequence[int]) -> bool:
@@ -198,6 +202,9 @@ class PageState:
         tr.finish_reason, tr.prompt_tokens, tr.cached_tokens = reason, prompt_tokens, cached
         if reason == "length":
             self.flag(PageStatus.TOKEN_LIMIT, f"branch {index} hit max_tokens={self.cfg.max_tokens}")
+        elif reason == "error":
+            self.flag(PageStatus.ENGINE_ERROR, f"the engine ended branch {index} with an error after "
+                                               f"{len(tr.tokens)} tokens")
 
     # ---- end of page -------------------------------------------------------------------------------
     def finish(self) -> list[RawRegion]:

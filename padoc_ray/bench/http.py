@@ -1,0 +1,190 @@
+"""The HTTP layer's overhead: the same one-page requests sent to the Serve endpoint and to a
+:class:`~padoc_ray.host.PageHost` directly, at several client concurrencies (closed loops).
+
+Each request is one PDF page (``pages=K``), teacher-forced with ground truth so the engine does
+real-length work. The direct side gets the page already rendered (as the engine replica would);
+the HTTP side pays for everything a client pays for: upload, auth, rendering in a renderer
+process, the ingress-to-engine hop, JSON. The two sides run one after the other, never together,
+each on its own engine with the same settings. Reported per concurrency and side: pages/s, P50
+and P95 latency, and HTTP pages/s as a fraction of direct.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import json
+import os
+import socket
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from padoc_ray.bench.replay import quantile
+
+
+@dataclass
+class Item:
+    path: str
+    name: str
+    page_index: int
+    data: bytes
+
+
+def _items(pdfs: Sequence[str]) -> list[Item]:
+    import pypdfium2
+
+    out = []
+    for path in pdfs:
+        with open(path, "rb") as f:
+            data = f.read()
+        n = len(pypdfium2.PdfDocument(data))
+        out += [Item(path, os.path.basename(path), i, data) for i in range(n)]
+    return out
+
+
+def _summary(lat: list[float], wall: float, ok: int) -> dict:
+    return {"requests": len(lat), "ok": ok, "wall_s": round(wall, 3), "pages_per_s": round(len(lat) / wall, 3),
+            "p50_s": round(quantile(lat, 0.5), 4), "p95_s": round(quantile(lat, 0.95), 4)}
+
+
+async def _direct(model: str, truth: dict, items: list[Item], concurrencies, n: int, cfg, warmup: int, log) -> dict:
+    from padoc_ray.host import HostPage, PageHost
+    from padoc_ray.pdf import RenderConfig, doc_id_of, open_pdf, render_page
+
+    pages = []
+    for it in items:  # rendered once, as the ingress would before calling the engine
+        doc = open_pdf(it.data)
+        img = render_page(doc, it.page_index, RenderConfig()).image
+        pages.append(HostPage(doc_id=doc_id_of(it.data), page_index=it.page_index, image=img, source_name=it.name))
+        doc.close()
+    host = await PageHost(model, cfg, truth=truth).start()
+    out = {}
+    try:
+        for i in range(warmup):
+            await host.parse(replace(pages[i % len(pages)], salt=uuid.uuid4().hex))
+        for c in concurrencies:
+            lat: list[float] = []
+            ok = 0
+            nxt = 0
+
+            async def worker():
+                nonlocal nxt, ok
+                while nxt < n:
+                    k = nxt
+                    nxt += 1
+                    t = time.perf_counter()
+                    rec = await host.parse(replace(pages[k % len(pages)], salt=uuid.uuid4().hex))
+                    lat.append(time.perf_counter() - t)
+                    ok += rec.status == "ok"
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(c)))
+            out[str(c)] = _summary(lat, time.perf_counter() - t0, ok)
+            log(f"direct C={c:<3} {out[str(c)]['pages_per_s']:.2f} pages/s  p50 {out[str(c)]['p50_s']:.3f}s  "
+                f"p95 {out[str(c)]['p95_s']:.3f}s")
+    finally:
+        host.shutdown()
+        await asyncio.sleep(0.5)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(model: str, gt: str, items: list[Item], concurrencies, n: int, host_cfg, warmup: int, log) -> dict:
+    import requests
+    from ray import serve
+
+    from padoc_ray.serve.app import build_app
+    from padoc_ray.serve.config import ServeConfig, token_digest
+    from padoc_ray.utils.raylog import init_ray
+
+    token = uuid.uuid4().hex
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    init_ray("local", include_dashboard=False)
+    import ray
+
+    out = {}
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        cfg = ServeConfig(model=model, replay_gt=gt, host=host_cfg, token_sha256=token_digest(token))
+        serve.run(build_app(cfg), name="padoc", route_prefix="/", blocking=False)
+        end = time.monotonic() + 900
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/readyz", timeout=30) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > end:
+                raise RuntimeError("the service did not become ready")
+            time.sleep(1)
+        headers = {"Authorization": f"Bearer {token}"}
+        local = __import__("threading").local()
+
+        def one(k: int) -> tuple[float, bool]:
+            s = getattr(local, "s", None) or requests.Session()
+            local.s = s
+            it = items[k % len(items)]
+            t = time.perf_counter()
+            r = s.post(f"{url}/v1/parse", params={"pages": str(it.page_index + 1)}, headers=headers,
+                       files={"file": (it.name, it.data, "application/pdf")}, timeout=600)
+            dt = time.perf_counter() - t
+            return dt, r.status_code == 200 and r.json()["status"] == "success"
+
+        for k in range(warmup):
+            one(k)
+        for c in concurrencies:
+            t0 = time.perf_counter()
+            with cf.ThreadPoolExecutor(c) as ex:
+                res = list(ex.map(one, range(n)))
+            out[str(c)] = _summary([r[0] for r in res], time.perf_counter() - t0, sum(r[1] for r in res))
+            log(f"http   C={c:<3} {out[str(c)]['pages_per_s']:.2f} pages/s  p50 {out[str(c)]['p50_s']:.3f}s  "
+                f"p95 {out[str(c)]['p95_s']:.3f}s")
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    return out
+
+
+def run(model: str, gt: str, pdfs: Sequence[str], concurrencies: Sequence[int] = (1, 8, 32), requests: int = 64,
+        warmup: int = 4, out_dir: str | None = None, log=print) -> dict:
+    from padoc_ray.host import HostConfig
+    from padoc_ray.local import load_truth
+
+    items = _items(pdfs)
+    truth = load_truth(gt)
+    missing = [f"{it.name} page {it.page_index}" for it in items if (it.name, it.page_index) not in truth]
+    if missing:
+        raise ValueError(f"no ground truth for {', '.join(missing[:5])} (the benchmark is teacher-forced)")
+    host_cfg = HostConfig(pages_in_flight=max(32, max(concurrencies)))
+    direct = asyncio.run(_direct(model, truth, items, concurrencies, requests, host_cfg, warmup, log))
+    http = _http(model, gt, items, concurrencies, requests, host_cfg, warmup, log)
+    report = {"model": model, "pages": len(items), "requests_per_level": requests, "concurrency": {}}
+    for c in concurrencies:
+        d, h = direct[str(c)], http[str(c)]
+        report["concurrency"][str(c)] = {"direct": d, "http": h,
+                                         "http_over_direct_pages_per_s": round(h["pages_per_s"] / d["pages_per_s"], 3)}
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "http_bench.json"), "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+def format_table(report: dict) -> str:
+    lines = ["| clients | direct pages/s | HTTP pages/s | HTTP / direct | direct P50 / P95 s | HTTP P50 / P95 s |",
+             "|---|---|---|---|---|---|"]
+    for c, b in report["concurrency"].items():
+        d, h = b["direct"], b["http"]
+        lines.append(f"| {c} | {d['pages_per_s']:.2f} | {h['pages_per_s']:.2f} | {b['http_over_direct_pages_per_s']:.2f} "
+                     f"| {d['p50_s']:.3f} / {d['p95_s']:.3f} | {h['p50_s']:.3f} / {h['p95_s']:.3f} |")
+    return "\n".join(lines)

@@ -1,0 +1,258 @@
+"""One engine host: everything about running pages on one engine, shared by every surface.
+
+The batch job's engine actors (:class:`padoc_ray.pipeline.stages.EngineStage`), the Serve engine
+replica (:mod:`padoc_ray.serve`), local parsing (``demo``, ``parse-page``) and ``bench replay`` are
+thin adapters over :class:`PageHost`. It owns:
+
+* starting the engine (vLLM with the machine's preset, or the no-op engine) and the checkpoint's
+  protocol;
+* pages in flight (a semaphore) and branch admission (a cap on live branches across pages);
+* teacher-forcing truth (``--replay``), matched by the page's source file name and page index;
+* the page-id and ``cache_salt`` policy: both come from the content hash (and the tenant), never
+  from a client-supplied name, so two different files with one name never share cached image
+  embeddings or prefix blocks;
+* the error contract: *any* exception while a page runs becomes that page's record with a status
+  and message (the page's live requests are aborted by the runner first); only an engine death
+  (:class:`~padoc_ray.engine.interface.EngineDeadError`) is fatal: it propagates, and the host
+  refuses every later page, so its owner can restart it (Ray restarts the actor or replica).
+
+Ray-free: imports neither ray nor vllm at module level (vLLM is imported when the engine starts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from padoc_ray.engine.interface import EngineDeadError, GenRequest
+from padoc_ray.protocol import Page
+from padoc_ray.scheduler import PageInput, PageRecord, SchedulerConfig, replay_input, run_page
+from padoc_ray.scheduler.runner import branch_admission
+from padoc_ray.scheduler.state import MODES
+
+logger = logging.getLogger(__name__)
+
+ENGINES = ("vllm", "noop")
+IMAGE_UNREADABLE = "image_unreadable"  #: a page's image could not be decoded (one error row)
+INTERNAL_ERROR = "internal_error"  #: an unexpected exception while a page ran (one error row)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostConfig:
+    """How one engine host runs pages. Engine settings: the machine's preset (see
+    :func:`padoc_ray.engine.config.engine_preset`) plus ``engine_overrides``."""
+
+    engine: str = "vllm"  #: "vllm", or "noop" (no model: every page is an empty layout; measures overhead)
+    preset: str = "auto"  #: engine preset: auto (gpu when CUDA is visible, else cpu), gpu or cpu
+    engine_overrides: Mapping[str, Any] = field(default_factory=dict)  #: EngineConfig fields on top of the preset
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  #: per-page limits
+    mode: str = "fork"  #: default mode of a page that does not name one
+    pages_in_flight: int = 16  #: pages run concurrently on the engine (more wait their turn)
+    max_live_branches: int | None = None  #: cap on content branches live in the engine at once (None: none)
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.preset not in ("auto", "gpu", "cpu"):
+            raise ValueError(f"preset must be auto, gpu or cpu, got {self.preset!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be fork or sequential, got {self.mode!r}")
+        if self.pages_in_flight < 1:
+            raise ValueError("pages_in_flight must be >= 1")
+        if self.max_live_branches is not None and self.max_live_branches < 1:
+            raise ValueError("max_live_branches must be >= 1 (or None for no cap)")
+
+    def engine_config(self, model_dir: str):
+        from padoc_ray.engine.config import engine_preset
+
+        return engine_preset(model_dir, self.preset, **dict(self.engine_overrides))
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostPage:
+    """One page to run. Give ``image`` (PIL) or ``image_bytes`` (see :mod:`padoc_ray.raster.codec`)."""
+
+    doc_id: str  #: content hash of the document (sha256 of its bytes): names the page in the engine
+    page_index: int  #: 0-based
+    image: Any = None
+    image_bytes: bytes | memoryview | None = None
+    width: int | None = None  #: pixel size; taken from the image when not given
+    height: int | None = None
+    source_name: str | None = None  #: the file's name: matches replay truth; never a cache key
+    mode: str | None = None  #: None: the host's mode
+    tenant: str = ""  #: namespaces page ids and cache salts between clients ("" for the batch job)
+    #: extra cache namespace (e.g. a request id): requests with different salts share no prefix blocks
+    salt: str | None = None
+
+
+def page_identity(doc_id: str, page_index: int, tenant: str = "", salt: str | None = None) -> tuple[str, str]:
+    """(page id, cache salt) of a page: both from the content hash, the tenant and ``salt``. The
+    page id is vLLM's multimodal uuid (its image cache key); the cache salt namespaces prefix
+    caching per document, so a document's pages share their image and layout prefix and nothing
+    else. With a ``salt`` (one per request online) a request shares nothing with another, not even
+    the image cache: vLLM (0.32) fails a request (finish reason "error", no token) whose image uuid
+    belonged to a request aborted before the engine had its image (a client that disconnected)."""
+    key = doc_id if not tenant else hashlib.sha256(f"{tenant}\0{doc_id}".encode()).hexdigest()
+    if salt is not None:
+        key = hashlib.sha256(f"{key}\0{salt}".encode()).hexdigest()
+    return f"{key[:16]}:{page_index}", key
+
+
+def error_record(page_id: str, mode: str, code: str, message: str, width: int = 0, height: int = 0,
+                 page_no: int = 0) -> PageRecord:
+    """The record of a page that failed outside the scheduler (its image, an unexpected error)."""
+    return PageRecord(page_id=page_id, mode=mode, status=code, valid=False,
+                      page=Page(width=width or 0, height=height or 0, page_no=page_no), message=message[:2000])
+
+
+class PageHost:
+    """Hosts one engine. Create it, ``await start()`` inside the event loop that will run pages
+    (vLLM's output handler lives on that loop), then ``await parse(page)`` concurrently."""
+
+    def __init__(self, model_dir: str, cfg: HostConfig = HostConfig(), *, truth: Mapping | None = None,
+                 engine=None, proto=None):
+        self.model_dir, self.cfg = model_dir, cfg
+        #: teacher forcing: {(file name, page index): Page}, see padoc_ray.local.truth_from_json
+        self.truth = dict(truth or {})
+        self.engine = engine  # tests and benchmarks may hand in an engine they own
+        self._own_engine = engine is None
+        self.proto = proto
+        self.sem: asyncio.Semaphore | None = None
+        self.admission: asyncio.Semaphore | None = None
+        self.dead: str | None = None  # why the engine died, once it has
+        self.pages_running = 0
+        self.pages_done = 0
+        self.started = False
+
+    # ---- life cycle ---------------------------------------------------------------------------------
+    async def start(self) -> "PageHost":
+        if self.started:
+            return self
+        if self.proto is None:
+            from padoc_ray.hf_tokenizer import ModelProtocol
+
+            self.proto = ModelProtocol(self.model_dir)
+        self.sem = asyncio.Semaphore(self.cfg.pages_in_flight)
+        self.admission = branch_admission(self.cfg.max_live_branches)
+        if self.engine is None:
+            if self.cfg.engine == "noop":
+                from padoc_ray.engine.fake import ScriptedEngine
+
+                eos = self.proto.vocab.end_of_stream
+                self.engine = ScriptedEngine(lambda req: [eos])
+            else:
+                from padoc_ray.engine.vllm_engine import VllmEngine
+
+                self.engine = VllmEngine(self.cfg.engine_config(self.model_dir))
+        self.started = True
+        logger.info("page host pid %d ready (model %s, engine %s)", os.getpid(), self.model_dir, self.cfg.engine)
+        return self
+
+    def shutdown(self) -> None:
+        if self.engine is not None and self._own_engine:
+            self.engine.shutdown()
+        self.engine = None
+        self.started = False
+
+    # ---- state ------------------------------------------------------------------------------------------
+    def unfinished_requests(self) -> int:
+        return self.engine.num_unfinished_requests() if self.engine is not None else 0
+
+    def stats(self) -> dict:
+        return {"pages_running": self.pages_running, "pages_done": self.pages_done,
+                "unfinished_requests": self.unfinished_requests(), "engine_dead": self.dead is not None}
+
+    async def probe(self, timeout_s: float = 60.0) -> None:
+        """One one-token, text-only request: raises unless the engine answers within ``timeout_s``."""
+        self._check_alive()
+        prompt = list(self.proto.prompt_ids("fork"))[:4] or [0]
+        req = GenRequest(request_id=f"probe-{time.monotonic_ns()}", prompt_ids=prompt, max_tokens=1)
+
+        async def go():
+            async for d in self.engine.generate(req):
+                if d.finished:
+                    return
+
+        try:
+            await asyncio.wait_for(go(), timeout_s)
+        except EngineDeadError as e:
+            self.dead = str(e) or "engine died"
+            raise
+
+    def _check_alive(self) -> None:
+        if not self.started:
+            raise RuntimeError("PageHost.start() was not awaited")
+        if self.dead is not None:
+            raise EngineDeadError(f"the engine died earlier: {self.dead}")
+
+    # ---- pages ------------------------------------------------------------------------------------------
+    async def parse(self, page: HostPage) -> PageRecord:
+        """Run one page; returns its record whatever happened to it. Raises only
+        :class:`EngineDeadError` (the engine is gone) and :class:`asyncio.CancelledError`."""
+        self._check_alive()
+        mode = page.mode or self.cfg.mode
+        page_id, cache_salt = page_identity(page.doc_id, page.page_index, page.tenant, page.salt)
+        try:
+            if mode not in MODES:
+                raise ValueError(f"mode must be fork or sequential, got {mode!r}")
+            inp = self._input(page, page_id, cache_salt)
+        except _Unreadable as e:
+            return error_record(page_id, mode, IMAGE_UNREADABLE, str(e), page.width or 0, page.height or 0,
+                                page.page_index)
+        except Exception as e:  # noqa: BLE001 - the contract: any page error is that page's record
+            logger.exception("page %s: could not be prepared", page_id)
+            return error_record(page_id, mode, INTERNAL_ERROR, f"{type(e).__name__}: {e}", page.width or 0,
+                                page.height or 0, page.page_index)
+        async with self.sem:
+            self.pages_running += 1
+            try:
+                rec = await run_page(self.engine, self.proto, inp, mode=mode, cfg=self.cfg.scheduler,
+                                     admission=self.admission)
+            except EngineDeadError as e:
+                self.dead = str(e) or "engine died"
+                raise
+            except Exception as e:  # noqa: BLE001 - run_page cleaned up its requests before raising
+                logger.exception("page %s: unexpected error", page_id)
+                rec = error_record(page_id, mode, INTERNAL_ERROR, f"{type(e).__name__}: {e}", inp.width, inp.height,
+                                   page.page_index)
+            finally:
+                self.pages_running -= 1
+        self.pages_done += 1
+        return rec
+
+    def _input(self, page: HostPage, page_id: str, cache_salt: str) -> PageInput:
+        img = page.image
+        if img is None and page.image_bytes is not None and self.cfg.engine != "noop":
+            # the no-op engine never looks at the image: do not decode it (it measures the pipeline alone)
+            from padoc_ray.raster import decode_image
+
+            try:
+                img = decode_image(page.image_bytes)
+            except Exception as e:  # noqa: BLE001
+                raise _Unreadable(f"the page image could not be decoded: {type(e).__name__}: {e}") from None
+        elif img is None and page.image_bytes is None:
+            raise _Unreadable("the page has no image")
+        width = page.width if page.width is not None else getattr(img, "width", None)
+        height = page.height if page.height is not None else getattr(img, "height", None)
+        if not width or not height:
+            raise _Unreadable("the page image has no size")
+        inp = PageInput(page_id=page_id, image=img, width=int(width), height=int(height), cache_salt=cache_salt,
+                        page_no=page.page_index, image_path=page.source_name)
+        truth = self.truth_for(page.source_name, page.page_index)
+        if truth is not None:
+            inp = replay_input(self.proto, truth, inp, page.mode or self.cfg.mode)
+        return inp
+
+    def truth_for(self, source_name: str | None, page_index: int) -> Page | None:
+        if not self.truth or not source_name:
+            return None
+        return self.truth.get((os.path.basename(source_name.rstrip("/")), page_index))
+
+
+class _Unreadable(Exception):
+    pass

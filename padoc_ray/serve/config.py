@@ -1,0 +1,121 @@
+"""The online service's configuration: one dataclass, validated, with documented defaults.
+
+Pure (no ray, no fastapi): ``padoc-ray serve`` builds it from flags, a Serve config file from its
+``args`` (see :func:`ServeConfig.from_args`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from padoc_ray.host import HostConfig
+from padoc_ray.pdf import RenderConfig
+from padoc_ray.pipeline.storage import StorageConfig
+from padoc_ray.raster import ENCODINGS, RendererConfig
+
+TOKEN_ENV = "PADOC_RAY_API_TOKEN"
+
+#: the configuration of this process's ingress replica, for its HTTP middleware (set when it starts)
+ACTIVE: dict[str, "ServeConfig"] = {}
+
+
+def token_digest(token: str | None) -> str | None:
+    return hashlib.sha256(token.encode()).hexdigest() if token else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeConfig:
+    model: str  #: checkpoint directory, local or s3://
+    model_id: str | None = None  #: the name clients send as ``model`` (default: the checkpoint folder's name)
+    #: the engine replica's host: the paper's per-page limits; 32 pages in flight per replica
+    host: HostConfig = field(default_factory=lambda: HostConfig(pages_in_flight=32))
+    #: teacher forcing (tiny-model demos and tests): OmniDocBench-format ground truth, matched by the
+    #: upload's file name and page, as the batch job matches by file name
+    replay_gt: str | None = None
+    render: RenderConfig = field(default_factory=RenderConfig)  #: 1600 px on the longest side
+    #: rendering happens in the ingress, in renderer processes (pdfium is not thread-safe), with deadlines
+    renderer: RendererConfig = field(default_factory=lambda: RendererConfig(doc_timeout_s=300.0))
+    render_workers: int = 2  #: renderer processes per ingress replica (documents rendered at once)
+    image_encoding: str = "zstd"  #: how page images travel from the ingress to the engine (lossless)
+    max_upload_bytes: int = 50 << 20  #: request bodies above this get 413 (before they are read whole)
+    max_pages: int = 50  #: pages one /v1/parse or chat request may select (413 above)
+    max_job_pages: int = 5000  #: pages one /v1/jobs document may select (413 above)
+    request_timeout_s: float = 600.0  #: per-request deadline of /v1/parse and chat (504 after it)
+    #: s3:// prefixes a request may name (``uri`` of /v1/parse, ``image_url`` of chat); empty: none
+    allowed_s3: tuple[str, ...] = ()
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    #: where async jobs live (local folder or s3://): their input, state and page rows (Parquet, the
+    #: batch job's schema). Every ingress replica must see it; None: a folder under the Ray temp dir
+    job_store: str | None = None
+    job_lease_s: float = 15.0  #: a running job whose owner has not written for this long is taken over
+    #: sha256 of the bearer token; None: no auth. ``padoc-ray serve`` fills it from PADOC_RAY_API_TOKEN
+    token_sha256: str | None = None
+    # Serve deployment options (see README "Online endpoint")
+    engine_replicas: tuple[int, int] = (1, 1)  #: (min, max) engine replicas, autoscaled between
+    #: autoscaling target: pages in flight per engine replica (a page is one engine call)
+    target_ongoing_pages: int = 16
+    engine_max_ongoing: int = 64  #: pages one engine replica accepts at once (host queues past pages_in_flight)
+    engine_max_queued: int = 256  #: pages waiting for a replica; past it: 503 with Retry-After
+    ingress_replicas: int = 1
+    ingress_max_ongoing: int = 64  #: HTTP requests one ingress replica handles at once
+    ingress_max_queued: int = 64  #: HTTP requests waiting; past it Serve answers 503 with Retry-After
+    engine_cpus: float = 1.0
+    engine_gpus: float = 0.0  #: 1 on GPU machines
+    ingress_cpus: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model is required")
+        if self.image_encoding not in ENCODINGS:
+            raise ValueError(f"image_encoding must be one of {', '.join(ENCODINGS)}")
+        for name in ("render_workers", "max_upload_bytes", "max_pages", "max_job_pages", "target_ongoing_pages",
+                     "engine_max_ongoing", "engine_max_queued", "ingress_replicas", "ingress_max_ongoing",
+                     "ingress_max_queued"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.request_timeout_s <= 0 or self.job_lease_s <= 0:
+            raise ValueError("request_timeout_s and job_lease_s must be > 0")
+        lo, hi = self.engine_replicas
+        if not 1 <= lo <= hi:
+            raise ValueError(f"engine_replicas must satisfy 1 <= min <= max, got {self.engine_replicas}")
+        for p in self.allowed_s3:
+            if not p.startswith("s3://") or len(p.rstrip("/")) <= len("s3://"):
+                raise ValueError(f"allowed_s3 entries are s3://bucket[/prefix], got {p!r}")
+
+    @property
+    def served_model_id(self) -> str:
+        return self.model_id or os.path.basename(self.model.rstrip("/")) or "padoc"
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> "ServeConfig":
+        """From a Serve config file's ``args`` (flat keys; ``host`` takes HostConfig's fields and a
+        nested ``scheduler``; ``api_token_env`` names the variable holding the token)."""
+        args = dict(args)
+        from padoc_ray.scheduler import SchedulerConfig
+
+        kw: dict[str, Any] = {}
+        host = dict(args.pop("host", {}) or {})
+        if "scheduler" in host:
+            host["scheduler"] = SchedulerConfig(**host["scheduler"])
+        kw["host"] = HostConfig(**{"pages_in_flight": 32, **host})
+        if "render" in args:
+            kw["render"] = RenderConfig(**args.pop("render"))
+        if "renderer" in args:
+            kw["renderer"] = RendererConfig(**args.pop("renderer"))
+        if "storage" in args:
+            kw["storage"] = StorageConfig(**args.pop("storage"))
+        env = args.pop("api_token_env", TOKEN_ENV)
+        if "token_sha256" not in args:
+            kw["token_sha256"] = token_digest(os.environ.get(env))
+        for k in ("allowed_s3", "engine_replicas"):
+            if k in args:
+                args[k] = tuple(args[k])
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(args) - names)
+        if unknown:
+            raise ValueError(f"unknown serve config keys: {', '.join(unknown)}")
+        return cls(**kw, **args)

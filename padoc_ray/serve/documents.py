@@ -1,0 +1,173 @@
+"""What the ingress does with one uploaded document, apart from HTTP: page selection, rendering in
+renderer processes, and turning page rows into the API's JSON. No ray, no fastapi.
+
+pdfium is not thread-safe, even across documents, so nothing here renders in the ingress process:
+each document is rendered by one of a small pool of :class:`~padoc_ray.raster.IsolatedRenderer`
+processes (with the batch job's deadlines and crash isolation), driven from a worker thread, and
+its events reach the event loop through a queue as pages finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import threading
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from padoc_ray.pdf import PdfError
+from padoc_ray.pipeline import rows
+from padoc_ray.raster import DocFailed, IsolatedRenderer, Opened, PageFailed, RendererConfig
+
+#: document-level codes that mean "too much", answered 413 (the rest of the document codes: 422)
+TOO_LARGE_CODES = frozenset({"too_many_pages", "too_many_frames", "file_too_large"})
+PAGE_OUT_OF_RANGE = "page_out_of_range"
+
+
+class BadRequest(ValueError):
+    """A request the client must change: ``code`` and ``status`` (HTTP) travel with it."""
+
+    def __init__(self, code: str, message: str, status: int = 400):
+        super().__init__(message)
+        self.code, self.message, self.status = code, message, status
+
+
+def parse_page_spec(spec: str | None, limit: int) -> tuple[int, ...] | None:
+    """``pages=`` of a request (``"1-3,7"``, 1-based) -> 0-based indices; None/"" -> all pages."""
+    try:
+        return rows.parse_page_ranges(spec, limit)
+    except rows.PageRangeError as e:
+        raise BadRequest("too_many_pages", f"pages: {e}", 413) if e.too_many else BadRequest("bad_pages", f"pages: {e}",
+                                                                                             422) from None
+
+
+def select(count: int, wanted: tuple[int, ...] | None, max_pages: int) -> list[int]:
+    """The pages to render of a document with ``count`` pages; raises the refusal as a PdfError
+    (the renderer turns it into the document's failure before rendering anything)."""
+    if wanted is not None and wanted and wanted[-1] >= count:
+        missing = [i + 1 for i in wanted if i >= count]
+        raise PdfError(PAGE_OUT_OF_RANGE, f"page {missing[0]} does not exist: the document has {count} page(s)")
+    chosen = list(range(count)) if wanted is None else list(wanted)
+    if len(chosen) > max_pages:
+        raise PdfError("too_many_pages", f"{len(chosen)} pages selected, over this service's limit of {max_pages} "
+                                         f"per request (select fewer with pages=, or use /v1/jobs)")
+    return chosen
+
+
+def doc_error_status(code: str) -> int:
+    return 413 if code in TOO_LARGE_CODES else 422
+
+
+def document_status(page_rows: list[dict]) -> str:
+    """success (every page ok) | partial_success | failure (no page ok)."""
+    ok = sum(1 for r in page_rows if r.get("status") == "ok")
+    if page_rows and ok == len(page_rows):
+        return "success"
+    return "partial_success" if ok else "failure"
+
+
+#: row fields a response leaves out (internal, or not the client's business)
+_HIDDEN = frozenset({"run_id"})
+
+
+def row_json(row: dict) -> dict:
+    """A page row (the batch job's schema) as JSON-ready values."""
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if k in _HIDDEN:
+            continue
+        if isinstance(v, dt.datetime):
+            v = v.isoformat()
+        elif isinstance(v, float):
+            v = round(v, 4)
+        out[k] = v
+    return out
+
+
+@dataclass
+class RenderedPage:
+    row: dict  #: the page's row so far (image size, page size, render time), status None
+    image: bytes
+
+
+class RenderPool:
+    """``workers`` renderer processes; each document takes one for its whole rendering."""
+
+    def __init__(self, cfg: RendererConfig, workers: int):
+        self._free: asyncio.Queue[IsolatedRenderer] = asyncio.Queue()
+        for _ in range(workers):
+            self._free.put_nowait(IsolatedRenderer(cfg))
+        self._all = list(self._free._queue)  # noqa: SLF001 - for close()
+
+    def close(self) -> None:
+        for r in self._all:
+            r.close()
+
+    async def render(self, data: bytes, name: str, wanted: tuple[int, ...] | None, max_pages: int, render_cfg,
+                     encoding: str, base: dict, max_frames: int, count_only: bool = False) -> AsyncIterator[Any]:
+        """Yields ``("opened", page_count, repaired)``, then a :class:`RenderedPage` or an error row
+        (dict) per page in order; or a single ``("failed", code, message)``. ``count_only``: open and
+        check the selection, render nothing. Stopping early (the client left, the job was cancelled)
+        abandons the document: its renderer is restarted."""
+        renderer = await self._free.get()
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue(maxsize=8)  # bounded: rendering waits for the engine side
+        stop = threading.Event()
+        done = object()
+
+        def put(item) -> None:
+            fut = asyncio.run_coroutine_threadsafe(q.put(item), loop)
+            while not stop.is_set():
+                try:
+                    fut.result(timeout=0.5)
+                    return
+                except TimeoutError:
+                    continue
+            fut.cancel()
+
+        def chosen(n: int) -> list[int]:
+            pages = select(n, wanted, max_pages)  # raises the refusal
+            return [] if count_only else pages
+
+        def work() -> None:
+            count, repaired = None, None
+            try:
+                # closed at once when we stop early (its renderer is then killed and replaced)
+                with contextlib.closing(renderer.render_document(data, name, chosen, render_cfg, encoding,
+                                                                 max_frames=max_frames)) as events:
+                    for ev in events:
+                        if stop.is_set():
+                            break
+                        if isinstance(ev, DocFailed):
+                            put(("failed", ev.code, ev.message))
+                            break
+                        if isinstance(ev, Opened):
+                            count, repaired = ev.page_count, ev.repaired
+                            put(("opened", count, repaired))
+                            continue
+                        b = {**base, "page_index": ev.index, "page_count": count, "repaired": repaired,
+                             "processed_at": rows.now()}
+                        if isinstance(ev, PageFailed):
+                            put(rows.error_row(b, ev.code, ev.message))
+                        else:
+                            put(RenderedPage({**b, **ev.meta}, ev.image_bytes))
+            except Exception as e:  # noqa: BLE001 - a bug in rendering is this document's failure
+                put(("failed", "render_failed", f"{type(e).__name__}: {e}"))
+            finally:
+                put(done)
+
+        thread = threading.Thread(target=work, name="padoc-render", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = await q.get()
+                if item is done:
+                    return
+                yield item
+        finally:
+            stop.set()
+            while not q.empty():  # unblock a put() waiting on a full queue
+                q.get_nowait()
+            await asyncio.to_thread(thread.join)
+            self._free.put_nowait(renderer)

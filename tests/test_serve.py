@@ -1,0 +1,594 @@
+"""The Ray Serve endpoint over real HTTP on 127.0.0.1: `padoc-ray serve` with the real CPU vLLM
+engine and the tiny model, teacher-forced (--replay) so pages have known, real-length outputs.
+
+Two services, each its own `padoc-ray serve` process (own local Ray, own session): ``svc`` with a
+bearer token and the usual limits, ``tight`` without auth and with an engine queue of one page (for
+overload). Their output goes to files; each is stopped with SIGTERM and must leave no process.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+import http.client
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+
+import pytest
+import requests
+
+from .conftest import BIN, ROOT, _env
+
+pytestmark = pytest.mark.engine
+
+EXAMPLES = os.path.join(ROOT, "examples")
+GT = os.path.join(EXAMPLES, "ground_truth.json")
+TOKEN = "test-token-123"
+LONG_PAGES = 40
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _long_pdf_and_truth(tmp) -> tuple[str, str]:
+    """A 40-page PDF (report.pdf's pages, repeated) and ground truth for it and the examples, so a
+    job or a request on it runs long enough to be interrupted, with known results."""
+    import pikepdf
+
+    src = pikepdf.open(os.path.join(EXAMPLES, "report.pdf"))
+    out = pikepdf.new()
+    for i in range(LONG_PAGES):
+        out.pages.append(src.pages[i % 2])
+    path = os.path.join(tmp, "long.pdf")
+    out.save(path)
+    with open(GT) as f:
+        gt = json.load(f)
+    report = [g for g in gt if g["page_info"]["source_pdf"] == "report.pdf"]
+    for i in range(LONG_PAGES):
+        g = json.loads(json.dumps(report[i % 2]))
+        g["page_info"].update(source_pdf="long.pdf", page_no=i, image_path=f"long_page{i}.png")
+        gt.append(g)
+    gt_path = os.path.join(tmp, "gt.json")
+    with open(gt_path, "w") as f:
+        json.dump(gt, f)
+    return path, gt_path
+
+
+class Service:
+    def __init__(self, tmp, model: str, gt: str, token: str | None, *extra: str, env: dict | None = None):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.out = open(os.path.join(tmp, f"serve-{self.port}.out"), "w")  # files, never unread pipes
+        self.err = open(os.path.join(tmp, f"serve-{self.port}.err"), "w")
+        env = _env(PADOC_RAY_API_TOKEN=token, **(env or {})) if token else _env(**(env or {}))
+        if not token:
+            env.pop("PADOC_RAY_API_TOKEN", None)
+        cmd = [os.path.join(BIN, "padoc-ray"), "serve", "--model", model, "--port", str(self.port), "--replay", gt,
+               "--job-store", os.path.join(tmp, f"jobs-{self.port}"), *extra]
+        self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, env=env, start_new_session=True)
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def wait_ready(self, timeout=600) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with open(self.out.name) as f:
+                text = f.read()
+            if "ready at" in text:
+                assert self.url in text
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited {self.proc.returncode}: {self.log()}")
+            time.sleep(1)
+        raise AssertionError(f"serve not ready in {timeout}s: {self.log()}")
+
+    def log(self) -> str:
+        with open(self.err.name) as f:
+            return f.read()[-4000:]
+
+    def session_processes(self) -> list[str]:
+        out = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True, text=True, check=True).stdout
+        return [line for line in out.splitlines() if line.split()[1] == str(self.proc.pid)]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+        self.out.close()
+        self.err.close()
+        return self.proc.returncode
+
+    def kill_all(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    # ---- HTTP ----
+    def parse(self, path: str, name: str | None = None, headers=None, http_timeout=300, **params):
+        """POST the file to /v1/parse; ``params`` are query parameters (pages, mode, format, timeout)."""
+        with open(path, "rb") as f:
+            return requests.post(f"{self.url}/v1/parse", params=params, headers=self.headers if headers is None
+                                 else headers, files={"file": (name or os.path.basename(path), f)},
+                                 timeout=http_timeout)
+
+    def engine_stats(self) -> dict:
+        r = requests.get(f"{self.url}/readyz", timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["engine"]
+
+    def wait_engine_idle(self, timeout=30) -> dict:
+        end = time.monotonic() + timeout
+        while True:
+            st = self.engine_stats()
+            if (st["unfinished_requests"] == 0 and st["pages_running"] == 0) or time.monotonic() > end:
+                return st
+            time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def long_doc(tmp_path_factory):
+    return _long_pdf_and_truth(str(tmp_path_factory.mktemp("long")))
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory, tiny_model_dir, long_doc, s3):
+    """Both services start at once (their engines load side by side)."""
+    tmp = str(tmp_path_factory.mktemp("serve"))
+    _, gt = long_doc
+    svc = Service(tmp, tiny_model_dir, gt, TOKEN, "--max-upload-mb", "2", "--max-pages", "20", "--job-lease", "3",
+                  "--allow-s3", "s3://padoc-in/allowed/", "--s3-endpoint", s3["endpoint"], env=s3["env"])
+    tight = Service(tmp, tiny_model_dir, gt, None, "--engine-max-ongoing", "1", "--engine-max-queued", "1",
+                    "--pages-in-flight", "1", "--max-pages", "5")
+    try:
+        svc.wait_ready()
+        tight.wait_ready()
+        yield {"svc": svc, "tight": tight}
+    finally:
+        for s in (svc, tight):
+            s.stop()
+            s.kill_all()
+
+
+@pytest.fixture(scope="module")
+def svc(services):
+    return services["svc"]
+
+
+@pytest.fixture(scope="module")
+def tight(services):
+    return services["tight"]
+
+
+def _pages(resp) -> dict[int, dict]:
+    assert resp.status_code == 200, resp.text
+    return {p["page_index"]: p for p in resp.json()["pages"]}
+
+
+# ---- results equal the batch job's and parse-page's ----------------------------------------------------
+def test_http_gives_the_batch_jobs_and_parse_pages_results(svc, tiny_model_dir, tmp_path):
+    pdfs = ["memo.pdf", "paper.pdf", "report.pdf"]
+    http = {name: _pages(svc.parse(os.path.join(EXAMPLES, name))) for name in pdfs}
+    for name, pages in http.items():
+        assert all(p["status"] == "ok" and p["valid"] for p in pages.values()), name
+
+    out = tmp_path / "batch"
+    run = subprocess.run([os.path.join(BIN, "padoc-ray"), "parse", "--input", EXAMPLES, "--output", str(out),
+                          "--model", tiny_model_dir, "--replay", GT], env=_env(), stdout=open(tmp_path / "b.out", "w"),
+                         stderr=open(tmp_path / "b.err", "w"), timeout=900, check=False)
+    assert run.returncode == 0, (tmp_path / "b.err").read_text()[-3000:]
+    from padoc_ray.pipeline.job import read_pages
+    from padoc_ray.pipeline.rows import PAGE_SCHEMA, current_rows
+    from padoc_ray.pipeline.storage import StorageConfig
+
+    rows = current_rows(read_pages(str(out / "pages"), StorageConfig(), columns=PAGE_SCHEMA.names)).to_pylist()
+    batch = {(os.path.basename(r["source_uri"]), r["page_index"]): r for r in rows}
+    for name, pages in http.items():
+        for i, p in pages.items():
+            b = batch[(name, i)]
+            assert p["markdown"] == b["markdown"] and p["status"] == b["status"] == "ok", (name, i)
+            # boxes: the batch job stores float32, the response the exact grid values (4 decimals)
+            assert [(r["category"], r["content"], r["bbox"]) for r in p["regions"]] == \
+                   [(r["category"], r["content"], [round(x, 4) for x in r["bbox"]]) for r in b["regions"]], (name, i)
+            assert (p["doc_id"], p["page_count"], p["image_width"], p["image_height"]) == \
+                   (b["doc_id"], b["page_count"], b["image_width"], b["image_height"])
+
+    # parse-page (no Ray, its own engine) on report.pdf: the same Markdown per page
+    pp = subprocess.run([os.path.join(BIN, "padoc-ray"), "parse-page", os.path.join(EXAMPLES, "report.pdf"),
+                         "--model", tiny_model_dir, "--replay", GT, "--page", "2"], env=_env(),
+                        stdout=open(tmp_path / "pp.out", "w"), stderr=open(tmp_path / "pp.err", "w"), timeout=600)
+    assert pp.returncode == 0, (tmp_path / "pp.err").read_text()[-2000:]
+    assert (tmp_path / "pp.out").read_text() == http["report.pdf"][1]["markdown"]
+
+
+def test_markdown_format_and_page_selection(svc):
+    r = svc.parse(os.path.join(EXAMPLES, "report.pdf"), pages="2", format="markdown")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/markdown")
+    assert r.headers["x-padoc-status"] == "success"
+    full = _pages(svc.parse(os.path.join(EXAMPLES, "report.pdf")))
+    assert r.text == f"<!-- page 2: ok -->\n\n{full[1]['markdown']}"
+    assert list(_pages(svc.parse(os.path.join(EXAMPLES, "report.pdf"), pages="2"))) == [1]
+
+
+def test_json_body_with_base64_content(svc):
+    with open(os.path.join(EXAMPLES, "memo.pdf"), "rb") as f:
+        body = {"content_base64": base64.b64encode(f.read()).decode(), "filename": "memo.pdf", "mode": "sequential"}
+    r = requests.post(f"{svc.url}/v1/parse", json=body, headers=svc.headers, timeout=300)
+    got = r.json()
+    assert r.status_code == 200 and got["mode"] == "sequential" and got["status"] == "success", r.text
+    p = got["pages"][0]
+    assert p["mode"] == "sequential" and p["n_branches"] == 0
+    assert p["markdown"] == _pages(svc.parse(os.path.join(EXAMPLES, "memo.pdf")))[0]["markdown"]
+
+
+def test_stream_sends_one_line_per_page_as_they_finish(svc):
+    with open(os.path.join(EXAMPLES, "report.pdf"), "rb") as f:
+        r = requests.post(f"{svc.url}/v1/parse", params={"stream": "true"}, headers=svc.headers,
+                          files={"file": ("report.pdf", f)}, stream=True, timeout=300)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+    lines = [json.loads(x) for x in r.iter_lines() if x]
+    assert [x["type"] for x in lines] == ["document", "page", "page", "result"]
+    assert lines[0]["page_count"] == 2 and lines[-1] == {"type": "result", "status": "success", "pages": 2}
+    assert sorted(x["page_index"] for x in lines[1:3]) == [0, 1]
+    assert all(x["status"] == "ok" and x["markdown"] for x in lines[1:3])
+
+
+# ---- OpenAI compatibility -------------------------------------------------------------------------------
+def test_the_official_openai_client_gets_a_pages_markdown(svc):
+    import openai
+    import pypdfium2
+
+    pdf = pypdfium2.PdfDocument(os.path.join(EXAMPLES, "memo.pdf"))
+    buf = io.BytesIO()
+    pdf[0].render(scale=2).to_pil().save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    client = openai.OpenAI(base_url=f"{svc.url}/v1", api_key=TOKEN, max_retries=0)
+    assert [m.id for m in client.models.list().data] == [os.path.basename(svc_model(svc))]
+    chat = client.chat.completions.create(
+        model=os.path.basename(svc_model(svc)),
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Parse this page."},
+                                               {"type": "image_url", "image_url": {"url": url}}]}],
+        extra_body={"padoc": {"filename": "memo.pdf"}})  # --replay matches the truth by file name
+    want = _pages(svc.parse(os.path.join(EXAMPLES, "memo.pdf")))[0]["markdown"]
+    assert chat.choices[0].message.content == want and chat.choices[0].finish_reason == "stop"
+    assert chat.usage.completion_tokens > 0 and chat.usage.prompt_tokens > 0
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{svc.url}/v1", api_key="wrong", max_retries=0).models.list()
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}]}])
+    with pytest.raises(openai.BadRequestError, match="fetches no URLs"):
+        client.chat.completions.create(model=os.path.basename(svc_model(svc)), messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data"}}]}])
+
+
+def svc_model(svc) -> str:
+    return requests.get(f"{svc.url}/v1/models", headers=svc.headers, timeout=30).json()["data"][0]["id"]
+
+
+# ---- errors, each with its status and code ---------------------------------------------------------------
+def test_every_error_has_its_status_and_code(svc, tmp_path):
+    memo = os.path.join(EXAMPLES, "memo.pdf")
+    # auth: health endpoints open, /v1 closed without the token or with a wrong one
+    assert requests.get(f"{svc.url}/healthz", timeout=30).status_code == 200
+    assert requests.get(f"{svc.url}/openapi.json", timeout=30).status_code == 200
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": TOKEN}):
+        r = svc.parse(memo, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+        assert r.headers["www-authenticate"] == "Bearer"
+
+    def err(resp, status, code):
+        assert resp.status_code == status and resp.json()["error"]["code"] == code, resp.text
+        assert "/work" not in resp.text and str(tmp_path) not in resp.text  # no local paths
+
+    # bad files: the batch job's document codes, 422
+    from .pdf_factory import text_pdf, zero_page_pdf
+
+    bad = {"zero.pdf": (b"", "empty_file"), "notes.txt": (b"just some text, not a PDF", "not_pdf"),
+           "encrypted.pdf": (text_pdf(1, encrypt="secret"), "encrypted_pdf"),
+           "corrupt.pdf": (b"%PDF-1.7\n" + bytes(range(256)) * 40, "corrupt_pdf"),
+           "nopages.pdf": (zero_page_pdf(), "no_pages"),
+           "broken.jpg": (b"\xff\xd8\xff\xe0" + bytes(200), "corrupt_image")}
+    for name, (data, code) in bad.items():
+        (tmp_path / name).write_bytes(data)
+        err(svc.parse(str(tmp_path / name)), 422, code)
+    # limits: 413
+    big = tmp_path / "big.pdf"
+    big.write_bytes(b"%PDF-1.4\n" + os.urandom(3 << 20))
+    err(svc.parse(str(big)), 413, "file_too_large")
+    long_pdf = str(tmp_path / "l.pdf")
+    _long_copy(long_pdf)
+    err(svc.parse(long_pdf), 413, "too_many_pages")  # 40 pages, the service allows 20 per request
+    # selections: 422
+    err(svc.parse(memo, pages="2"), 422, "page_out_of_range")
+    err(svc.parse(memo, pages="x-1"), 422, "bad_pages")
+    err(svc.parse(memo, mode="parallel"), 422, "bad_request")
+    err(svc.parse(memo, timeout="0.5"), 422, "bad_request")
+    # request shape
+    err(requests.post(f"{svc.url}/v1/parse", data=b"abc", headers={**svc.headers, "Content-Type": "text/plain"},
+                      timeout=60), 415, "unsupported_media_type")
+    err(requests.post(f"{svc.url}/v1/parse", files={"other": ("a", b"x")}, headers=svc.headers, timeout=60),
+        400, "missing_file")
+    err(requests.post(f"{svc.url}/v1/parse", json={"uri": "s3://private-bucket/x.pdf"}, headers=svc.headers,
+                      timeout=60), 403, "disallowed_uri")
+    err(requests.post(f"{svc.url}/v1/parse", json={"content_base64": "%%%"}, headers=svc.headers, timeout=60),
+        400, "bad_request")
+    # the per-request deadline: 504, and the engine work of the request stops
+    err(svc.parse(long_pdf, pages="1-20", timeout="1"), 504, "request_timeout")
+    assert svc.wait_engine_idle()["unfinished_requests"] == 0
+    # jobs
+    err(requests.get(f"{svc.url}/v1/jobs/{'0' * 32}", headers=svc.headers, timeout=30), 404, "job_not_found")
+    err(requests.get(f"{svc.url}/v1/jobs/..%2F..%2Fetc", headers=svc.headers, timeout=30), 404, "not_found")
+    err(requests.get(f"{svc.url}/v1/jobs/abc", headers=svc.headers, timeout=30), 404, "job_not_found")
+
+
+def _long_copy(dest: str) -> None:
+    import pikepdf
+
+    src = pikepdf.open(os.path.join(EXAMPLES, "report.pdf"))
+    out = pikepdf.new()
+    for i in range(LONG_PAGES):
+        out.pages.append(src.pages[i % 2])
+    out.save(dest)
+
+
+def test_chunked_upload_over_the_cap_is_refused_while_it_arrives(svc):
+    u = urllib.parse.urlparse(svc.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+
+    def body():
+        yield b"--x\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.pdf\"\r\n\r\n%PDF-1.4\n"
+        for _ in range(8):  # 8 MiB, over the 2 MiB (+1 MiB envelope) cap
+            yield b"0" * (1 << 20)
+        yield b"\r\n--x--\r\n"
+
+    conn.request("POST", "/v1/parse", body=body(), encode_chunked=True,
+                 headers={**svc.headers, "Content-Type": "multipart/form-data; boundary=x",
+                          "Transfer-Encoding": "chunked"})
+    resp = conn.getresponse()
+    assert resp.status == 413 and json.loads(resp.read())["error"]["code"] == "file_too_large"
+
+
+def test_s3_uris_are_read_only_under_the_allowed_prefix(svc, s3, tmp_path):
+    c = s3["client"]
+    c.create_bucket(Bucket="padoc-in")
+    with open(os.path.join(EXAMPLES, "memo.pdf"), "rb") as f:
+        memo = f.read()
+    for key in ("allowed/memo.pdf", "secret/memo.pdf"):
+        c.put_object(Bucket="padoc-in", Key=key, Body=memo)
+
+    def post(uri):
+        return requests.post(f"{svc.url}/v1/parse", json={"uri": uri}, headers=svc.headers, timeout=120)
+
+    r = post("s3://padoc-in/allowed/memo.pdf")
+    assert r.status_code == 200 and r.json()["document"]["name"] == "memo.pdf", r.text[:300]
+    assert r.json()["pages"][0]["markdown"] == _pages(svc.parse(os.path.join(EXAMPLES, "memo.pdf")))[0]["markdown"]
+    for uri in ("s3://padoc-in/secret/memo.pdf", "s3://padoc-in/allowed/../secret/memo.pdf",
+                "s3://padoc-in/allowedx/memo.pdf", "s3://other/allowed/memo.pdf", "file:///etc/passwd",
+                "/etc/passwd"):
+        got = post(uri)
+        assert got.status_code == 403 and got.json()["error"]["code"] == "disallowed_uri", (uri, got.text)
+    missing = post("s3://padoc-in/allowed/none.pdf")
+    assert missing.status_code == 422 and missing.json()["error"]["code"] == "read_failed"
+    assert "padoc-in" not in missing.text and "none.pdf" not in missing.text  # no bucket or key in errors
+    # chat: an allowed s3:// image_url is read, like a data URL
+    import pypdfium2
+
+    buf = io.BytesIO()
+    pypdfium2.PdfDocument(memo)[0].render(scale=1).to_pil().save(buf, format="PNG")
+    c.put_object(Bucket="padoc-in", Key="allowed/page.png", Body=buf.getvalue())
+    r = requests.post(f"{svc.url}/v1/chat/completions", headers=svc.headers, timeout=120, json={
+        "messages": [{"role": "user", "content": [{"type": "image_url",
+                                                    "image_url": {"url": "s3://padoc-in/allowed/page.png"}}]}]})
+    assert r.status_code == 200 and r.json()["object"] == "chat.completion", r.text[:300]
+
+
+# ---- load, disconnects -----------------------------------------------------------------------------------
+def test_32_concurrent_clients_are_all_served(svc):
+    names = ["memo.pdf", "paper.pdf", "report.pdf"]
+
+    def one(i):
+        r = svc.parse(os.path.join(EXAMPLES, names[i % 3]))
+        return r.status_code, r.json().get("status"), names[i % 3], r.json().get("pages")
+
+    with cf.ThreadPoolExecutor(32) as ex:
+        got = list(ex.map(one, range(32)))
+    assert all(code == 200 and status == "success" for code, status, _, _ in got), [g[:2] for g in got]
+    first = {}
+    for _, _, name, pages in got:  # the same document gives the same Markdown under load
+        md = [p["markdown"] for p in pages]
+        assert first.setdefault(name, md) == md
+    assert svc.wait_engine_idle()["unfinished_requests"] == 0
+
+
+def test_a_client_that_disconnects_mid_parse_leaves_no_engine_work(svc, long_doc):
+    path, _ = long_doc
+    u = urllib.parse.urlparse(svc.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    with open(path, "rb") as f:
+        data = f.read()
+    body = (b"--x\r\nContent-Disposition: form-data; name=\"file\"; filename=\"long.pdf\"\r\n"
+            b"Content-Type: application/pdf\r\n\r\n" + data + b"\r\n--x--\r\n")
+    conn.request("POST", "/v1/parse?pages=1-20", body=body,
+                 headers={**svc.headers, "Content-Type": "multipart/form-data; boundary=x"})
+    busy = None
+    end = time.monotonic() + 60
+    while time.monotonic() < end:  # wait until the engine is running this request's pages
+        st = svc.engine_stats()
+        if st["pages_running"] > 0:
+            busy = st
+            break
+        time.sleep(0.05)
+    assert busy is not None, "the request never reached the engine"
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    st = svc.wait_engine_idle(timeout=30)
+    assert st["unfinished_requests"] == 0 and st["pages_running"] == 0, st
+    assert st["pages_done"] - busy["pages_done"] < 20  # it stopped: not every page was parsed
+
+
+def test_overload_gets_503_with_retry_after(tight):
+    memo = os.path.join(EXAMPLES, "paper.pdf")
+
+    def one(_):
+        r = tight.parse(memo, pages="1")
+        return r.status_code, r.headers.get("retry-after"), r.text
+
+    with cf.ThreadPoolExecutor(12) as ex:
+        got = list(ex.map(one, range(12)))
+    codes = [c for c, _, _ in got]
+    assert 200 in codes and 503 in codes, codes
+    assert all(ra is not None and int(ra) >= 1 for c, ra, _ in got if c == 503)
+    assert all(json.loads(t)["error"]["code"] == "overloaded" for c, _, t in got if c == 503)
+    assert set(codes) <= {200, 503}
+
+
+# ---- async jobs ----------------------------------------------------------------------------------------
+def _job(svc, path, name=None, **params):
+    with open(path, "rb") as f:
+        r = requests.post(f"{svc.url}/v1/jobs", params=params, headers=svc.headers,
+                          files={"file": (name or os.path.basename(path), f)}, timeout=120)
+    assert r.status_code == 202 and r.headers["location"] == f"/v1/jobs/{r.json()['id']}", r.text
+    return r.json()
+
+
+def _wait_job(svc, job_id, until, timeout=300):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        st = requests.get(f"{svc.url}/v1/jobs/{job_id}", headers=svc.headers, timeout=30).json()
+        if until(st):
+            return st
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} stuck: {st}")
+
+
+def _ingress_pids(svc) -> list[int]:
+    return [int(line.split()[0]) for line in svc.session_processes() if "ServeReplica:padoc:Ingress" in line]
+
+
+def test_an_async_job_survives_its_ingress_replica_being_killed(svc, long_doc):
+    path, _ = long_doc
+    job = _job(svc, path)
+    assert job["pages_total"] == LONG_PAGES and job["status"] in ("queued", "running")
+    _wait_job(svc, job["id"], lambda s: s["pages_done"] >= 2)
+    (pid,) = _ingress_pids(svc)
+    os.kill(pid, signal.SIGKILL)
+    done = _wait_job(svc, job["id"], lambda s: s.get("status") in ("done", "failed", "cancelled"), timeout=600)
+    assert done["status"] == "done" and done["pages_done"] == LONG_PAGES, done
+    assert _ingress_pids(svc) and _ingress_pids(svc) != [pid]  # Serve replaced the replica
+    r = requests.get(f"{svc.url}/v1/jobs/{job['id']}/result", headers=svc.headers, timeout=60)
+    res = r.json()
+    assert r.status_code == 200 and res["status"] == "success", r.text[:500]
+    assert [p["page_index"] for p in res["pages"]] == list(range(LONG_PAGES))  # each page exactly once
+    report = _pages(svc.parse(os.path.join(EXAMPLES, "report.pdf")))
+    assert all(p["markdown"] == report[p["page_index"] % 2]["markdown"] for p in res["pages"])
+
+
+def test_deleting_a_job_stops_its_engine_work(svc, long_doc):
+    path, _ = long_doc
+    job = _job(svc, path)
+    _wait_job(svc, job["id"], lambda s: s["pages_done"] >= 1)
+    r = requests.delete(f"{svc.url}/v1/jobs/{job['id']}", headers=svc.headers, timeout=30)
+    assert r.status_code == 200 and r.json()["status"] in ("cancelling", "cancelled"), r.text
+    st = _wait_job(svc, job["id"], lambda s: s["status"] == "cancelled", timeout=60)
+    idle = svc.wait_engine_idle(timeout=30)
+    assert idle["unfinished_requests"] == 0 and idle["pages_running"] == 0
+    time.sleep(1.5)
+    later = requests.get(f"{svc.url}/v1/jobs/{job['id']}", headers=svc.headers, timeout=30).json()
+    assert later["pages_done"] == st["pages_done"] < LONG_PAGES  # nothing ran after the cancel
+    r = requests.get(f"{svc.url}/v1/jobs/{job['id']}/result", headers=svc.headers, timeout=30)
+    assert r.status_code == 409
+    # another tenant (no token) cannot see it at all
+    assert requests.get(f"{svc.url}/v1/jobs/{job['id']}", timeout=30).status_code == 401
+
+
+def test_requests_share_no_prefix_cache(tight):
+    """The same file in two requests: each request is its own cache namespace, so the second one
+    reuses nothing of the first (its cached tokens are the same), and a response cannot tell
+    whether another client parsed the same file."""
+    report = os.path.join(EXAMPLES, "report.pdf")
+    a = _pages(tight.parse(report))
+    b = _pages(tight.parse(report))
+    for i in a:
+        assert a[i]["cached_tokens"] == b[i]["cached_tokens"], (a[i]["cached_tokens"], b[i]["cached_tokens"])
+
+
+# ---- the OpenAPI schema fuzzed ---------------------------------------------------------------------------
+def test_fuzzing_the_openapi_schema_finds_no_5xx(svc, tmp_path):
+    out = subprocess.run(
+        [os.path.join(BIN, "st"), "run", f"{svc.url}/openapi.json", "--checks", "not_a_server_error",
+         "--max-examples", "15", "--request-timeout", "120", "--no-color", "-H", f"Authorization: Bearer {TOKEN}"],
+        env=_env(), stdout=open(tmp_path / "st.out", "w"), stderr=subprocess.STDOUT, timeout=900, check=False)
+    text = (tmp_path / "st.out").read_text()
+    assert out.returncode == 0, text[-5000:]
+    assert re.search(r"\d+ passed", text), text[-2000:]
+
+
+# ---- shutdown ---------------------------------------------------------------------------------------------
+def test_sigterm_stops_the_service_and_leaves_no_process(tight):
+    assert any("ServeReplica:padoc:Engine" in p for p in tight.session_processes())
+    assert tight.stop() == 0, tight.log()
+    end = time.monotonic() + 30
+    while tight.session_processes() and time.monotonic() < end:
+        time.sleep(0.5)
+    assert tight.session_processes() == []
+
+
+# ---- the Serve config file in the repo ----------------------------------------------------------------------
+def test_the_repos_serve_config_runs_with_serve_run(tiny_model_dir, tmp_path):
+    import yaml
+
+    with open(os.path.join(ROOT, "cluster", "serve.yaml")) as f:
+        cfg = yaml.safe_load(f)
+    port = _free_port()
+    cfg["http_options"]["port"] = port
+    args = cfg["applications"][0]["args"]
+    args.update(model=tiny_model_dir, replay_gt=GT, job_store=str(tmp_path / "jobs"))
+    args["host"]["engine"] = "noop"  # the application, not the engine, is under test here (and it starts fast)
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    url = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "run.log", "w") as log:
+        proc = subprocess.Popen([os.path.join(BIN, "serve"), "run", "-a", "local", str(path)], cwd=ROOT,
+                                env=_env(PADOC_RAY_API_TOKEN=TOKEN), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        end = time.monotonic() + 300
+        while time.monotonic() < end:
+            try:
+                if requests.get(f"{url}/readyz", timeout=10).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert proc.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
+            time.sleep(1)
+        else:
+            raise AssertionError((tmp_path / "run.log").read_text()[-3000:])
+        memo = os.path.join(EXAMPLES, "memo.pdf")
+        with open(memo, "rb") as f:
+            assert requests.post(f"{url}/v1/parse", files={"file": f}, timeout=60).status_code == 401
+        with open(memo, "rb") as f:
+            r = requests.post(f"{url}/v1/parse", files={"file": ("memo.pdf", f)}, timeout=120,
+                              headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200 and [p["page_index"] for p in r.json()["pages"]] == [0], r.text[:500]
+        assert r.json()["pages"][0]["regions"] == []  # the no-op engine: an empty layout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
