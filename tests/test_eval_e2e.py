@@ -282,7 +282,7 @@ def test_parquet_rows_match_images_and_pdf_pages():
 
 
 def test_parquet_file_through_the_cli(tmp_path):
-    pa = pytest.importorskip("pyarrow")
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     gt = [page([det("text_block", 1, 1, text="Hello world")], name="doc.pdf_0.jpg")]

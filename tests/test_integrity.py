@@ -19,23 +19,9 @@ from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
 from padoc_ray.pipeline.storage import StorageConfig
 
-from .conftest import _env, stop_process_group, use_ray_token_in_process
+from .conftest import _env, stop_process_group
 from .pdf_factory import text_pdf
 from .test_hostile_inputs import many_page_pdf, tiff_frames
-
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """One in-process local Ray cluster for this module, token authentication on (the tests' token)."""
-    ray = pytest.importorskip("ray")
-    use_ray_token_in_process()
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 def run(tmp_path, inp, out, model, **kw):

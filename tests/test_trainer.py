@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch  # noqa: E402
+import transformers  # noqa: E402,F401
 
 from padoc_ray.protocol import Box, Page, Region, child_prompt, page_to_omnidocbench, serialize_padoc  # noqa: E402
 from padoc_ray.trainer.packing import (  # noqa: E402
@@ -380,18 +380,11 @@ def _corpus(root, n: int = 4) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def ray_cpu():
-    ray = pytest.importorskip("ray")
-    pytest.importorskip("ray.train")
-    from .conftest import use_ray_token_in_process
+def ray_cpu(local_ray):
+    """conftest's local_ray: a local cluster of this module's own (address="local"), token auth on."""
+    import ray.train  # noqa: F401
 
-    use_ray_token_in_process()  # the local cluster keeps token auth on, with the tests' token
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
+    return local_ray
 
 
 @pytest.mark.slow
