@@ -64,7 +64,8 @@ def main(up: str, python: str) -> None:
     with open(cfg, "w") as f:
         f.write(CONFIG)
     os.makedirs(os.path.join(up, "result"), exist_ok=True)
-    subprocess.run([python, "pdf_validation.py", "--config", cfg], cwd=up, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([python, "pdf_validation.py", "--config", cfg], cwd=up, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
     res = os.path.join(up, "result")
 
     def load(name):
@@ -92,6 +93,7 @@ def main(up: str, python: str) -> None:
     out = {
         "source": {
             "repo": UPSTREAM_REPO, "commit": UPSTREAM_COMMIT,
+            "checkout": "a git checkout of that commit (this script refuses any other HEAD)",
             "command": "python pdf_validation.py --config <config below> (the upstream evaluator, end2end quick_match)",
             "config": CONFIG, "cdm": "not run (needs a TeX toolchain)",
             "python": versions[0], "packages": dict(v.split(" ", 1) for v in versions[1:] if v),
