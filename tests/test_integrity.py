@@ -160,10 +160,8 @@ time.sleep(600)
 """
 
 
-def parse(*args, timeout=600, **popen):
+def parse(*args, timeout=600):
     cmd = [sys.executable, "-m", "padoc_ray.cli", "parse", *args]
-    if popen:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), **popen)
     return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=timeout)
 
 
@@ -194,7 +192,8 @@ def test_a_second_run_refuses_a_live_output_and_a_dead_runs_lock_is_recovered(ti
     got = read_pages(str(out / "pages"), StorageConfig()).to_pylist()  # skips the unreadable file
     assert len(got) == 6 and len({(r["source_uri"], r["page_index"]) for r in got}) == 6
     # --engine noop: no model runs, every page is an empty layout (one end-of-stream token)
-    full = pq.read_table(out / "pages").to_pylist()
+    full = read_pages(str(out / "pages"), StorageConfig(),
+                      columns=["status", "regions", "output_tokens", "n_branches", "markdown"]).to_pylist()
     assert all(r["status"] == "ok" and r["regions"] == [] and r["output_tokens"] == 1 and r["n_branches"] == 0
                and r["markdown"] == "" for r in full)
 
@@ -433,12 +432,12 @@ def test_the_test_clusters_keep_token_authentication_on(ray_cluster, tmp_path):
 
 # ---- resume and leftover clean-up on S3 ----------------------------------------------------------------------
 @pytest.mark.slow
-def test_resume_and_leftover_cleanup_on_an_s3_output(local_ray, s3, tiny_model_dir, tmp_path, monkeypatch):
-    """The batch job on an s3:// output (no-op engine): a rerun parses only what is missing; the
-    driver removes a torn file an earlier run left under pages/ at once, keeps a young unreadable file
-    of unknown origin, and removes it once it is older than --leftover-grace."""
+def test_resume_and_leftover_cleanup_on_an_s3_output(s3, tiny_model_dir, tmp_path, monkeypatch):
+    """`padoc-ray parse` on an s3:// output (no-op engine, its own local Ray): a rerun parses only
+    what is missing; the driver removes a torn file an earlier run left under pages/ at once, keeps
+    a young unreadable file of unknown origin, and removes it once it is older than --leftover-grace."""
     for k, v in s3["env"].items():
-        monkeypatch.setenv(k, v)
+        monkeypatch.setenv(k, v)  # for this process's reads; the runs get them through _env()
     c = s3["client"]
     c.create_bucket(Bucket="resume-out")
     inp = tmp_path / "in"
@@ -446,28 +445,36 @@ def test_resume_and_leftover_cleanup_on_an_s3_output(local_ray, s3, tiny_model_d
     (inp / "a.pdf").write_bytes(text_pdf(2))
     storage = StorageConfig(endpoint=s3["endpoint"])
     out = "s3://resume-out/run"
+    args = ["--input", str(inp), "--output", out, "--model", tiny_model_dir, "--engine", "noop", "--address", "local",
+            "--s3-endpoint", s3["endpoint"]]
 
     def listing():
         return sorted(o["Key"] for o in c.list_objects_v2(Bucket="resume-out", Prefix="run/pages/").get("Contents", []))
 
-    summary, _ = run(tmp_path, inp, out, tiny_model_dir, storage=storage)
-    assert summary["pages_written"] == 2 and summary["all_inputs_accounted"]
+    def summary():
+        return json.loads(c.get_object(Bucket="resume-out", Key="run/summary.json")["Body"].read())
+
+    first_run = parse(*args)
+    assert first_run.returncode == 0, first_run.stderr[-3000:]
+    assert summary()["pages_written"] == 2
     first = listing()
     torn = "run/pages/0123abcd4567_0123456789abcdef0123456789abcdef_000001-0.parquet"  # an earlier run's name
     c.put_object(Bucket="resume-out", Key=torn, Body=b"PAR1 torn by a killed run")
     c.put_object(Bucket="resume-out", Key="run/pages/unknown.parquet", Body=b"PAR1 maybe being written")
     (inp / "b.pdf").write_bytes(text_pdf(1))
-    summary, lines = run(tmp_path, inp, out, tiny_model_dir, storage=storage)
-    assert "1 to do" in lines[0] and summary["pages_written"] == 1  # only b.pdf: a.pdf is not parsed again
-    assert torn not in listing() and "run/pages/unknown.parquet" in listing()  # young: kept
-    assert set(first) <= set(listing())  # the readable files of the first run stay
+    second = parse(*args)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "1 to do" in second.stdout and summary()["pages_written"] == 1  # only b.pdf: a.pdf is not parsed again
+    assert torn not in listing() and "run/pages/unknown.parquet" in listing()  # young, unknown: kept
+    assert set(first) <= set(listing())  # the first run's files stay
     from padoc_ray.pipeline.job import read_pages
 
     got = read_pages(out + "/pages", storage).to_pylist()
     assert sorted((os.path.basename(r["source_uri"]), r["page_index"]) for r in got) == [
         ("a.pdf", 0), ("a.pdf", 1), ("b.pdf", 0)]
-    summary, lines = run(tmp_path, inp, out, tiny_model_dir, storage=storage, leftover_grace_s=0)
-    assert "0 to do" in lines[0] and "run/pages/unknown.parquet" not in listing()  # older than the grace: removed
+    third = parse(*args, "--leftover-grace", "0")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "0 to do" in third.stdout and "run/pages/unknown.parquet" not in listing()  # older than the grace
     assert read_pages(out + "/pages", storage).num_rows == 3
 
 
