@@ -91,21 +91,22 @@ def test_parse_page_replays_a_sample_page_through_the_engine(tiny_model_dir):
 @pytest.mark.engine
 def test_parse_page_prints_markdown_of_every_page(tiny_model_dir):
     """Without --page and --format: every page of the PDF as Markdown on stdout (the teacher-forced
-    truth, so exactly the truth's Markdown), one status line per page on stderr."""
+    truth, so exactly the truth's Markdown), one status line per page on stderr (report.pdf: 2 pages)."""
     from padoc_ray.local import load_truth
     from padoc_ray.protocol import quantized, to_markdown
 
     from .conftest import ROOT as root
 
     gt = os.path.join(root, "examples", "ground_truth.json")
-    out = run_cli("parse-page", os.path.join(root, "examples", "paper.pdf"), "--model", tiny_model_dir, "--replay", gt)
+    out = run_cli("parse-page", os.path.join(root, "examples", "report.pdf"), "--model", tiny_model_dir, "--replay", gt,
+                  "--longest-side", "400")  # a smaller image: less to encode, same forced output
     assert out.returncode == 0, out.stderr[-3000:]
     truth = load_truth(gt)
     from padoc_ray.hf_tokenizer import load_model_protocol
 
     vocab = load_model_protocol(tiny_model_dir).vocab
-    want = "".join(to_markdown(quantized(truth[("paper.pdf", i)], vocab)) for i in (0, 1))
+    want = "".join(to_markdown(quantized(truth[("report.pdf", i)], vocab)) for i in (0, 1))
     assert out.stdout == want and out.stdout.startswith("# ")
-    status = [ln for ln in out.stderr.splitlines() if ln.startswith("[paper.pdf page ")]
-    assert [ln.split(":")[0] for ln in status] == ["[paper.pdf page 1", "[paper.pdf page 2"]
+    status = [ln for ln in out.stderr.splitlines() if ln.startswith("[report.pdf page ")]
+    assert [ln.split(" status")[0] for ln in status] == ["[report.pdf page 1:", "[report.pdf page 2:"]
     assert all("status=ok valid=True" in ln for ln in status)
