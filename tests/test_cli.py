@@ -18,19 +18,39 @@ def run_cli(*args, timeout=300):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
+@pytest.fixture(scope="module")
+def parser():
+    """The real ``padoc-ray`` parser, built once in this process (not one interpreter per command)."""
+    from padoc_ray.cli import build_parser
+
+    return build_parser()
+
+
 @pytest.mark.parametrize("cmd", [[], ["build-tiny-model"], ["parse-page"], ["demo"], ["parse"], ["reannotate"], ["show"],
                                  ["train"], ["eval"], ["eval", "layout"], ["eval", "e2e"], ["bench"], ["bench", "replay"],
                                  ["bench", "raster"], ["bench", "pipeline"], ["bench", "attention"],
                                  ["bench", "pageiou"]])
-def test_every_command_explains_itself(cmd):
-    out = run_cli(*cmd, "--help")
-    assert out.returncode == 0, out.stderr
-    assert "usage: padoc-ray" in out.stdout and len(out.stdout) > 200
+def test_every_command_explains_itself(cmd, parser, capsys):
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args([*cmd, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: padoc-ray " + " ".join(cmd)) and len(out) > 200
 
 
-def test_no_command_prints_help_and_fails():
-    out = run_cli()
-    assert out.returncode == 2 and "COMMAND" in out.stdout
+def test_no_command_prints_help_and_fails(capsys, monkeypatch):
+    from padoc_ray.cli import main
+
+    for k in ("VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL"):  # main() sets these defaults for engine processes
+        monkeypatch.setenv(k, os.environ.get(k, "unset-by-test"))
+    assert main([]) == 2
+    assert "COMMAND" in capsys.readouterr().out
+
+
+def test_a_page_past_the_end_is_a_usage_error(tiny_model_dir):
+    """memo.pdf has one page: --page 2 is refused before any engine starts."""
+    out = run_cli("parse-page", os.path.join(ROOT, "examples", "memo.pdf"), "--model", tiny_model_dir, "--page", "2")
+    assert out.returncode == 2 and "page 2 does not exist in" in out.stderr and out.stdout == ""
 
 
 def test_build_tiny_model_refuses_a_non_empty_dir(tmp_path):
@@ -66,3 +86,27 @@ def test_parse_page_replays_a_sample_page_through_the_engine(tiny_model_dir):
     assert [r["content"] for r in obj["regions"]][:3] == [d["text"] for d in sorted(
         (d for d in memo["layout_dets"] if d["order"] is not None), key=lambda d: d["order"])][:3]
     assert obj["f_padoc"] < obj["f_seq"] and obj["n_branches"] == len(memo["layout_dets"])
+
+
+@pytest.mark.engine
+def test_parse_page_prints_markdown_of_every_page(tiny_model_dir):
+    """Without --page and --format: every page of the PDF as Markdown on stdout (the teacher-forced
+    truth, so exactly the truth's Markdown), one status line per page on stderr (report.pdf: 2 pages)."""
+    from padoc_ray.local import load_truth
+    from padoc_ray.protocol import quantized, to_markdown
+
+    from .conftest import ROOT as root
+
+    gt = os.path.join(root, "examples", "ground_truth.json")
+    out = run_cli("parse-page", os.path.join(root, "examples", "report.pdf"), "--model", tiny_model_dir, "--replay", gt,
+                  "--longest-side", "400")  # a smaller image: less to encode, same forced output
+    assert out.returncode == 0, out.stderr[-3000:]
+    truth = load_truth(gt)
+    from padoc_ray.hf_tokenizer import load_model_protocol
+
+    vocab = load_model_protocol(tiny_model_dir).vocab
+    want = "".join(to_markdown(quantized(truth[("report.pdf", i)], vocab)) for i in (0, 1))
+    assert out.stdout == want and out.stdout.startswith("# ")
+    status = [ln for ln in out.stderr.splitlines() if ln.startswith("[report.pdf page ")]
+    assert [ln.split(" status")[0] for ln in status] == ["[report.pdf page 1:", "[report.pdf page 2:"]
+    assert all("status=ok valid=True" in ln for ln in status)

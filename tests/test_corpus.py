@@ -11,9 +11,9 @@ from collections import Counter
 
 import pytest
 
-pytest.importorskip("reportlab")
-pytest.importorskip("matplotlib")
-pdfium = pytest.importorskip("pypdfium2")
+import matplotlib  # noqa: E402,F401 - the corpus profile is part of the test install
+import pypdfium2 as pdfium  # noqa: E402
+import reportlab  # noqa: E402,F401
 
 from padoc_ray.corpus import generate as gen  # noqa: E402
 from padoc_ray.corpus.cli import register  # noqa: E402
@@ -22,7 +22,7 @@ from padoc_ray.corpus.profiles import PROFILES  # noqa: E402
 from padoc_ray.corpus.verify import verify_corpus  # noqa: E402
 from padoc_ray.protocol import page_from_omnidocbench  # noqa: E402
 
-from .conftest import DEMO_DIR  # noqa: E402
+from .conftest import DEMO_DIR, require_demo_data  # noqa: E402
 
 DEMO_GT = os.path.join(DEMO_DIR, "OmniDocBench_demo.json")
 FURNITURE = {"header", "footer", "page_number", "page_footnote"}
@@ -253,13 +253,10 @@ def test_help_explains_options(capsys):
 # ---- token-length profile ---------------------------------------------------------------------------
 def test_profile_report(corpora, tiny_model_dir, tmp_path, capsys):
     d, gt = corpora["mixed"]
-    paths = [os.path.join(d, "gt.json")]
-    if os.path.exists(DEMO_GT):
-        paths.append(DEMO_GT)
+    require_demo_data()
+    paths = [os.path.join(d, "gt.json"), DEMO_GT]
     out = tmp_path / "profile.json"
-    argv = ["corpus", "profile", "--gt", paths[0], "--model", tiny_model_dir, "--json", str(out)]
-    if len(paths) > 1:
-        argv += ["--compare", paths[1]]
+    argv = ["corpus", "profile", "--gt", paths[0], "--model", tiny_model_dir, "--json", str(out), "--compare", paths[1]]
     assert run_cli(argv) == 0
     table = capsys.readouterr().out
     assert "F_seq" in table and "F_PaDoc" in table and "regions/page" in table
@@ -272,6 +269,5 @@ def test_profile_report(corpora, tiny_model_dir, tmp_path, capsys):
     assert s["regions_per_page"]["max"] == max(len(g["layout_dets"]) for g in gt)
     assert s["f_padoc"]["median"] <= s["f_seq"]["median"]
     assert 0 < s["step_reduction_median"] < 1
-    if len(paths) > 1:
-        assert rep["sets"][1]["pages"] == 18
+    assert rep["sets"][1]["pages"] == 18
     assert run_cli(["corpus", "profile", "--gt", str(tmp_path / "nope.json"), "--model", tiny_model_dir]) == 2

@@ -13,7 +13,7 @@ import pytest
 
 from padoc_ray.cli import main
 
-from .conftest import DEMO_DIR
+from .conftest import DEMO_DIR, require_demo_data
 
 DEMO_GT = os.path.join(DEMO_DIR, "OmniDocBench_demo.json")
 MODE_KEYS = {"binary/acceptable", "binary/ignore_acceptable", "countable/acceptable", "countable/ignore_acceptable"}
@@ -241,8 +241,8 @@ def _include_acceptable_overlap(gt_page: dict, q: str) -> bool:
                for a in boxes(m.include) for b in boxes(m.acceptable))
 
 
-@pytest.mark.skipif(not os.path.exists(DEMO_GT), reason="shared OmniDocBench demo data not present")
 def test_demo_ground_truth_against_itself_scores_one(tmp_path, capsys):
+    require_demo_data()
     out = str(tmp_path / "demo.json")
     rc, stdout, err = run(capsys, "--gt", DEMO_GT, "--pred", DEMO_GT, "--json", out)
     assert rc == 0, err
@@ -277,8 +277,8 @@ def test_demo_ground_truth_against_itself_scores_one(tmp_path, capsys):
             assert rep[m][q] == {"iou": 1.0, "f1": 1.0, "precision": 1.0, "recall": 1.0}, (m, q)
 
 
-@pytest.mark.skipif(not os.path.exists(DEMO_GT), reason="shared OmniDocBench demo data not present")
 def test_demo_with_a_perturbed_prediction_scores_below_one(tmp_path, capsys):
+    require_demo_data()
     gt = json.load(open(DEMO_GT))
     for p in gt:  # drop every other region
         p["layout_dets"] = p["layout_dets"][::2]
@@ -297,14 +297,20 @@ def test_demo_with_a_perturbed_prediction_scores_below_one(tmp_path, capsys):
 def test_bench_pageiou_runs_and_reports_both_backends(tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["bench", "pageiou", "--pages", "4", "--boxes", "6", "--raster-pages", "2", "--grid", "200",
-            "--min-seconds", "0", "--json", str(out)]
-    if os.path.exists(DEMO_GT):
-        argv += ["--gt", DEMO_GT]
+            "--min-seconds", "0", "--json", str(out), "--gt", require_demo_data() + "/OmniDocBench_demo.json"]
     assert main(argv) == 0
     stdout = capsys.readouterr().out
     assert "exact pages/s" in stdout
     res = json.load(open(out))
     assert res[0]["set"] == "random" and res[0]["pages"] == 4
+    # The backends differ only by the raster's edge rounding: at grid 200 an edge moves by at most
+    # 1/400 of the page, so one box's area by at most (w + h + 0.01) / 200 <= 0.0101 of the page.
+    # Measured on these (seeded, fixed) sets: random 0.0026 / 0.041, demo 0.0036 / 0.0104 (area /
+    # metric). A metric is a ratio of areas, so its error is the area error over the page's smallest
+    # union: bounded by the measured value with ~20% margin, not by a page.
+    limits = {"random": (0.0101, 0.05), "OmniDocBench_demo.json": (0.0101, 0.0125)}
+    assert [r["set"] for r in res] == list(limits)
     for r in res:
         assert r["exact_pages_per_s"] > 0 and r["raster_pages_per_s"] > 0
-        assert 0 <= r["max_metric_diff"] < 0.5 and 0 <= r["max_area_diff"] < 0.05
+        area, metric = limits[r["set"]]
+        assert 0 < r["max_area_diff"] <= area and 0 < r["max_metric_diff"] <= metric, r

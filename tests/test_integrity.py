@@ -20,23 +20,9 @@ from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
 from padoc_ray.pipeline.storage import StorageConfig
 
-from .conftest import _env, stop_process_group, use_ray_token_in_process
+from .conftest import _env, stop_process_group
 from .pdf_factory import text_pdf
 from .test_hostile_inputs import many_page_pdf, tiff_frames
-
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """One in-process local Ray cluster for this module, token authentication on (the tests' token)."""
-    ray = pytest.importorskip("ray")
-    use_ray_token_in_process()
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 def run(tmp_path, inp, out, model, **kw):
@@ -175,10 +161,8 @@ time.sleep(600)
 """
 
 
-def parse(*args, timeout=600, **popen):
+def parse(*args, timeout=600):
     cmd = [sys.executable, "-m", "padoc_ray.cli", "parse", *args]
-    if popen:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), **popen)
     return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=timeout)
 
 
@@ -208,6 +192,11 @@ def test_a_second_run_refuses_a_live_output_and_a_dead_runs_lock_is_recovered(ti
 
     got = read_pages(str(out / "pages"), StorageConfig()).to_pylist()  # skips the unreadable file
     assert len(got) == 6 and len({(r["source_uri"], r["page_index"]) for r in got}) == 6
+    # --engine noop: no model runs, every page is an empty layout (one end-of-stream token)
+    full = read_pages(str(out / "pages"), StorageConfig(),
+                      columns=["status", "regions", "output_tokens", "n_branches", "markdown"]).to_pylist()
+    assert all(r["status"] == "ok" and r["regions"] == [] and r["output_tokens"] == 1 and r["n_branches"] == 0
+               and r["markdown"] == "" for r in full)
 
 
 @pytest.mark.slow
@@ -440,3 +429,155 @@ def test_the_test_clusters_keep_token_authentication_on(ray_cluster, tmp_path):
     assert refused.returncode != 0 and "authentication" in (refused.stdout + refused.stderr).lower()
     allowed = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
     assert allowed.returncode == 0, allowed.stderr[-2000:]
+
+
+# ---- resume and leftover clean-up on S3 ----------------------------------------------------------------------
+@pytest.mark.slow
+def test_resume_and_leftover_cleanup_on_an_s3_output(s3, tiny_model_dir, tmp_path, monkeypatch):
+    """`padoc-ray parse` on an s3:// output (no-op engine, its own local Ray): a rerun parses only
+    what is missing; the driver removes a torn file an earlier run left under pages/ at once, keeps
+    a young unreadable file of unknown origin, and removes it once it is older than --leftover-grace."""
+    for k, v in s3["env"].items():
+        monkeypatch.setenv(k, v)  # for this process's reads; the runs get them through _env()
+    c = s3["client"]
+    c.create_bucket(Bucket="resume-out")
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "a.pdf").write_bytes(text_pdf(2))
+    storage = StorageConfig(endpoint=s3["endpoint"])
+    out = "s3://resume-out/run"
+    args = ["--input", str(inp), "--output", out, "--model", tiny_model_dir, "--engine", "noop", "--address", "local",
+            "--s3-endpoint", s3["endpoint"]]
+
+    def listing():
+        return sorted(o["Key"] for o in c.list_objects_v2(Bucket="resume-out", Prefix="run/pages/").get("Contents", []))
+
+    def summary():
+        return json.loads(c.get_object(Bucket="resume-out", Key="run/summary.json")["Body"].read())
+
+    first_run = parse(*args)
+    assert first_run.returncode == 0, first_run.stderr[-3000:]
+    assert summary()["pages_written"] == 2
+    first = listing()
+    torn = "run/pages/0123abcd4567_0123456789abcdef0123456789abcdef_000001-0.parquet"  # an earlier run's name
+    c.put_object(Bucket="resume-out", Key=torn, Body=b"PAR1 torn by a killed run")
+    c.put_object(Bucket="resume-out", Key="run/pages/unknown.parquet", Body=b"PAR1 maybe being written")
+    (inp / "b.pdf").write_bytes(text_pdf(1))
+    second = parse(*args)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "1 to do" in second.stdout and summary()["pages_written"] == 1  # only b.pdf: a.pdf is not parsed again
+    assert torn not in listing() and "run/pages/unknown.parquet" in listing()  # young, unknown: kept
+    assert set(first) <= set(listing())  # the first run's files stay
+    from padoc_ray.pipeline.job import read_pages
+
+    got = read_pages(out + "/pages", storage).to_pylist()
+    assert sorted((os.path.basename(r["source_uri"]), r["page_index"]) for r in got) == [
+        ("a.pdf", 0), ("a.pdf", 1), ("b.pdf", 0)]
+    third = parse(*args, "--leftover-grace", "0")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "0 to do" in third.stdout and "run/pages/unknown.parquet" not in listing()  # older than the grace
+    assert read_pages(out + "/pages", storage).num_rows == 3
+
+
+# ---- exit codes and configuration checks of the batch commands -----------------------------------------------
+def _patched_no_work(monkeypatch):
+    """The pipeline "loses" its work (writes nothing) and no Ray starts: what exit code 1 is for."""
+    from padoc_ray.pipeline import cli_args, job
+
+    monkeypatch.setattr(job, "_pipeline", lambda work, cfg, model_id: None)
+    monkeypatch.setattr(cli_args, "_init_ray", lambda args: None)
+
+
+def test_parse_exits_1_when_an_input_is_not_accounted_for_and_2_on_bad_arguments(tmp_path, monkeypatch, capsys):
+    from padoc_ray.cli import build_parser
+    from padoc_ray.pipeline.cli_args import run_from_args
+
+    _patched_no_work(monkeypatch)
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "a.pdf").write_bytes(text_pdf(1))
+    parser = build_parser()
+    args = parser.parse_args(["parse", "--input", str(inp), "--output", str(tmp_path / "out"), "--model",
+                              str(tmp_path), "--engine", "noop"])
+    assert run_from_args(args) == 1
+    summary = json.load(open(tmp_path / "out" / "summary.json"))
+    assert not summary["all_inputs_accounted"] and summary["unaccounted"] == [str(inp / "a.pdf")]
+    assert documents(tmp_path / "out")["a.pdf"]["status"] == "missing"
+    # 2: arguments argparse accepts but the configuration refuses, and ones argparse refuses
+    args = parser.parse_args(["parse", "--input", str(inp), "--output", str(inp / "o"), "--model", str(tmp_path)])
+    assert run_from_args(args) == 2 and "is inside --input" in capsys.readouterr().err
+    for bad in (["--actors", "2,1"], ["--actors", "x"], ["--mode", "both"], ["--engine", "gpt"],
+                ["--image-encoding", "jpeg"], ["--pages", "0-2"]):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(["parse", "--input", str(inp), "--output", str(tmp_path / "o"), "--model", "m", *bad])
+        assert e.value.code == 2, bad
+
+
+def test_reannotate_exit_codes(tmp_path, monkeypatch, capsys):
+    from padoc_ray.cli import EXAMPLES_DIR, build_parser
+    from padoc_ray.pipeline.cli_args import reannotate_from_args
+
+    _patched_no_work(monkeypatch)
+    parser = build_parser()
+    gt = os.path.join(EXAMPLES_DIR, "ground_truth.json")
+    base = ["reannotate", "--gt", gt, "--source", EXAMPLES_DIR, "--model", str(tmp_path), "--engine", "noop"]
+    # 1: a prediction set with inputs not accounted for
+    assert reannotate_from_args(parser.parse_args([*base, "--output", str(tmp_path / "r1")])) == 1
+    runs = json.load(open(tmp_path / "r1" / "reannotate_summary.json"))["runs"]
+    assert runs["fork"]["all_inputs_accounted"] is False
+    # 2: bad arguments, and a ground truth that is not there
+    for extra, msg in ((["--modes", "fork,fork"], "distinct"), (["--modes", "greedy"], "fork or sequential"),
+                       (["--compare", "gt=" + str(tmp_path)], "clash")):
+        assert reannotate_from_args(parser.parse_args([*base, "--output", str(tmp_path / "r2"), *extra])) == 2
+        assert msg in capsys.readouterr().err, extra
+    missing = ["reannotate", "--gt", str(tmp_path / "none.json"), "--source", EXAMPLES_DIR, "--model", str(tmp_path),
+               "--output", str(tmp_path / "r3")]
+    assert reannotate_from_args(parser.parse_args(missing)) == 2
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args([*base, "--output", str(tmp_path / "r4"), "--compare", "no-equals-sign"])
+    assert e.value.code == 2
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("mode", "both", "mode must be fork or sequential"),
+    ("num_actors", (2, 1), "1 <= min <= max"),
+    ("num_actors", (0, 1), "1 <= min <= max"),
+    ("image_encoding", "jpeg", "image_encoding must be one of"),
+    ("raster_pages_per_block", 0, "must be >= 1"),
+    ("engine_batch_pages", 0, "must be >= 1"),
+    ("raster_docs_per_task", 0, "must be >= 1"),
+    ("max_pages_per_doc", 0, "max_pages_per_doc must be >= 1"),
+    ("gpus_per_actor", -1.0, "cannot be negative"),
+    ("cpus_per_actor", -0.5, "cannot be negative"),
+    ("raster_cpus", 0.0, "must be > 0"),
+    ("writer_cpus", 0.0, "must be > 0"),
+    ("leftover_grace_s", -1.0, "leftover_grace_s"),
+    ("lock_wait_s", -1.0, "lock_wait_s"),
+    ("lock_stale_s", 0.0, "lock_stale_s"),
+    ("run_id", "../x", "run_id must be letters"),
+    ("run_id", "", "run_id must be letters"),
+    ("output", "IN/out", "is inside --input"),
+])
+def test_batch_config_refuses_each_bad_field(field, value, message, tmp_path):
+    """(The engine host's fields, engine and pages in flight among them: tests/test_host.py.)"""
+    base = {"input": str(tmp_path), "output": str(tmp_path.parent / "elsewhere"), "model": "m"}
+    BatchConfig(**base)  # the base itself is fine
+    if field == "output":
+        value = str(tmp_path / "out")
+    with pytest.raises(ValueError, match=message):
+        BatchConfig(**{**base, field: value})
+
+
+def test_the_s3_endpoint_comes_from_the_flag_else_the_environment(monkeypatch):
+    from padoc_ray.pipeline.cli_args import config_from_args
+
+    from padoc_ray.cli import build_parser
+
+    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(k, raising=False)
+    assert StorageConfig().resolved_endpoint() is None
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://env:9000")
+    assert StorageConfig().resolved_endpoint() == "http://env:9000"
+    args = build_parser().parse_args(["parse", "--input", "s3://b/in", "--output", "s3://b/out", "--model", "m",
+                                      "--s3-endpoint", "http://flag:9000"])
+    assert config_from_args(args).storage.resolved_endpoint() == "http://flag:9000"  # the flag wins

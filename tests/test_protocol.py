@@ -19,7 +19,9 @@ from padoc_ray.protocol.bytes_tokenizer import ByteTokenizer
 from padoc_ray.protocol.page import PageFormatError
 from padoc_ray.protocol.spec import DEFAULT_CATEGORIES
 
-DEMO = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "omnidocbench_demo", "OmniDocBench_demo.json")
+from .conftest import DEMO_DIR, require_demo_data  # noqa: E402
+
+DEMO = os.path.join(DEMO_DIR, "OmniDocBench_demo.json")
 
 SPEC = ProtocolSpec()
 TOK = ByteTokenizer(SPEC)
@@ -114,8 +116,7 @@ def test_missing_spec_and_tokenizer_without_tokens_are_clear_errors(tmp_path):
 # ---- OmniDocBench conversion ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def demo_pages():
-    if not os.path.exists(DEMO):
-        pytest.skip("shared OmniDocBench demo data not present")
+    require_demo_data()
     return json.load(open(DEMO))
 
 
@@ -321,8 +322,7 @@ def test_swapped_page_size_is_detected_on_the_demo_pages():
 
     from padoc_ray.protocol.page import page_from_omnidocbench
 
-    from .conftest import DEMO_DIR as root
-
+    root = require_demo_data()
     objs = json.load(open(os.path.join(root, "OmniDocBench_demo.json")))
     swapped = 0
     for o in objs:

@@ -136,6 +136,32 @@ def test_a_crashing_page_costs_that_page_and_the_rest_renders(faults):
         r.close()
 
 
+def test_an_unexpected_render_error_is_that_pages_render_failed(faults, monkeypatch):
+    """pdfium failing to render a page (not a crash) gives the page render_failed and the rest
+    renders, in the renderer process (an unforeseen exception, injected there) and in process (a
+    pdfium error from page.render)."""
+    faults({"odd.pdf": "fail@1", "odd_open.pdf": "fail@open"})
+    r = IsolatedRenderer(RendererConfig())
+    try:
+        ev = _events(r, text_pdf(3), "odd.pdf")
+        assert _summary(ev) == [("opened", 3), (0, "ok"), (1, "render_failed"), (2, "ok")]
+        assert "RuntimeError: injected failure at 1" in ev[2].message
+        ev = _events(r, text_pdf(1), "odd_open.pdf")
+        assert _summary(ev) == [("doc", "render_failed")] and "opening failed" in ev[0].message
+        assert r.restarts == 0  # an error, not a crash: the same renderer goes on
+    finally:
+        r.close()
+    import pypdfium2 as pdfium
+
+    def broken(self, *a, **kw):
+        raise pdfium.PdfiumError("Failed to render page")
+
+    monkeypatch.setattr(pdfium.PdfPage, "render", broken)
+    ev = _events(InProcessRenderer(), text_pdf(2), "doc.pdf")
+    assert _summary(ev) == [("opened", 2), (0, "render_failed"), (1, "render_failed")]
+    assert "Failed to render page" in ev[1].message
+
+
 def test_a_document_that_crashes_on_every_page_is_bounded(faults):
     faults({"poison.pdf": "crash"})
     r = IsolatedRenderer(RendererConfig(crash_tries=2, max_crashes_per_doc=3))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import glob
 import os
 import re
@@ -129,6 +130,13 @@ def _branch(request_id: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+@pytest.fixture(scope="module")
+def bundled():
+    """The 5 example pages bundled in the repository (examples/): the limit, cancel and error tests
+    run on them, so they never depend on the shared data."""
+    return _example_pages()
+
+
 def _one(corpus, name):
     return next((inp, t) for n, inp, t in corpus if n == name)
 
@@ -137,9 +145,10 @@ def _run(loop_thread, engine, proto, inp, mode="fork", **cfg):
     return loop_thread.run(run_page(engine, proto, inp, mode=mode, cfg=SchedulerConfig(**cfg)), timeout=300)
 
 
-def test_limits_give_their_status_and_leave_no_live_requests(corpus, cpu_engine, model_protocol, loop_thread):
+def test_limits_give_their_status_and_leave_no_live_requests(bundled, cpu_engine, model_protocol, loop_thread):
     mp, v = model_protocol, model_protocol.vocab
-    inp, truth = _one(corpus, "demo-3")  # 38 regions
+    inp, truth = _one(bundled, "ex-paper.pdf-0")  # 13 regions, 566 sequential tokens
+    assert len(truth.regions) > 3 and len(serialize_sequential(v, mp.tokenizer, truth)) > 40
     cases = {
         "branch_limit": (replay_input(mp, truth, inp, "fork"), "fork", dict(max_branches=3)),
         "token_limit": (replay_input(mp, truth, inp, "sequential"), "sequential", dict(max_tokens=40)),
@@ -148,7 +157,7 @@ def test_limits_give_their_status_and_leave_no_live_requests(corpus, cpu_engine,
     rp = replay_input(mp, truth, inp, "fork")
     loop = mp.tokenizer.encode("ab") * 400
     cases["runaway"] = (type(rp)(**{**rp.__dict__, "forced_branches": [loop] * len(rp.forced_branches)}), "fork",
-                        dict(runaway_window=64, runaway_max_period=4))
+                        dict(runaway_window=64, runaway_max_period=4, stream_branches=True))  # checked as it streams
     # a layout stream with a broken region
     bad = [v.region_open, v.coord_ids[5], v.region_close, *serialize_padoc(v, mp.tokenizer, truth).layout]
     cases["malformed_layout"] = (type(rp)(**{**rp.__dict__, "forced_main": bad}), "fork", {})
@@ -156,14 +165,14 @@ def test_limits_give_their_status_and_leave_no_live_requests(corpus, cpu_engine,
         rec = _run(loop_thread, cpu_engine, mp, page_in, mode, **cfg)
         assert rec.status == status and not rec.valid, (status, rec.status, rec.message)
         assert cpu_engine.num_unfinished_requests() == 0, status
-    big_inp, big = _one(corpus, "demo-14")  # the 87-region page
-    rec = _run(loop_thread, cpu_engine, mp, replay_input(mp, big, big_inp, "sequential"), "sequential", deadline_s=0.5)
-    assert rec.status == "deadline" and rec.e2e_s < 5
+    big_inp, big = _one(bundled, "ex-report.pdf-0")  # 862 sequential tokens: seconds of decoding
+    rec = _run(loop_thread, cpu_engine, mp, replay_input(mp, big, big_inp, "sequential"), "sequential", deadline_s=0.3)
+    assert rec.status == "deadline" and rec.e2e_s < 3 and 0 < len(rec.page.regions) < len(big.regions)
     assert cpu_engine.num_unfinished_requests() == 0
 
 
-def test_cancelling_mid_page_leaves_no_live_requests(corpus, cpu_engine, model_protocol, loop_thread):
-    inp, truth = _one(corpus, "demo-14")
+def test_cancelling_mid_page_leaves_no_live_requests(bundled, cpu_engine, model_protocol, loop_thread):
+    inp, truth = _one(bundled, "ex-paper.pdf-0")
     spy = Recording(cpu_engine)
 
     async def go():
@@ -180,3 +189,47 @@ def test_cancelling_mid_page_leaves_no_live_requests(corpus, cpu_engine, model_p
 
     assert loop_thread.run(go(), timeout=300)
     assert cpu_engine.num_unfinished_requests() == 0
+
+
+def test_the_adapter_maps_vllm_rejections_to_engine_error(bundled, cpu_engine, model_protocol, loop_thread):
+    """vLLM's refusals of one request become EngineError in the adapter (a page status, never an
+    actor death): a prompt over max_model_len, and sampling parameters vLLM rejects; through
+    run_page the page gets engine_error and nothing stays live in the engine."""
+    from padoc_ray.engine.interface import EngineDeadError, EngineError, GenRequest
+
+    too_long = GenRequest(request_id="too-long", prompt_ids=[model_protocol.vocab.region_open] * 40_000, max_tokens=4)
+
+    async def go():
+        async for _ in cpu_engine.generate(too_long):
+            pass
+
+    with pytest.raises(EngineError, match="too-long rejected: .*maximum context length") as e:
+        loop_thread.run(go(), timeout=120)
+    assert not isinstance(e.value, EngineDeadError)
+    inp, truth = _one(bundled, "ex-memo.pdf-0")
+    rec = _run(loop_thread, cpu_engine, model_protocol, replay_input(model_protocol, truth, inp, "fork"),
+               temperature=-1.0)  # vLLM refuses a negative temperature
+    assert rec.status == "engine_error" and not rec.valid and "rejected" in rec.message, (rec.status, rec.message)
+    assert cpu_engine.num_unfinished_requests() == 0
+
+
+def test_an_engine_death_is_raised_as_engine_dead_error_once(bundled, cpu_engine, model_protocol, loop_thread,
+                                                            tmp_path, monkeypatch):
+    """The test fault (PADOC_RAY_ENGINE_FAULTS, read where the engine is created) makes the N-th
+    request fail as vLLM's own EngineDeadError; the adapter maps it to EngineDeadError, which
+    run_page lets through (the engine actor exits on it); the marker file makes it fire once only,
+    in whichever process gets there first."""
+    from padoc_ray.engine.faults import ENGINE_FAULTS_ENV, EngineFault
+    from padoc_ray.engine.interface import EngineDeadError
+
+    marker = tmp_path / "died"
+    monkeypatch.setenv(ENGINE_FAULTS_ENV, json.dumps({"die_at_request": 2, "once": str(marker)}))
+    monkeypatch.setattr(cpu_engine, "_fault", EngineFault.from_env())
+    inp, truth = _one(bundled, "ex-memo.pdf-0")
+    with pytest.raises(EngineDeadError, match="engine died"):
+        _run(loop_thread, cpu_engine, model_protocol, replay_input(model_protocol, truth, inp, "fork"))
+    assert marker.read_text().strip() == str(os.getpid())
+    assert cpu_engine.num_unfinished_requests() == 0
+    rec = _run(loop_thread, cpu_engine, model_protocol, replay_input(model_protocol, truth, inp, "fork"))
+    assert rec.status == "ok"  # fired once: the marker stops it in this process and any restarted one
+    assert EngineFault.from_env().fires() is False and EngineFault(1, str(tmp_path / "other")).fires() is True

@@ -5,7 +5,10 @@ so they test the stand-in whether or not a real torchvision is installed (and wh
 fallback ``.pth`` is installed): transformers binds ``torchvision`` at import time, so the stand-in
 cannot be swapped in inside this process. The fast (torchvision-backend) processors must match the
 PIL backend to within ``PIXEL_TOL`` (float32 rounding of transformers' fused rescale+normalize; the
-resized uint8 pixels themselves are checked to be bit-identical to Pillow's).
+resized uint8 pixels themselves are checked to be bit-identical to Pillow's). ``PIXEL_TOL`` is one
+float32 unit in the last place at the normalized pixels' magnitude (|x| < 4: 2**-22 = 2.4e-7), the
+README's figure, and what the comparison measures (2.38e-7 for the Qwen2-VL processor, 5.9e-8 for
+the auto-loaded Qwen3-VL ones).
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers", reason="transformers is not installed")
+import transformers  # noqa: E402,F401 - part of the CPU profile
 
 from padoc_ray.compat import torchvision_fallback as tvf  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PIXEL_TOL = 1e-5
+PIXEL_TOL = 2.0**-22  # one float32 ulp in [2, 4): the README's "max difference 2.4e-7"
 
 
 # --------------------------------------------------------------------------- child-process worker
@@ -194,7 +197,7 @@ def _assert_cases_match(cases: dict) -> None:
     for name, case in cases.items():
         assert case["same_shape"], f"{name}: pixel_values shapes differ"
         assert case["grid_fast"] == case["grid_slow"], f"{name}: image_grid_thw differs"
-        assert case["max_abs_diff"] < PIXEL_TOL, f"{name}: max |fast - pil| = {case['max_abs_diff']}"
+        assert case["max_abs_diff"] <= PIXEL_TOL, f"{name}: max |fast - pil| = {case['max_abs_diff']}"
 
 
 # --------------------------------------------------------------------------- (a) pixels
@@ -248,8 +251,8 @@ def _shim_functional():
 
 
 def test_pad_crop_normalize_kernels_follow_torchvision_semantics():
-    np = pytest.importorskip("numpy")
-    torch = pytest.importorskip("torch")
+    import numpy as np
+    import torch
     fn = _shim_functional()
     x = torch.arange(2 * 3 * 4 * 5, dtype=torch.uint8).reshape(2, 3, 4, 5)
     ref = x.numpy()

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch  # noqa: E402
+import transformers  # noqa: E402,F401
 
 from padoc_ray.protocol import Box, Page, Region, child_prompt, page_to_omnidocbench, serialize_padoc  # noqa: E402
 from padoc_ray.trainer.packing import (  # noqa: E402
@@ -380,18 +380,11 @@ def _corpus(root, n: int = 4) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def ray_cpu():
-    ray = pytest.importorskip("ray")
-    pytest.importorskip("ray.train")
-    from .conftest import use_ray_token_in_process
+def ray_cpu(local_ray):
+    """conftest's local_ray: a local cluster of this module's own (address="local"), token auth on."""
+    import ray.train  # noqa: F401
 
-    use_ray_token_in_process()  # the local cluster keeps token auth on, with the tests' token
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
+    return local_ray
 
 
 @pytest.mark.slow
@@ -446,6 +439,21 @@ def test_ray_train_two_workers_checkpoint_resume_and_gradients(tmp_path, tiny_mo
         batch = [shards[r][batch_for_step(len(shards[r]), step, 1, 3 * 7919 + r)[0]] for r in range(2)]
         m = trainer.step(step, batch)
         assert m["loss"] == pytest.approx(m2[step - 1]["loss"], rel=1e-5)
+    # --resume DIR: a new run (its own --out) starts from the step-3 checkpoint of this one: it trains
+    # only step 4, from the restored model (its loss is the single-process step 4 after steps 1-3)
+    from padoc_ray.trainer.ray_train import STATE_FILE
+
+    ckpt3 = next(p for p in (out / "ray_results" / "train").glob("checkpoint_*")
+                 if p.is_dir() and json.load(open(p / STATE_FILE))["step"] == 3)
+    out2 = tmp_path / "out2"
+    run_training(TrainJobConfig(**{**base, "out": str(out2)}, steps=4, resume=str(ckpt3)))
+    m3 = read_metrics(str(out2 / "metrics.jsonl"))
+    assert [m["step"] for m in m3] == [4]  # steps 1-3 come from the checkpoint
+    continued = load_model(tiny_model_dir)
+    continued.load_state_dict(ref_model.state_dict())
+    ref4 = Trainer(continued, OptimConfig(lr=1e-3, warmup_steps=0), StepConfig(), 4)
+    batch = [shards[r][batch_for_step(len(shards[r]), 4, 1, 3 * 7919 + r)[0]] for r in range(2)]
+    assert ref4.step(4, batch)["loss"] == pytest.approx(m3[0]["loss"], rel=1e-5)
     exported = AutoModelForImageTextToText.from_pretrained(str(out / "model"))
     original = AutoModelForImageTextToText.from_pretrained(tiny_model_dir).state_dict()
     moved = 0.0

@@ -13,6 +13,7 @@ import os
 from typing import AsyncIterator, Sequence
 
 from .config import EngineConfig
+from .faults import EngineFault
 from .interface import EngineDeadError, EngineError, GenDelta, GenRequest
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.cfg = cfg
+        self._fault = EngineFault.from_env()  # test-only (padoc_ray.engine.faults); None normally
         self.llm = AsyncLLM.from_engine_args(_engine_args(cfg))
         logger.info("vLLM engine up: model=%s max_num_seqs=%d", cfg.model, cfg.max_num_seqs)
 
@@ -97,6 +99,8 @@ class VllmEngine:
         from vllm.v1.engine.exceptions import EngineDeadError as VllmDead
 
         try:
+            if self._fault is not None and self._fault.fires():
+                raise VllmDead(f"injected by {self._fault.once} (test fault)")
             gen = self.llm.generate(self._prompt(req), self._sampling_params(req), req.request_id,
                                     priority=req.priority)
             async for out in gen:

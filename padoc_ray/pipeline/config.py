@@ -70,7 +70,8 @@ class BatchConfig:
             raise ValueError(f"actor range must satisfy 1 <= min <= max, got {self.num_actors}")
         if self.image_encoding not in ENCODINGS:
             raise ValueError(f"image_encoding must be one of {', '.join(ENCODINGS)}, got {self.image_encoding!r}")
-        if self.raster_pages_per_block < 1 or self.engine_batch_pages < 1 or (self.raster_docs_per_task or 1) < 1:
+        docs_per_task = 1 if self.raster_docs_per_task is None else self.raster_docs_per_task  # 0 is not "auto"
+        if self.raster_pages_per_block < 1 or self.engine_batch_pages < 1 or docs_per_task < 1:
             raise ValueError("raster_docs_per_task, raster_pages_per_block and engine_batch_pages must be >= 1")
         if self.max_pages_per_doc is not None and self.max_pages_per_doc < 1:
             raise ValueError("max_pages_per_doc must be >= 1")

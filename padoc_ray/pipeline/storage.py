@@ -292,6 +292,14 @@ def _download_model(client, bucket: str, objects: list[dict], folder: str) -> No
             raise OSError(f"s3://{bucket}/{o['key']}: got {os.path.getsize(dest)} bytes, listed {o['size']}")
 
 
+#: where copies of s3:// models go (default ``~/.cache/padoc-ray/models``); one folder per node
+MODEL_CACHE_ENV = "PADOC_RAY_MODEL_CACHE"
+
+
+def model_cache_root() -> str:
+    return os.environ.get(MODEL_CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "padoc-ray", "models")
+
+
 def local_model_dir(uri: str, cfg: StorageConfig = StorageConfig(), cache_root: str | None = None) -> str:
     """A local directory holding the model: ``uri`` itself, or a cached copy of an s3:// model.
 
@@ -316,7 +324,7 @@ def local_model_dir(uri: str, cfg: StorageConfig = StorageConfig(), cache_root: 
     if not any(o["rel"] == "config.json" for o in objects):
         raise FileNotFoundError(f"{uri} holds no config.json: not a model directory")
     listing = json.dumps([uri, [[o["rel"], o["size"], o["etag"]] for o in objects]])
-    root = cache_root or os.path.join(os.path.expanduser("~"), ".cache", "padoc-ray", "models")
+    root = cache_root or model_cache_root()
     os.makedirs(root, exist_ok=True)
     dest = os.path.join(root, hashlib.sha256(listing.encode()).hexdigest()[:20])
     done = os.path.join(dest, ".complete")

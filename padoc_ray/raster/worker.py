@@ -17,7 +17,8 @@ its parent (PR_SET_PDEATHSIG on Linux), and exits when the connection closes.
 
 Test-only fault injection: ``PADOC_RAY_RENDER_FAULTS`` holds a JSON object mapping a document
 name (the basename of its URI) to ``crash`` or ``hang``, optionally ``@open`` or ``@N`` (page
-index N; default: every page), e.g. ``{"bad.pdf": "crash@2", "slow.pdf": "hang@open"}``.
+index N; default: every page), e.g. ``{"bad.pdf": "crash@2", "slow.pdf": "hang@open"}``; ``fail``
+raises an unexpected exception there instead (what an unforeseen pdfium error does).
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def _inject(fault: tuple[str, str] | None, where: str) -> None:
     elif fault[0] == "hang":
         while True:
             time.sleep(3600)
+    elif fault[0] == "fail":
+        raise RuntimeError(f"injected failure at {where}")
 
 
 def render_encoded(doc, index: int, render_cfg, encoding: str, buffer) -> tuple[dict, bytes]:
@@ -110,8 +113,8 @@ def serve(conn) -> None:
         if kind == "open":
             _, data, name, max_frames = msg
             fault = faults.get(name)
-            _inject(fault, "open")
             try:
+                _inject(fault, "open")
                 doc = open_document(data, max_frames=max_frames)
             except PdfError as e:
                 conn.send(("doc_error", e.code, e.message, getattr(e, "count", None)))
@@ -123,8 +126,8 @@ def serve(conn) -> None:
         elif kind == "render":
             _, indices, render_cfg, encoding = msg
             for i in indices:
-                _inject(fault, str(i))
                 try:
+                    _inject(fault, str(i))
                     meta, payload = render_encoded(doc, i, render_cfg, encoding, buffer)
                 except PdfError as e:
                     conn.send(("page_error", i, e.code, e.message))
