@@ -11,6 +11,8 @@ import time
 import urllib.error
 import urllib.request
 
+from padoc_ray.utils.argtypes import positive
+
 DESCRIPTION = """Serve PaDoc parsing over HTTP on a local Ray cluster (Ray Serve): one engine replica
 hosting vLLM with the layout-fork scheduler, and a FastAPI ingress that renders uploads and answers
 POST /v1/parse (multipart field `file`, or JSON; ?stream=true for NDJSON), async jobs at /v1/jobs,
@@ -31,18 +33,6 @@ def _replicas(text: str) -> tuple[int, int]:
     return lo, hi
 
 
-def _positive(kind):
-    def conv(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return v
-    return conv
-
-
 def add_parser(sub) -> None:
     s = sub.add_parser("serve", help="the online HTTP endpoint (Ray Serve) on a local Ray", description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,43 +42,43 @@ def add_parser(sub) -> None:
     s.add_argument("--replay", metavar="GT.json", default=None,
                    help="teacher-force the model with this OmniDocBench ground truth, matched by the upload's file "
                         "name and page (tiny-model demos and tests)")
-    s.add_argument("--max-tokens", type=_positive(int), default=8192, help="generated tokens per stream (default 8192)")
-    s.add_argument("--max-upload-mb", type=_positive(float), default=50.0,
+    s.add_argument("--max-tokens", type=positive(int), default=8192, help="generated tokens per stream (default 8192)")
+    s.add_argument("--max-upload-mb", type=positive(float), default=50.0,
                    help="largest request body; bigger ones get 413 (default 50)")
-    s.add_argument("--max-pages", type=_positive(int), default=50,
+    s.add_argument("--max-pages", type=positive(int), default=50,
                    help="pages one /v1/parse request may select; more get 413 (default 50; use /v1/jobs)")
     s.add_argument("--engine", choices=("vllm", "noop"), default="vllm",
                    help="vllm, or noop (no model: empty layouts; measures the HTTP layer). Default vllm")
     s.add_argument("--mode", choices=("fork", "sequential"), default="fork",
                    help="default mode of requests that name none (default fork)")
     s.add_argument("--model-id", default=None, help="the model name clients send (default: the model folder's name)")
-    s.add_argument("--max-branches", type=_positive(int), default=255, help="content branches per page (default 255)")
-    s.add_argument("--page-deadline", type=_positive(float), default=None,
+    s.add_argument("--max-branches", type=positive(int), default=255, help="content branches per page (default 255)")
+    s.add_argument("--page-deadline", type=positive(float), default=None,
                    help="seconds per page before it is cut (default: none)")
-    s.add_argument("--request-timeout", type=_positive(float), default=600.0,
+    s.add_argument("--request-timeout", type=positive(float), default=600.0,
                    help="seconds a /v1/parse or chat request may take before 504 (default 600)")
-    s.add_argument("--max-job-pages", type=_positive(int), default=5000, help="pages one /v1/jobs document may select "
+    s.add_argument("--max-job-pages", type=positive(int), default=5000, help="pages one /v1/jobs document may select "
                                                                                "(default 5000)")
     s.add_argument("--job-store", default=None,
                    help="folder or s3:// prefix for async jobs (input, state, Parquet page rows); every ingress replica "
                         "must see it (default: a folder under the system temp dir)")
-    s.add_argument("--job-lease", type=_positive(float), default=15.0,
+    s.add_argument("--job-lease", type=positive(float), default=15.0,
                    help="seconds without a heartbeat after which another replica takes a job over (default 15)")
     s.add_argument("--allow-s3", action="append", default=[], metavar="s3://BUCKET[/PREFIX]",
                    help="a prefix requests may name as `uri` or `image_url` (repeatable; default: none)")
     s.add_argument("--s3-endpoint", default=None, help="S3-compatible endpoint URL (default: AWS_ENDPOINT_URL or AWS)")
     s.add_argument("--engine-replicas", type=_replicas, default=(1, 1), metavar="N|MIN,MAX",
                    help="engine replicas, autoscaled between MIN and MAX on pages in flight (default 1)")
-    s.add_argument("--pages-in-flight", type=_positive(int), default=32,
+    s.add_argument("--pages-in-flight", type=positive(int), default=32,
                    help="pages one engine replica runs at once (default 32)")
-    s.add_argument("--engine-max-ongoing", type=_positive(int), default=64,
+    s.add_argument("--engine-max-ongoing", type=positive(int), default=64,
                    help="pages one engine replica accepts at once (default 64; past --pages-in-flight they wait in it)")
-    s.add_argument("--engine-max-queued", type=_positive(int), default=256,
+    s.add_argument("--engine-max-queued", type=positive(int), default=256,
                    help="pages waiting for an engine replica; past it requests get 503 + Retry-After (default 256)")
-    s.add_argument("--render-workers", type=_positive(int), default=2,
+    s.add_argument("--render-workers", type=positive(int), default=2,
                    help="renderer processes per ingress replica (default 2)")
     s.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs per engine replica (default 0; 1 on GPUs)")
-    s.add_argument("--ready-timeout", type=_positive(float), default=900.0,
+    s.add_argument("--ready-timeout", type=positive(float), default=900.0,
                    help="seconds to wait for /readyz before giving up (default 900)")
     s.set_defaults(func=run)
 

@@ -13,6 +13,8 @@ import logging
 import os
 import sys
 
+from padoc_ray.utils.argtypes import positive
+
 DESCRIPTION = """\
 Train a PaDoc checkpoint on annotated pages with ancestor attention: each page becomes one packed
 sample [prompt+image+layout | branch 1 | ... | branch N] where every branch sees the image and the
@@ -20,19 +22,6 @@ layout up to its region only. Runs Ray Train (TorchTrainer, FSDP2, gloo on CPU /
 --workers workers; writes OUT/metrics.jsonl (one line per step), distributed checkpoints under
 OUT/ray_results/RUN_NAME (rerunning the same command resumes from the latest), and at the end the
 Hugging Face checkpoint OUT/model that vLLM and the batch job load."""
-
-
-def _positive(kind):
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
-        return v
-
-    return parse
 
 
 #: the attention backends (``attention.BACKENDS``, spelled out so building the parser imports no torch)
@@ -49,23 +38,23 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                          "rows with status ok are trained on, their images re-rendered from source_uri")
     io.add_argument("--out", required=True, help="output folder: metrics.jsonl, ray_results/, model/")
     tr = p.add_argument_group("training")
-    tr.add_argument("--steps", type=_positive(int), required=True, help="optimizer steps in total (a resumed run "
+    tr.add_argument("--steps", type=positive(int), required=True, help="optimizer steps in total (a resumed run "
                                                                           "continues up to this number)")
     tr.add_argument("--backend", choices=BACKENDS, default="tree_varlen",
                     help="ancestor-attention backend: dense (materialized mask, the reference), flex (flex attention; "
                          "no backward on CPU), tree_varlen (gathered prefixes + varlen causal attention; default)")
-    tr.add_argument("--workers", type=_positive(int), default=1, help="Ray Train workers (default 1)")
-    tr.add_argument("--lr", type=_positive(float), default=5e-6,
+    tr.add_argument("--workers", type=positive(int), default=1, help="Ray Train workers (default 1)")
+    tr.add_argument("--lr", type=positive(float), default=5e-6,
                     help="peak learning rate, after linear warm-up, cosine decay to 0 (default 5e-6, the paper's)")
     tr.add_argument("--warmup-steps", type=int, default=None, help="warm-up steps (default min(500, 5%% of --steps))")
-    tr.add_argument("--max-len", type=_positive(int), default=8192,
+    tr.add_argument("--max-len", type=positive(int), default=8192,
                     help="tokens per packed page; longer pages drop whole trailing regions (default 8192)")
-    tr.add_argument("--max-pixels", type=_positive(int), default=None,
+    tr.add_argument("--max-pixels", type=positive(int), default=None,
                     help="image pixel budget instead of the checkpoint processor's (fewer image tokens; written "
                          "into the exported preprocessor_config.json)")
-    tr.add_argument("--grad-accum", type=_positive(int), default=1,
+    tr.add_argument("--grad-accum", type=positive(int), default=1,
                     help="packed pages per step and worker (global batch = workers x grad-accum; default 1)")
-    tr.add_argument("--checkpoint-every", type=_positive(int), default=50,
+    tr.add_argument("--checkpoint-every", type=positive(int), default=50,
                     help="steps between distributed checkpoints; the last step always saves (default 50)")
     tr.add_argument("--seed", type=int, default=0, help="data-order seed (default 0)")
     tr.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
