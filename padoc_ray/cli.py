@@ -133,6 +133,7 @@ def cmd_demo(args) -> int:
 
     import pyarrow.dataset as pads
 
+    from padoc_ray.host import HostConfig
     from padoc_ray.local import load_truth
     from padoc_ray.pipeline.config import BatchConfig
     from padoc_ray.pipeline.job import run_batch
@@ -166,7 +167,8 @@ def cmd_demo(args) -> int:
     init_ray("local", verbose=args.verbose)
     ray.data.DataContext.get_current().enable_progress_bars = args.verbose
     cfg = BatchConfig(input=os.path.join(args.examples, "*.pdf"), output=args.output, model=args.model,
-                      mode=args.mode, replay_gt=gt if replay else None, scheduler=_scheduler_cfg(args))
+                      mode=args.mode, replay_gt=gt if replay else None,
+                      host=HostConfig(mode=args.mode, scheduler=_scheduler_cfg(args)))
     summary = run_batch(cfg)
     table = pads.dataset(os.path.join(args.output, "pages"), format="parquet").to_table().to_pylist()
     table.sort(key=lambda r: (r["source_uri"], r["page_index"]))

@@ -266,7 +266,7 @@ def test_engine_deaths_restart_the_actor_and_every_page_lands_once(ray_cluster, 
     assert len(rows) == 20 and len(set(keys(rows))) == 20  # every page exactly once
     assert all(r["status"] == "ok" for r in rows)
     assert sum(r["processed_at"] > kill_time for r in rows) >= 1  # parsed after the kill, by the new actor
-    assert json.load(open(out / "summary.json"))["config"]["max_live_branches"] == 3
+    assert json.load(open(out / "summary.json"))["config"]["host"]["max_live_branches"] == 3
 
 
 def _logged(ray_cluster, text: str) -> bool:
@@ -339,7 +339,7 @@ def test_batch_flags_each_show_their_effect(ray_cluster, tiny_model_dir, tmp_pat
         "gone.pdf": ("missing_file", 0), "mem": ("read_failed", 0)}
     cfg = json.load(open(out / "summary.json"))["config"]
     assert cfg["image_encoding"] == "ppm" and cfg["num_actors"] == [1, 2] and cfg["render"]["dpi"] == 36
-    assert cfg["pages"] == [1, 2, 3] and cfg["max_pages_per_doc"] == 2 and cfg["scheduler"]["deadline_s"] == 12
+    assert cfg["pages"] == [1, 2, 3] and cfg["max_pages_per_doc"] == 2 and cfg["host"]["scheduler"]["deadline_s"] == 12
 
 
 def test_interrupted_driver_completes_on_rerun_without_duplicates(ray_cluster, tiny_model_dir, tmp_path):
