@@ -140,7 +140,9 @@ class _TimedOut(Exception):
 
 
 class IsolatedRenderer:
-    """Renders in a child process with deadlines; see the module doc. Not thread-safe: one per thread."""
+    """Renders in a child process with deadlines; see the module doc. Not thread-safe: one per
+    thread, and a long-lived thread: the child dies with the thread that started it (its
+    PR_SET_PDEATHSIG follows the parent *thread*), so a short-lived thread costs a new process."""
 
     def __init__(self, cfg: RendererConfig = RendererConfig()):
         self.cfg = cfg

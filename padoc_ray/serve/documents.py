@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
@@ -92,17 +93,33 @@ class RenderedPage:
 
 
 class RenderPool:
-    """``workers`` renderer processes; each document takes one for its whole rendering."""
+    """``workers`` long-lived threads, each driving its own renderer process; a document is
+    rendered by one of them from start to end, the others wait their turn.
+
+    The threads must outlive the documents: a renderer process dies with the *thread* that started
+    it (PR_SET_PDEATHSIG is per thread on Linux), so a thread per document would start a new
+    renderer process for every document (~70 ms each)."""
 
     def __init__(self, cfg: RendererConfig, workers: int):
-        self._free: asyncio.Queue[IsolatedRenderer] = asyncio.Queue()
-        for _ in range(workers):
-            self._free.put_nowait(IsolatedRenderer(cfg))
-        self._all = list(self._free._queue)  # noqa: SLF001 - for close()
+        self.cfg = cfg
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="padoc-render")
+        self._local = threading.local()
+        self._all: list[IsolatedRenderer] = []
+        self._lock = threading.Lock()
+
+    def _renderer(self) -> IsolatedRenderer:
+        r = getattr(self._local, "renderer", None)
+        if r is None:
+            r = self._local.renderer = IsolatedRenderer(self.cfg)
+            with self._lock:
+                self._all.append(r)
+        return r
 
     def close(self) -> None:
-        for r in self._all:
-            r.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            for r in self._all:
+                r.close()
 
     async def render(self, data: bytes, name: str, wanted: tuple[int, ...] | None, max_pages: int, render_cfg,
                      encoding: str, base: dict, max_frames: int, count_only: bool = False) -> AsyncIterator[Any]:
@@ -110,7 +127,6 @@ class RenderPool:
         (dict) per page in order; or a single ``("failed", code, message)``. ``count_only``: open and
         check the selection, render nothing. Stopping early (the client left, the job was cancelled)
         abandons the document: its renderer is restarted."""
-        renderer = await self._free.get()
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue(maxsize=8)  # bounded: rendering waits for the engine side
         stop = threading.Event()
@@ -132,6 +148,7 @@ class RenderPool:
 
         def work() -> None:
             count, repaired = None, None
+            renderer = self._renderer()
             try:
                 # closed at once when we stop early (its renderer is then killed and replaced)
                 with contextlib.closing(renderer.render_document(data, name, chosen, render_cfg, encoding,
@@ -157,8 +174,7 @@ class RenderPool:
             finally:
                 put(done)
 
-        thread = threading.Thread(target=work, name="padoc-render", daemon=True)
-        thread.start()
+        job = loop.run_in_executor(self._executor, work)
         try:
             while True:
                 item = await q.get()
@@ -169,5 +185,4 @@ class RenderPool:
             stop.set()
             while not q.empty():  # unblock a put() waiting on a full queue
                 q.get_nowait()
-            await asyncio.to_thread(thread.join)
-            self._free.put_nowait(renderer)
+            await asyncio.shield(job)  # the document's thread is free again before we return
