@@ -2,9 +2,10 @@
 :class:`~padoc_ray.host.PageHost` directly, at several client concurrencies (closed loops).
 
 Each request is one PDF page (``pages=K``), teacher-forced with ground truth so the engine does
-real-length work. The direct side gets the page already rendered (as the engine replica would);
-the HTTP side pays for everything a client pays for: upload, auth, rendering in a renderer
-process, the ingress-to-engine hop, JSON. The two sides run one after the other, never together,
+real-length work. The direct side renders each request's page in-process and hands it to the host (the same
+load: PDF bytes in, record out); a second direct side hands it pages rendered beforehand (the
+engine alone). The HTTP side pays for everything a client pays for: upload, auth, rendering in a
+renderer process, the ingress-to-engine hop, JSON. The two sides run one after the other, never together,
 each on its own engine with the same settings. Reported per concurrency and side: pages/s, P50
 and P95 latency, and HTTP pages/s as a fraction of direct.
 """
@@ -50,41 +51,63 @@ def _summary(lat: list[float], wall: float, ok: int) -> dict:
             "p50_s": round(quantile(lat, 0.5), 4), "p95_s": round(quantile(lat, 0.95), 4)}
 
 
-async def _direct(model: str, truth: dict, items: list[Item], concurrencies, n: int, cfg, warmup: int, log) -> dict:
-    from padoc_ray.host import HostPage, PageHost
-    from padoc_ray.pdf import RenderConfig, doc_id_of, open_pdf, render_page
+def _render(it: Item):
+    from padoc_ray.pdf import RenderConfig, open_pdf, render_page
 
-    pages = []
-    for it in items:  # rendered once, as the ingress would before calling the engine
-        doc = open_pdf(it.data)
-        img = render_page(doc, it.page_index, RenderConfig()).image
-        pages.append(HostPage(doc_id=doc_id_of(it.data), page_index=it.page_index, image=img, source_name=it.name))
+    doc = open_pdf(it.data)
+    try:
+        return render_page(doc, it.page_index, RenderConfig()).image
+    finally:
         doc.close()
+
+
+async def _direct(model: str, truth: dict, items: list[Item], concurrencies, n: int, cfg, warmup: int,
+                  log) -> dict[str, dict]:
+    """Two direct sides on one engine: ``direct`` renders each request's page (the same load an
+    HTTP request brings: PDF bytes in, record out; pdfium under one lock, in a thread), and
+    ``direct_prerendered`` hands the host images rendered beforehand (the engine alone)."""
+    import threading
+
+    from padoc_ray.host import HostPage, PageHost
+    from padoc_ray.pdf import doc_id_of
+
+    pdfium = threading.Lock()  # pdfium is not thread-safe
+
+    def render_locked(it: Item):
+        with pdfium:
+            return _render(it)
+
+    ids = [doc_id_of(it.data) for it in items]
+    pre = [HostPage(doc_id=d, page_index=it.page_index, image=_render(it), source_name=it.name)
+           for d, it in zip(ids, items)]
     host = await PageHost(model, cfg, truth=truth).start()
-    out = {}
+    out: dict[str, dict] = {"direct": {}, "direct_prerendered": {}}
     try:
         for i in range(warmup):
-            await host.parse(replace(pages[i % len(pages)], salt=uuid.uuid4().hex))
-        for c in concurrencies:
-            lat: list[float] = []
-            ok = 0
-            nxt = 0
+            await host.parse(replace(pre[i % len(pre)], salt=uuid.uuid4().hex))
+        for side in ("direct_prerendered", "direct"):
+            for c in concurrencies:
+                lat: list[float] = []
+                ok = 0
+                nxt = 0
 
-            async def worker():
-                nonlocal nxt, ok
-                while nxt < n:
-                    k = nxt
-                    nxt += 1
-                    t = time.perf_counter()
-                    rec = await host.parse(replace(pages[k % len(pages)], salt=uuid.uuid4().hex))
-                    lat.append(time.perf_counter() - t)
-                    ok += rec.status == "ok"
+                async def worker():
+                    nonlocal nxt, ok
+                    while nxt < n:
+                        k = nxt % len(items)
+                        nxt += 1
+                        t = time.perf_counter()
+                        page = pre[k]
+                        if side == "direct":
+                            page = replace(page, image=await asyncio.to_thread(render_locked, items[k]))
+                        rec = await host.parse(replace(page, salt=uuid.uuid4().hex))
+                        lat.append(time.perf_counter() - t)
+                        ok += rec.status == "ok"
 
-            t0 = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(c)))
-            out[str(c)] = _summary(lat, time.perf_counter() - t0, ok)
-            log(f"direct C={c:<3} {out[str(c)]['pages_per_s']:.2f} pages/s  p50 {out[str(c)]['p50_s']:.3f}s  "
-                f"p95 {out[str(c)]['p95_s']:.3f}s")
+                t0 = time.perf_counter()
+                await asyncio.gather(*(worker() for _ in range(c)))
+                r = out[side][str(c)] = _summary(lat, time.perf_counter() - t0, ok)
+                log(f"{side:<18} C={c:<3} {r['pages_per_s']:.2f} pages/s  p50 {r['p50_s']:.3f}s  p95 {r['p95_s']:.3f}s")
     finally:
         host.shutdown()
         await asyncio.sleep(0.5)
@@ -147,7 +170,7 @@ def _http(model: str, gt: str, items: list[Item], concurrencies, n: int, host_cf
             with cf.ThreadPoolExecutor(c) as ex:
                 res = list(ex.map(one, range(n)))
             out[str(c)] = _summary([r[0] for r in res], time.perf_counter() - t0, sum(r[1] for r in res))
-            log(f"http   C={c:<3} {out[str(c)]['pages_per_s']:.2f} pages/s  p50 {out[str(c)]['p50_s']:.3f}s  "
+            log(f"{'http':<18} C={c:<3} {out[str(c)]['pages_per_s']:.2f} pages/s  p50 {out[str(c)]['p50_s']:.3f}s  "
                 f"p95 {out[str(c)]['p95_s']:.3f}s")
     finally:
         serve.shutdown()
@@ -170,9 +193,11 @@ def run(model: str, gt: str, pdfs: Sequence[str], concurrencies: Sequence[int] =
     http = _http(model, gt, items, concurrencies, requests, host_cfg, warmup, log)
     report = {"model": model, "pages": len(items), "requests_per_level": requests, "concurrency": {}}
     for c in concurrencies:
-        d, h = direct[str(c)], http[str(c)]
-        report["concurrency"][str(c)] = {"direct": d, "http": h,
-                                         "http_over_direct_pages_per_s": round(h["pages_per_s"] / d["pages_per_s"], 3)}
+        d, p, h = direct["direct"][str(c)], direct["direct_prerendered"][str(c)], http[str(c)]
+        report["concurrency"][str(c)] = {
+            "direct": d, "direct_prerendered": p, "http": h,
+            "http_over_direct_pages_per_s": round(h["pages_per_s"] / d["pages_per_s"], 3),
+            "http_over_prerendered_pages_per_s": round(h["pages_per_s"] / p["pages_per_s"], 3)}
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "http_bench.json"), "w") as f:
@@ -181,10 +206,11 @@ def run(model: str, gt: str, pdfs: Sequence[str], concurrencies: Sequence[int] =
 
 
 def format_table(report: dict) -> str:
-    lines = ["| clients | direct pages/s | HTTP pages/s | HTTP / direct | direct P50 / P95 s | HTTP P50 / P95 s |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| clients | direct pages/s (pre-rendered) | HTTP pages/s | HTTP / direct (/ pre-rendered) | "
+             "direct P50 / P95 s | HTTP P50 / P95 s |", "|---|---|---|---|---|---|"]
     for c, b in report["concurrency"].items():
-        d, h = b["direct"], b["http"]
-        lines.append(f"| {c} | {d['pages_per_s']:.2f} | {h['pages_per_s']:.2f} | {b['http_over_direct_pages_per_s']:.2f} "
-                     f"| {d['p50_s']:.3f} / {d['p95_s']:.3f} | {h['p50_s']:.3f} / {h['p95_s']:.3f} |")
+        d, p, h = b["direct"], b["direct_prerendered"], b["http"]
+        lines.append(f"| {c} | {d['pages_per_s']:.2f} ({p['pages_per_s']:.2f}) | {h['pages_per_s']:.2f} | "
+                     f"{b['http_over_direct_pages_per_s']:.2f} ({b['http_over_prerendered_pages_per_s']:.2f}) | "
+                     f"{d['p50_s']:.3f} / {d['p95_s']:.3f} | {h['p50_s']:.3f} / {h['p95_s']:.3f} |")
     return "\n".join(lines)
