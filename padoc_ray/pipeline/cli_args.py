@@ -49,8 +49,8 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
                                                         "summary.json")
     io.add_argument("--model", required=True, help="checkpoint directory, local or s3:// (holds padoc_protocol.json)")
     io.add_argument("--manifest-allow", action="append", default=[], metavar="PREFIX",
-                    help="a folder or s3://bucket/prefix that a manifest --input may name (repeatable; default: the "
-                         "manifest's own folder). Lines outside get a row with status disallowed_uri and are never "
+                    help="a folder or s3://bucket/prefix that a manifest --input may name (repeatable; replaces the "
+                         "default, the manifest's own folder). Lines outside get a row with status disallowed_uri and are never "
                          "read")
     io.add_argument("--wait-lock", type=float, default=0.0, metavar="SECONDS",
                     help="when another run holds --output, wait this long for it (default 0: refuse with exit code 2)")
