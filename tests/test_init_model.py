@@ -267,21 +267,45 @@ def test_a_non_empty_out_needs_force(bases, tmp_path, monkeypatch, capsys):
 
 
 # ---- it serves and trains ----------------------------------------------------------------------------
+def _tiny_models_markdown(tiny_model_dir, cpu_engine, loop_thread, pdf: str, longest_side: int) -> str:
+    """What the ordinary tiny model gives for ``pdf``, teacher-forced: parse-page's own code path
+    (PageHost + parse_local, the same settings) on the session's engine, which hosts that model."""
+    from padoc_ray.host import HostConfig, PageHost
+    from padoc_ray.local import load_pages, load_truth, parse_local
+    from padoc_ray.pdf import RenderConfig
+    from padoc_ray.protocol import to_markdown
+    from padoc_ray.scheduler import SchedulerConfig
+
+    items = load_pages([pdf], render=RenderConfig(longest_side=longest_side))
+    cfg = HostConfig(mode="fork", scheduler=SchedulerConfig(max_tokens=8192, max_branches=255), pages_in_flight=1)
+
+    async def go():
+        host = await PageHost(tiny_model_dir, cfg, truth=load_truth(GT), engine=cpu_engine).start()
+        try:
+            return await parse_local(host, items)
+        finally:
+            host.shutdown()  # not the shared engine: the host does not own it
+
+    recs = loop_thread.run(go(), timeout=300)
+    assert [r.status for r in recs] == ["ok"] * len(items)
+    return "".join(to_markdown(r.page) for r in recs)
+
+
 @pytest.mark.engine
-def test_cli_verifies_in_vllm_and_parse_page_gives_the_tiny_models_markdown(bases, tiny_model_dir, tmp_path):
+def test_cli_verifies_in_vllm_and_parse_page_gives_the_tiny_models_markdown(bases, tiny_model_dir, cpu_engine,
+                                                                             loop_thread, tmp_path):
     """The real CPU engine: init-model's check (engine start, free and forced generation) on the tied
     base, then parse-page teacher-forced on memo.pdf gives exactly the ordinary tiny model's Markdown."""
     out = tmp_path / "padoc"
     r = _cli("init-model", "--base", bases[True], "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "verified in vLLM" in r.stdout and "forced protocol region reproduced (8 tokens)" in r.stdout
-    page = ["--replay", GT, "--longest-side", "400"]
-    mine = _cli("parse-page", os.path.join(EXAMPLES, "memo.pdf"), "--model", str(out), *page)
+    memo = os.path.join(EXAMPLES, "memo.pdf")
+    mine = _cli("parse-page", memo, "--model", str(out), "--replay", GT, "--longest-side", "400")
     assert mine.returncode == 0, mine.stderr[-3000:]
-    ref = _cli("parse-page", os.path.join(EXAMPLES, "memo.pdf"), "--model", tiny_model_dir, *page)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    assert mine.stdout == ref.stdout and mine.stdout.startswith("# MEMORANDUM")
     assert "status=ok valid=True" in mine.stderr
+    ref = _tiny_models_markdown(tiny_model_dir, cpu_engine, loop_thread, memo, 400)
+    assert mine.stdout == ref and ref.startswith("# MEMORANDUM") and ref.count("\n") > 5
 
 
 def test_a_failed_vllm_check_leaves_nothing(bases, tmp_path, monkeypatch):
