@@ -26,8 +26,9 @@ def parser():
     return build_parser()
 
 
-@pytest.mark.parametrize("cmd", [[], ["build-tiny-model"], ["parse-page"], ["demo"], ["parse"], ["reannotate"], ["show"],
-                                 ["train"], ["eval"], ["eval", "layout"], ["eval", "e2e"], ["bench"], ["bench", "replay"],
+@pytest.mark.parametrize("cmd", [[], ["build-tiny-model"], ["init-model"], ["parse-page"], ["demo"], ["parse"],
+                                 ["reannotate"], ["show"], ["train"], ["eval"], ["eval", "layout"], ["eval", "e2e"],
+                                 ["bench"], ["bench", "replay"],
                                  ["bench", "raster"], ["bench", "pipeline"], ["bench", "attention"],
                                  ["bench", "pageiou"]])
 def test_every_command_explains_itself(cmd, parser, capsys):

@@ -15,28 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass
 
 from padoc_ray.protocol.spec import ProtocolSpec
 
-QWEN_SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
-)
-
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{%- if message['content'] is string -%}{{ message['content'] }}"
-    "{%- else -%}{%- for item in message['content'] -%}"
-    "{%- if item['type'] == 'image' or 'image' in item -%}<|vision_start|><|image_pad|><|vision_end|>"
-    "{%- elif item['type'] == 'video' or 'video' in item -%}<|vision_start|><|video_pad|><|vision_end|>"
-    "{%- elif item['type'] == 'text' -%}{{ item['text'] }}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}<|im_end|>\n"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+from .protocol_files import (  # CHAT_TEMPLATE and QWEN_SPECIAL_TOKENS: re-exported for older imports
+    CHAT_TEMPLATE, QWEN_SPECIAL_TOKENS, add_protocol_tokens, add_special_tokens, padded_vocab_size, prepare_out,
+    save_tokenizer_files,
 )
 
 _SEED_TEXT = """\
@@ -84,6 +69,8 @@ class TinyModelConfig:
     max_pixels: int = 256 * 32 * 32
     min_pixels: int = 4 * 32 * 32
     bpe_vocab_size: int = 24000
+    #: one matrix for input embeddings and LM head (Qwen3-VL-2B ties them; the tiny default does not)
+    tie_word_embeddings: bool = False
     seed: int = 0
 
 
@@ -103,10 +90,10 @@ def _training_text() -> list[str]:
     return lines
 
 
-def build_tokenizer(spec: ProtocolSpec, cfg: TinyModelConfig):
-    """Train the BPE and wrap it as a Qwen2 tokenizer with Qwen specials and protocol tokens."""
+def build_tokenizer(spec: ProtocolSpec | None, cfg: TinyModelConfig):
+    """Train the BPE and wrap it as a Qwen2 tokenizer with the Qwen specials and, given a spec, the
+    protocol tokens (``spec=None``: a plain Qwen3-VL tokenizer, the stand-in for a real base)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import AddedToken
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
 
     tk = Tokenizer(models.BPE())
@@ -127,9 +114,9 @@ def build_tokenizer(spec: ProtocolSpec, cfg: TinyModelConfig):
         vocab=state["vocab"], merges=merges, eos_token="<|im_end|>", pad_token="<|endoftext|>",
         unk_token=None, errors="replace",
     )
-    specials = [t for t in QWEN_SPECIAL_TOKENS if t != "<|endoftext|>"]
-    protocol = [t for t in spec.all_added_tokens() if t not in QWEN_SPECIAL_TOKENS]
-    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in specials + protocol])
+    add_special_tokens(tok, [t for t in QWEN_SPECIAL_TOKENS if t != "<|endoftext|>"])
+    if spec is not None:
+        add_protocol_tokens(tok, spec)  # the same code path as init-model
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
@@ -156,21 +143,24 @@ def _write_processor_configs(out: str, cfg: TinyModelConfig) -> None:
 
 
 def build_tiny_model(out: str, *, spec: ProtocolSpec | None = None, cfg: TinyModelConfig | None = None,
-                     force: bool = False) -> str:
-    """Write the checkpoint to ``out``; refuses a non-empty directory unless ``force``."""
+                     force: bool = False, base: bool = False) -> str:
+    """Write the checkpoint to ``out``; refuses a non-empty directory unless ``force``.
+
+    ``base=True`` builds the same tiny Qwen3-VL *without* the protocol: no protocol tokens, no
+    ``padoc_protocol.json`` (a stand-in for a real base such as Qwen3-VL-2B-Instruct, which
+    ``padoc-ray init-model`` turns into a PaDoc checkpoint).
+    """
     import torch
     from transformers import GenerationConfig, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    spec = spec or ProtocolSpec()
+    if base and spec is not None:
+        raise ValueError("a base checkpoint has no protocol spec")
+    spec = None if base else (spec or ProtocolSpec())
     cfg = cfg or TinyModelConfig()
-    if os.path.isdir(out) and os.listdir(out):
-        if not force:
-            raise FileExistsError(f"{out} is not empty; pass --force to overwrite it")
-        shutil.rmtree(out)
-    os.makedirs(out, exist_ok=True)
+    prepare_out(out, force)
 
     tok = build_tokenizer(spec, cfg)
-    vocab_size = ((len(tok) + 63) // 64) * 64
+    vocab_size = padded_vocab_size(len(tok))
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
     text = dict(
         vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
@@ -181,6 +171,8 @@ def build_tiny_model(out: str, *, spec: ProtocolSpec | None = None, cfg: TinyMod
                          "mrope_interleaved": True},
         pad_token_id=ids["<|endoftext|>"], dtype="float32",
     )
+    if cfg.tie_word_embeddings:
+        text["tie_word_embeddings"] = True  # what vLLM's language model reads
     vision = dict(
         depth=cfg.vision_depth, hidden_size=cfg.vision_hidden_size, intermediate_size=cfg.vision_intermediate_size,
         num_heads=cfg.vision_heads, patch_size=cfg.patch_size, spatial_merge_size=cfg.spatial_merge_size,
@@ -190,7 +182,7 @@ def build_tiny_model(out: str, *, spec: ProtocolSpec | None = None, cfg: TinyMod
     config = Qwen3VLConfig(
         text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False,
+        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=cfg.tie_word_embeddings,
     )
     config.dtype = "float32"
     torch.manual_seed(cfg.seed)
@@ -198,9 +190,6 @@ def build_tiny_model(out: str, *, spec: ProtocolSpec | None = None, cfg: TinyMod
     model.save_pretrained(out, safe_serialization=True)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     GenerationConfig(eos_token_id=[eos], pad_token_id=ids["<|endoftext|>"], do_sample=False).save_pretrained(out)
-    tok.save_pretrained(out)
-    with open(os.path.join(out, "chat_template.jinja"), "w") as f:
-        f.write(CHAT_TEMPLATE)
+    save_tokenizer_files(out, tok, spec)
     _write_processor_configs(out, cfg)
-    spec.save(out)
     return out
