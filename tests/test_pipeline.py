@@ -69,7 +69,7 @@ def test_job_submit_reads_and_writes_s3(ray_cluster, s3, tiny_model_dir, tmp_pat
     c.upload_file(os.path.join(EXAMPLES, "ground_truth.json"), "padoc-in", "gt.json")
     for f in os.listdir(tiny_model_dir):
         c.upload_file(os.path.join(tiny_model_dir, f), "padoc-in", f"model/tiny/{f}")
-    assert not os.listdir(own_model_cache)  # nothing cached: the engine actor must download the model
+    before = set(os.listdir(own_model_cache))  # other tests of the session may have cached other models
     runtime_env = {"env_vars": dict(s3["env"]),  # no AWS_ENDPOINT_URL: the endpoint comes from --s3-endpoint
                    "excludes": [".venv", "models", "out", ".git", "*.parquet"]}
     cmd = [os.path.join(BIN, "ray"), "job", "submit", "--address", ray_cluster["dashboard"], "--working-dir", ROOT,
@@ -99,8 +99,9 @@ def test_job_submit_reads_and_writes_s3(ray_cluster, s3, tiny_model_dir, tmp_pat
     skipped = next(r for r in rows if r["source_uri"].endswith("readme.txt"))
     assert skipped["page_index"] == -1 and skipped["error_code"] == "not_pdf"
     # the engine actor copied the model from S3 into this session's cache, this run
-    copies = [d for d in os.listdir(own_model_cache) if os.path.exists(os.path.join(own_model_cache, d, ".complete"))]
-    assert len(copies) == 1
+    copies = [d for d in os.listdir(own_model_cache)
+              if d not in before and os.path.exists(os.path.join(own_model_cache, d, ".complete"))]
+    assert len(copies) == 1  # a new copy, made by this job
     copy = os.path.join(own_model_cache, copies[0])
     assert json.load(open(os.path.join(copy, ".source.json")))[0] == "s3://padoc-in/model/tiny"
     for f in os.listdir(tiny_model_dir):
