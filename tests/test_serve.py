@@ -24,7 +24,7 @@ import urllib.parse
 import pytest
 import requests
 
-from .conftest import BIN, ROOT, _env
+from .conftest import BIN, ROOT, _env, _free_port
 
 pytestmark = pytest.mark.engine
 
@@ -34,23 +34,11 @@ TOKEN = "test-token-123"
 LONG_PAGES = 40
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _long_pdf_and_truth(tmp) -> tuple[str, str]:
     """A 40-page PDF (report.pdf's pages, repeated) and ground truth for it and the examples, so a
     job or a request on it runs long enough to be interrupted, with known results."""
-    import pikepdf
-
-    src = pikepdf.open(os.path.join(EXAMPLES, "report.pdf"))
-    out = pikepdf.new()
-    for i in range(LONG_PAGES):
-        out.pages.append(src.pages[i % 2])
     path = os.path.join(tmp, "long.pdf")
-    out.save(path)
+    _long_copy(path)
     with open(GT) as f:
         gt = json.load(f)
     report = [g for g in gt if g["page_info"]["source_pdf"] == "report.pdf"]
