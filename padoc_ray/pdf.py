@@ -178,6 +178,11 @@ class ImageDocument:
     def __len__(self) -> int:
         return self._n
 
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of the first frame, in pixels."""
+        return self._img.size
+
     def render(self, index: int, cfg: "RenderConfig"):
         from PIL import ImageOps
 

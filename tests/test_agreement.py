@@ -104,15 +104,22 @@ def test_comparison_stage_records_every_page(tmp_path):
     pages = load_ground_truth(cfg)
     assert [(os.path.basename(p.source_uri or ""), p.page_index, p.problem and p.problem[0]) for p in pages] == [
         ("a.pdf", 0, None), ("img.png", 0, None), ("", -1, "source_missing"), ("", -1, "invalid_ground_truth")]
-    same = pages[0].page
+    same = pages[0].gt
     sets = {"fork": {("a.pdf", 0): ("ok", same)},
             "sequential": {("a.pdf", 0): ("ok", P(R("text_block", 0.1, 0.1, 0.5, 0.2, "help")))}}
-    rows = compare(pages, sets, AgreementConfig(), "run1")
+    table, consensus = compare(pages, sets, AgreementConfig(), "run1", min_agree=2)
+    rows = [r for r in table if r["kind"] == "page"]
     assert [r["status"] for r in rows] == ["ok", "no_prediction", "source_missing", "invalid_ground_truth"]
     first = rows[0]
-    assert [(c["ref"], c["hyp"]) for c in first["comparisons"]] == [("gt", "fork"), ("gt", "sequential"),
-                                                                    ("fork", "sequential")]
-    assert first["comparisons"][0]["consensus"] and not first["comparisons"][1]["consensus"]
-    assert first["consensus"] is False and 0 < first["difficulty"] < 1
+    pairs = [r for r in table if r["kind"] == "pair" and r["image_path"] == first["image_path"]]
+    assert [(c["ref"], c["hyp"]) for c in pairs] == [("gt", "fork"), ("gt", "sequential"), ("fork", "sequential"),
+                                                     ("gt", "consensus")]
+    assert pairs[0]["agree"] and not pairs[1]["agree"]
+    assert first["unanimous"] is False and 0 < first["difficulty"] < 1 and first["parsed"] == 2
+    # the two parses agree on the region's box (the content differs): it is the consensus, with the
+    # content of the first set (two members are equally close to each other)
+    assert first["consensus"] and first["consensus_regions"] == 1 and len(consensus) == 1
+    assert consensus[0].regions[0].content == "hello" and consensus[0].extra == {"source_pdf": "a.pdf"}
     assert rows[1]["prediction_status"] == {"fork": "missing", "sequential": "missing"}
+    assert rows[1]["consensus"] is False and "fewer than min_agree" in rows[1]["consensus_reason"]
     assert rows[2]["reason"].startswith("gone.jpg not found")

@@ -385,22 +385,24 @@ def test_reannotate_compares_modes_with_the_corpus_and_resumes(ray_cluster, tmp_
     run = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     table = pq.read_table(out / "agreement" / "agreement.parquet").to_pylist()
-    assert len(table) == len(gt) + 1
+    page_rows = [r for r in table if r["kind"] == "page"]
+    assert len(page_rows) == len(gt) + 1
     by_status = {}
-    for r in table:
+    for r in page_rows:
         by_status.setdefault(r["status"], []).append(r)
     assert len(by_status["ok"]) == len(gt) and len(by_status["source_missing"]) == 1
     for r in by_status["ok"]:
-        pairs = {(c["ref"], c["hyp"]): c for c in r["comparisons"]}
+        pairs = {(c["ref"], c["hyp"]): c for c in table if c["kind"] == "pair" and c["image_path"] == r["image_path"]}
         assert set(pairs) == {("gt", "fork"), ("gt", "sequential"), ("gt", "again"), ("fork", "sequential"),
-                              ("fork", "again")}
+                              ("fork", "again"), ("sequential", "again"), ("gt", "consensus")}
         assert dict(r["prediction_status"]) == {"fork": "ok", "sequential": "ok", "again": "ok"}
         for c in pairs.values():  # teacher-forced: same regions and contents up to 1/1000 box quantization
-            assert c["layout_iou"] > 0.95 and c["content_edit"] == 0.0 and c["consensus"], (r["image_path"], c)
+            assert c["layout_iou"] > 0.95 and c["content_edit"] == 0.0 and c["agree"], (r["image_path"], c)
             assert c["matched"] == c["ref_regions"] == c["hyp_regions"] > 0
-        assert r["consensus"] and r["difficulty"] < 0.02
+        assert r["unanimous"] and r["consensus"] and r["coverage"] == 1.0 and r["difficulty"] < 0.02
     summary = json.load(open(out / "reannotate_summary.json"))
-    assert summary["pages_compared"] == summary["consensus_pages"] == len(gt)
+    assert summary["pages_compared"] == summary["consensus_pages"] == summary["unanimous_pages"] == len(gt)
+    assert len(json.load(open(out / "consensus" / "consensus.json"))) == len(gt)
     assert summary["runs"]["fork"]["page_status"] == {"ok": 5} and summary["runs"]["sequential"]["all_inputs_accounted"]
     again = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
     assert again.returncode == 0, again.stderr[-4000:]

@@ -27,6 +27,9 @@ PURE = [
     "padoc_ray.engine",
     "padoc_ray.engine.interface",
     "padoc_ray.engine.config",
+    "padoc_ray.eval.agreement",
+    "padoc_ray.eval.consensus",
+    "padoc_ray.eval.importers",
 ]
 
 

@@ -132,3 +132,17 @@ def difficulty(agreements: Iterable[PageAgreement]) -> float | None:
     """Mean over comparisons of ((1 - layout IoU) + content distance) / 2; None with no comparison."""
     vals = [((1.0 - a.layout_iou) + a.content_edit) / 2 for a in agreements]
     return sum(vals) / len(vals) if vals else None
+
+
+#: the weight of the easiest page that has a consensus: the hardest (difficulty 1) is drawn
+#: ``(SAMPLE_WEIGHT_FLOOR + 1) / SAMPLE_WEIGHT_FLOOR`` = 5 times as often
+SAMPLE_WEIGHT_FLOOR = 0.25
+
+
+def sample_weight(consensus: bool | None, difficulty: float | None) -> float:
+    """How often training draws a page, from its re-annotation row: 0 without a consensus
+    annotation (never drawn), else ``SAMPLE_WEIGHT_FLOOR + difficulty`` (harder pages more often;
+    a page no two annotations were compared on counts as difficulty 0)."""
+    if not consensus:
+        return 0.0
+    return SAMPLE_WEIGHT_FLOOR + min(1.0, max(0.0, difficulty or 0.0))

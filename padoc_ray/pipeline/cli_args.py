@@ -187,38 +187,64 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 # ---- re-annotation ----------------------------------------------------------------------------------
 REANNOTATE_DESCRIPTION = """\
-Offline corpus re-annotation: parse an annotated corpus (OmniDocBench-format ground truth + the
-PDFs or page images it names) with the batch pipeline, once per --modes entry, and compare each
-prediction set with the existing annotations and the first prediction set with the others
-(--compare adds existing batch outputs, e.g. another model's). Writes OUTPUT/predictions/<name>/
-(batch outputs; they resume), OUTPUT/agreement/agreement.parquet (one row per ground-truth page:
-PageIoU layout agreement, matched regions, content edit distance, consensus flag, difficulty) and
-OUTPUT/reannotate_summary.json. Exit code 0 when every page was compared or has a recorded
-reason, 2 for bad arguments."""
+Offline corpus re-annotation: turn several parses of a corpus into agreement figures, a consensus
+annotation and a difficulty score per page (the paper's data curation). Prediction sets: padoc-ray's
+own parses of --source, one batch run per --modes entry (written to OUTPUT/predictions/<mode>/;
+they resume), and other parsers' outputs (--compare NAME=[FORMAT:]PATH: a padoc-ray batch output,
+OmniDocBench JSON, MinerU *_content_list.json, dots.ocr layout JSON). Every pair of sets is
+compared page by page (PageIoU layout agreement, matched regions, content edit distance); regions
+at least --min-agree sets agree on form the consensus. With --gt, the pages are the ground truth's,
+and each set and the consensus are also scored against it; without it, every page of every source
+file. Writes OUTPUT/consensus/consensus.json (OmniDocBench format, for train --gt and eval),
+OUTPUT/agreement/agreement.parquet (one row per page, kind=page, and one per compared pair,
+kind=pair) and OUTPUT/reannotate_summary.json. Exit code 0 when every page was compared or has a
+recorded reason, 1 when a parsing run left inputs unaccounted for, 2 for bad arguments."""
 
 
-def _named_dir(text: str) -> tuple[str, str]:
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"expected NAME=OUTPUT_DIR, got {text!r}")
-    return name, path
+def _named_set(text: str) -> tuple[str, tuple[str | None, str]]:
+    from padoc_ray.eval.importers import parse_compare
+
+    try:
+        name, fmt, path = parse_compare(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name, (fmt, path)
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    if modes == ("none",):
+        return ()
+    if "none" in modes:
+        raise argparse.ArgumentTypeError("--modes none cannot be combined with other modes")
+    return modes
 
 
 def add_reannotate_args(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("corpus and comparison")
-    c.add_argument("--gt", required=True, help="OmniDocBench-format ground truth JSON (local or s3://)")
     c.add_argument("--source", required=True,
-                   help="folder or s3:// prefix with the PDFs (page_info.source_pdf) or page images "
-                        "(page_info.image_path) the ground truth names")
+                   help="folder or s3:// prefix with the PDFs or page images (with --gt: the files its "
+                        "page_info.source_pdf / image_path name)")
     c.add_argument("--output", required=True, help="local folder or s3://bucket/prefix for the results")
-    c.add_argument("--modes", default="fork",
-                   help="comma list of prediction sets to parse: fork, sequential (default fork); the first is the "
-                        "reference the others are compared with")
-    c.add_argument("--compare", type=_named_dir, action="append", default=[], metavar="NAME=OUTPUT_DIR",
-                   help="also compare with an existing batch output (repeatable), e.g. other_model=s3://b/out")
-    c.add_argument("--match-iou", type=float, default=0.5, help="box IoU for two regions to pair up (default 0.5)")
+    c.add_argument("--gt", default=None,
+                   help="OmniDocBench-format annotations to score the sets and the consensus against (optional)")
+    c.add_argument("--modes", type=_modes, default=("fork",),
+                   help="comma list of padoc-ray parses to run: fork, sequential; or none to parse nothing here and "
+                        "only compare --compare sets (default fork)")
+    c.add_argument("--compare", type=_named_set, action="append", default=[], metavar="NAME=[FORMAT:]PATH",
+                   help="another prediction set (repeatable). FORMAT: padoc (a batch output folder), omnidocbench "
+                        "(JSON list of pages), mineru (*_content_list.json file or folder), dots (dots.ocr layout JSON "
+                        "folder); detected when left out. E.g. mineru=mineru:out/ or other_model=s3://b/out")
+    c.add_argument("--min-agree", type=int, default=None, metavar="K",
+                   help="prediction sets that must agree on a region for it to enter the consensus (default: a "
+                        "strict majority of all sets, e.g. 2 of 3)")
+    c.add_argument("--dots-dpi", type=int, default=200,
+                   help="the dpi dots.ocr rendered PDF pages at, to read its pixel boxes when its page images are "
+                        "not next to the JSON (default 200, dots.ocr's)")
+    c.add_argument("--match-iou", type=float, default=0.5,
+                   help="box IoU for two regions to pair up and to join a consensus region (default 0.5)")
     c.add_argument("--consensus-iou", type=float, default=0.9,
-                   help="consensus needs at least this full-page layout IoU (default 0.9)")
+                   help="a pair agrees with at least this full-page layout IoU (default 0.9)")
     c.add_argument("--consensus-edit", type=float, default=0.1,
                    help="... and at most this mean content edit distance (default 0.1)")
     add_batch_args(p, job_io=False)
@@ -226,13 +252,14 @@ def add_reannotate_args(p: argparse.ArgumentParser) -> None:
 
 def reannotate_from_args(args: argparse.Namespace) -> int:
     from padoc_ray.eval.agreement import AgreementConfig
+    from padoc_ray.eval.importers import PredictionSetError
     from padoc_ray.pipeline.reannotate import ReannotateConfig, run_reannotate
     from padoc_ray.pipeline.storage import InputError
 
     try:
         cfg = ReannotateConfig(
             gt=args.gt, source=args.source, output=args.output, batch=config_from_args(args),
-            modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()), compare=dict(args.compare),
+            modes=args.modes, compare=dict(args.compare), min_agree=args.min_agree, dots_dpi=args.dots_dpi,
             agreement=AgreementConfig(match_iou=args.match_iou, consensus_iou=args.consensus_iou,
                                       consensus_edit=args.consensus_edit))
     except ValueError as e:
@@ -240,11 +267,11 @@ def reannotate_from_args(args: argparse.Namespace) -> int:
         return 2
     try:
         summary = run_reannotate(cfg, start_ray=lambda: _init_ray(args))
-    except (InputError, FileNotFoundError, ValueError) as e:
+    except (InputError, PredictionSetError, FileNotFoundError, ValueError) as e:
         print(f"padoc-ray: error: {e}", file=sys.stderr)
         return 2
     import os
 
-    print(f"agreement: {os.path.join(cfg.output, 'agreement', 'agreement.parquet')}; "
+    print(f"consensus: {summary['consensus_json']}; agreement: {summary['agreement_parquet']}; "
           f"summary: {os.path.join(cfg.output, 'reannotate_summary.json')}")
     return 0 if all(r["all_inputs_accounted"] for r in summary["runs"].values()) else 1

@@ -36,6 +36,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     io.add_argument("--batch-output", default=None,
                     help="instead of --gt/--images: padoc-ray batch output (folder with pages/ or Parquet files); "
                          "rows with status ok are trained on, their images re-rendered from source_uri")
+    io.add_argument("--sample-weights", default=None, metavar="AGREEMENT.parquet",
+                    help="a re-annotation's OUTPUT/agreement/agreement.parquet: draw pages by difficulty, with "
+                         "probability proportional to 0.25 + difficulty (the hardest pages 5x as often as the "
+                         "easiest); pages without a consensus, or not in the table, are never drawn")
     io.add_argument("--out", required=True, help="output folder: metrics.jsonl, ray_results/, model/")
     tr = p.add_argument_group("training")
     tr.add_argument("--steps", type=positive(int), required=True, help="optimizer steps in total (a resumed run "
@@ -89,7 +93,8 @@ def config_from_args(args: argparse.Namespace):
         batch_output=args.batch_output, backend=args.backend, workers=args.workers, lr=args.lr,
         warmup_steps=args.warmup_steps, grad_accum=args.grad_accum, max_len=args.max_len,
         max_pixels=args.max_pixels, checkpoint_every=args.checkpoint_every, seed=args.seed, device=args.device,
-        run_name=args.run_name, resume=args.resume, address=args.address or os.environ.get("RAY_ADDRESS"),
+        run_name=args.run_name, resume=args.resume, sample_weights=args.sample_weights,
+        address=args.address or os.environ.get("RAY_ADDRESS"),
     )
 
 

@@ -107,13 +107,18 @@ def sample_loss(model, sample: PackedSample, backend: str, device=None) -> tuple
     return loss, int(idx.numel())
 
 
-def batch_for_step(n: int, step: int, grad_accum: int, seed: int) -> list[int]:
-    """Sample indices of optimizer step ``step`` (1-based): a fresh seeded permutation per epoch,
-    walked in order. Stateless, so a resumed run draws exactly what the original would have."""
+def batch_for_step(n: int, step: int, grad_accum: int, seed: int, weights: Sequence[float] | None = None) -> list[int]:
+    """Sample indices of optimizer step ``step`` (1-based). Unweighted: a fresh seeded permutation
+    per epoch, walked in order. With ``weights`` (one per sample, >= 0, not all 0): each draw picks
+    sample i with probability weights[i] / sum(weights), independently, seeded by the draw's
+    number. Stateless either way, so a resumed run draws exactly what the original would have."""
     if n < 1:
         raise ValueError("no samples to train on")
     out = []
     for m in range((step - 1) * grad_accum, step * grad_accum):
+        if weights is not None:
+            out.append(random.Random(seed * 1_000_003 + m).choices(range(n), weights=weights)[0])
+            continue
         epoch, pos = divmod(m, n)
         perm = list(range(n))
         random.Random(seed * 1_000_003 + epoch).shuffle(perm)
@@ -192,14 +197,16 @@ class LoopConfig:
 def train(model, samples: Sequence[PackedSample], cfg: LoopConfig, *, metrics_path: str | None = None,
           on_step: Callable[[dict], None] | None = None) -> list[dict]:
     """Train ``model`` in this process; returns one metrics dict per step (also appended as JSON
-    lines to ``metrics_path`` when given)."""
+    lines to ``metrics_path`` when given). Samples packed from weighted pages
+    (``meta["weight"]``, see ``--sample-weights``) are drawn by weight."""
     if cfg.step.backend == "flex" and next(model.parameters()).device.type == "cpu":
         raise FlexBackwardUnsupported("flex attention cannot train on CPU (no backward); use dense or tree_varlen")
     torch.manual_seed(cfg.seed)
     trainer = Trainer(model, cfg.optim, cfg.step, cfg.steps)
+    weights = [s.meta.get("weight", 1.0) for s in samples] if any("weight" in s.meta for s in samples) else None
     history = []
     for step in range(1, cfg.steps + 1):
-        batch = [samples[i] for i in batch_for_step(len(samples), step, cfg.step.grad_accum, cfg.seed)]
+        batch = [samples[i] for i in batch_for_step(len(samples), step, cfg.step.grad_accum, cfg.seed, weights)]
         m = trainer.step(step, batch)
         m["backend"] = cfg.step.backend
         history.append(m)

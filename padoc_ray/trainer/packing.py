@@ -52,6 +52,8 @@ BAD_ANNOTATION = "bad_annotation"  # the page JSON / row cannot be read as a pag
 SERIALIZE_FAILED = "serialize_failed"  # the page cannot be written as tokens (unknown category, NaN box)
 PROMPT_TOO_LONG = "prompt_too_long"  # prompt + image tokens alone exceed max_len
 REGION_TOO_LONG = "region_too_long"  # not even the first region (layout + whole branch) fits max_len
+NOT_WEIGHTED = "not_in_sample_weights"  # --sample-weights has no row for the page
+NO_CONSENSUS = "no_consensus"  # --sample-weights: the re-annotation found no consensus (weight 0)
 
 
 class PackingError(Exception):
@@ -180,6 +182,7 @@ class PageRef:
     page: Page
     image: ImageRef
     source: str
+    weight: float = 1.0  #: relative sampling weight (``train --sample-weights``)
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,9 @@ class Skipped:
 
 def pages_from_omnidocbench(gt_path: str, images_dir: str, spec=None, *, drop_ignored: bool = False
                             ) -> tuple[list[PageRef], list[Skipped]]:
-    """Pages of an OmniDocBench-format JSON list, images at ``images_dir/page_info.image_path``.
+    """Pages of an OmniDocBench-format JSON list, images at ``images_dir/page_info.image_path``, else
+    rendered from ``images_dir/page_info.source_pdf`` page ``page_no`` (what re-annotation's
+    consensus.json names for PDF pages).
 
     A page that cannot be read, or whose image file is missing, is skipped with a reason.
     Raises ``ValueError`` when the file itself is not a JSON list of pages.
@@ -211,14 +216,19 @@ def pages_from_omnidocbench(gt_path: str, images_dir: str, spec=None, *, drop_ig
         except PageFormatError as e:
             skipped.append(Skipped(name, BAD_ANNOTATION, str(e)))
             continue
-        if not page.image_path:
-            skipped.append(Skipped(name, IMAGE_MISSING, "page_info.image_path is empty"))
+        pdf = os.path.basename(str(page.extra.get("source_pdf") or ""))
+        if not page.image_path and not pdf:
+            skipped.append(Skipped(name, IMAGE_MISSING, "page_info has neither image_path nor source_pdf"))
             continue
-        path = os.path.join(images_dir, page.image_path)
-        if not os.path.exists(path):
-            skipped.append(Skipped(page.image_path, IMAGE_MISSING, f"no image at {path}"))
-            continue
-        refs.append(PageRef(page, ImageRef(path), page.image_path))
+        path = os.path.join(images_dir, page.image_path or "")
+        if page.image_path and os.path.isfile(path):
+            refs.append(PageRef(page, ImageRef(path), page.image_path))
+        elif pdf and os.path.isfile(os.path.join(images_dir, pdf)):  # rendered from the PDF itself
+            refs.append(PageRef(page, ImageRef(os.path.join(images_dir, pdf), page.page_no), page.image_path or name))
+        else:
+            want = " or ".join(x for x in (path if page.image_path else "", os.path.join(images_dir, pdf) if pdf else "")
+                               if x)
+            skipped.append(Skipped(page.image_path or name, IMAGE_MISSING, f"no image at {want}"))
     return refs, skipped
 
 
@@ -249,6 +259,44 @@ def pages_from_batch_output(path: str) -> tuple[list[PageRef], list[Skipped]]:
             continue
         refs.append(PageRef(page, ImageRef(r["source_uri"], int(r["page_index"])), name))
     return refs, skipped
+
+
+def apply_sample_weights(refs: list[PageRef], path: str) -> tuple[list[PageRef], list[Skipped]]:
+    """Weight pages by a re-annotation's ``agreement.parquet`` (its ``kind = "page"`` rows), see
+    :func:`padoc_ray.eval.agreement.sample_weight`. A page is found by its name (``image_path``),
+    else by its source file name and page index. Pages without a consensus (weight 0) and pages the
+    table does not hold are skipped with a reason."""
+    import dataclasses
+
+    import pyarrow.parquet as pq
+
+    from padoc_ray.eval.agreement import sample_weight
+
+    try:
+        t = pq.read_table(path, columns=["kind", "image_path", "source_uri", "page_index", "consensus",
+                                         "difficulty"])
+    except Exception as e:  # noqa: BLE001 - any unreadable file: one clear message
+        raise ValueError(f"--sample-weights {path}: not a re-annotation agreement.parquet ({e})") from None
+    by_name, by_source = {}, {}
+    for r in t.to_pylist():
+        if r["kind"] != "page":
+            continue
+        w = sample_weight(r["consensus"], r["difficulty"])
+        if r["image_path"]:
+            by_name[r["image_path"]] = w
+        if r["source_uri"] is not None:
+            by_source[(os.path.basename(r["source_uri"]), r["page_index"])] = w
+    out, skipped = [], []
+    for ref in refs:
+        key = (os.path.basename(ref.image.uri), ref.image.page_index or 0)
+        w = by_name.get(ref.page.image_path or "") if ref.page.image_path in by_name else by_source.get(key)
+        if w is None:
+            skipped.append(Skipped(ref.source, NOT_WEIGHTED, f"not in {path}"))
+        elif w <= 0:
+            skipped.append(Skipped(ref.source, NO_CONSENSUS, "the re-annotation found no consensus for this page"))
+        else:
+            out.append(dataclasses.replace(ref, weight=w))
+    return out, skipped
 
 
 # ---- the packer ----------------------------------------------------------------------------------
@@ -319,6 +367,7 @@ class Packer:
     def pack_ref(self, ref: PageRef) -> PackedSample:
         sample = self.pack(ref.page, ref.image.load())
         sample.meta["source"] = ref.source
+        sample.meta["weight"] = ref.weight
         return sample
 
     def pack(self, page: Page, image) -> PackedSample:

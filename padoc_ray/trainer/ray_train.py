@@ -59,6 +59,8 @@ class TrainJobConfig:
     ``checkpoint_every``: steps between distributed checkpoints (the last step always saves);
     ``device``: auto (GPU when the cluster has enough) | cpu | cuda;
     ``resume``: a checkpoint directory to start from when the run has none of its own;
+    ``sample_weights``: a re-annotation's agreement.parquet: pages are drawn by difficulty (see
+    :func:`padoc_ray.eval.agreement.sample_weight`; pages without a consensus never);
     ``grad_dump``: debug/test aid: rank 0 writes the full reduced gradients of the first step
     run (before clipping) and the sources of its samples to this file.
     """
@@ -86,6 +88,7 @@ class TrainJobConfig:
     resume: str | None = None
     address: str | None = None
     grad_dump: str | None = None
+    sample_weights: str | None = None
 
     def __post_init__(self) -> None:
         from .attention import BACKENDS
@@ -120,6 +123,8 @@ def check_inputs(cfg: TrainJobConfig):
             raise TrainInputError(f"--images: no such directory: {cfg.images}")
     elif not os.path.exists(cfg.batch_output):
         raise TrainInputError(f"--batch-output: no such file or directory: {cfg.batch_output}")
+    if cfg.sample_weights is not None and not os.path.isfile(cfg.sample_weights):
+        raise TrainInputError(f"--sample-weights: no such file: {cfg.sample_weights}")
     if cfg.resume is not None:
         if not os.path.isdir(cfg.resume):
             raise TrainInputError(f"--resume: no such checkpoint directory: {cfg.resume}")
@@ -177,14 +182,19 @@ def check_resume_path(resume: str, out: str) -> None:
 def load_refs(cfg: TrainJobConfig):
     from padoc_ray.protocol import ProtocolSpec
 
-    from .packing import pages_from_batch_output, pages_from_omnidocbench
+    from .packing import apply_sample_weights, pages_from_batch_output, pages_from_omnidocbench
 
-    if cfg.gt is not None:
-        try:
-            return pages_from_omnidocbench(cfg.gt, cfg.images, ProtocolSpec.load(cfg.model))
-        except ValueError as e:
-            raise TrainInputError(str(e)) from None
-    return pages_from_batch_output(cfg.batch_output)
+    try:
+        if cfg.gt is not None:
+            refs, skipped = pages_from_omnidocbench(cfg.gt, cfg.images, ProtocolSpec.load(cfg.model))
+        else:
+            refs, skipped = pages_from_batch_output(cfg.batch_output)
+        if cfg.sample_weights is not None:
+            refs, more = apply_sample_weights(refs, cfg.sample_weights)
+            skipped = [*skipped, *more]
+    except ValueError as e:
+        raise TrainInputError(str(e)) from None
+    return refs, skipped
 
 
 def _count(skipped) -> dict:
@@ -302,6 +312,7 @@ def train_func(config: dict) -> None:
     refs, _ = load_refs(cfg)
     packer = Packer(cfg.model, PackingConfig(max_len=cfg.max_len, max_pixels=cfg.max_pixels))
     samples, skipped = pack_pages(packer, refs[rank::world])
+    weights = [s.meta.get("weight", 1.0) for s in samples] if cfg.sample_weights else None
     n = torch.tensor([len(samples)], dtype=torch.int64, device=device)
     counts = [torch.zeros_like(n) for _ in range(world)]
     dist.all_gather(counts, n)
@@ -330,7 +341,7 @@ def train_func(config: dict) -> None:
         _trim_metrics(metrics_path, start)
 
     for step in range(start + 1, cfg.steps + 1):
-        idx = batch_for_step(len(samples), step, cfg.grad_accum, cfg.seed * 7919 + rank)
+        idx = batch_for_step(len(samples), step, cfg.grad_accum, cfg.seed * 7919 + rank, weights)
         batch = [samples[i] for i in idx]
         if cfg.grad_dump and step == start + 1:
             trainer.before_clip = lambda b=batch: _dump_grads(model, cfg.grad_dump, [s.meta["source"] for s in b], rank)
@@ -408,7 +419,13 @@ def run_training(cfg: TrainJobConfig, *, progress=None) -> dict:
         "steps": len(history), "first_loss": history[0]["loss"] if history else None,
         "last_loss": history[-1]["loss"] if history else None, "seconds": time.perf_counter() - t,
         "checkpoint": result.checkpoint.path if result.checkpoint else None, "device": device,
+        "sample_weights": _weights_summary(refs) if cfg.sample_weights else None,
     }
+
+
+def _weights_summary(refs) -> dict:
+    w = sorted(r.weight for r in refs)
+    return {"pages": len(w), "min": round(w[0], 4), "median": round(w[len(w) // 2], 4), "max": round(w[-1], 4)}
 
 
 def _jsonable(cfg: TrainJobConfig) -> dict:
