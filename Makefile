@@ -6,12 +6,13 @@ STAMP   := $(VENV)/.padoc-installed
 MODEL   ?= models/tiny
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast model clean-model help
+.PHONY: install demo test test-fast model clean-model check-gpu-profile help
 
 help:
 	@echo "make demo   - set up .venv (CPU profile), build the tiny model, parse examples/ and print a summary"
 	@echo "make test   - set up .venv (CPU profile) and run the whole test suite (real CPU vLLM engine included)"
 	@echo "make install, make model, make test-fast (no engine tests)"
+	@echo "make check-gpu-profile - resolve pip install --dry-run '.[gpu]' (needs the index); fails off the tested versions"
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -42,6 +43,9 @@ test: install
 
 test-fast: install
 	$(VPY) -m pytest -m "not engine and not slow" $(PYTEST_ARGS)
+
+check-gpu-profile:
+	PYTHON=$(PY) cluster/check_gpu_profile.sh
 
 clean-model:
 	rm -rf $(MODEL)
