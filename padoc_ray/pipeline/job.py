@@ -205,7 +205,7 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
     ds = ds.map_batches(
         EngineStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=batch, batch_format="pyarrow",
         compute=ActorPoolStrategy(min_size=lo, max_size=hi, max_tasks_in_flight_per_actor=batches_in_flight),
-        num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor or None,
+        num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor or None, resources=dict(cfg.engine_resources) or None,
         runtime_env={"env_vars": {"RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY": str(batches_in_flight)}},
     )
     fs, path = filesystem(join(cfg.output, "pages"), cfg.storage)
