@@ -72,8 +72,7 @@ class S3Proxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="s3-proxy", daemon=True)
         self._thread.start()
         return self
@@ -180,6 +179,16 @@ class S3Proxy:
         h.end_headers()
         if not head:
             h.wfile.write(data)
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:  # a client that hung up: nothing to report
+        import sys
+
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
 
 
 def _read_body(h: BaseHTTPRequestHandler) -> bytes | None:

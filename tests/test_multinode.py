@@ -135,7 +135,7 @@ def two_nodes():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def stop_nodes(pgids: list[int], grace_s: float = 5.0) -> None:
+def stop_nodes(pgids: list[int], grace_s: float = 3.0) -> None:
     """SIGTERM the nodes' process groups, then SIGKILL whatever of them (and of their workers, which
     run in process groups of their own) is left after ``grace_s``."""
     pids: dict[int, str] = {}
@@ -275,7 +275,7 @@ def test_two_nodes_engines_pinned_to_the_worker_through_a_throttling_store(two_n
     c = s3["client"]
     c.create_bucket(Bucket="mn-a")
     model = upload_model(s3, tiny_model_dir, "mn-a", "model/tiny")
-    expected = upload_pdfs(s3, "mn-a", "docs", many_pdfs(8, "t"))
+    expected = upload_pdfs(s3, "mn-a", "docs", many_pdfs(6, "t"))
     with S3Proxy(s3["endpoint"], slow_down=0.08, drop=0.03, seed=14, lose_conditional=1) as proxy:
         cmd = submit_cmd(two_nodes, "--input", "s3://mn-a/docs", "--output", "s3://mn-a/out", "--model", model,
                          "--s3-endpoint", proxy.endpoint, "--actors", "2",
@@ -303,13 +303,13 @@ def test_worker_node_killed_mid_run_every_page_once(two_nodes, s3, tiny_model_di
     copy of the model). While pages remain, the worker node's raylet and every process of its group
     are SIGKILLed by pid. The job completes on the head (or, if it fails, a rerun on the same output
     does); either way every input page is written exactly once, and the model was copied once per
-    node. Input reads are slowed (0.4 s per document GET) so the kill lands mid-run."""
+    node. Input reads are slowed (0.5 s per document GET) so the kill lands mid-run."""
     c = s3["client"]
     c.create_bucket(Bucket="mn-b")
     model = upload_model(s3, tiny_model_dir, "mn-b", "model/tiny")
-    expected = upload_pdfs(s3, "mn-b", "docs", many_pdfs(16, "k"))
+    expected = upload_pdfs(s3, "mn-b", "docs", many_pdfs(12, "k"))
     total = sum(n for _, n in expected.values())
-    with S3Proxy(s3["endpoint"], delay_s=0.4, delay_prefix="/mn-b/docs/") as proxy:
+    with S3Proxy(s3["endpoint"], delay_s=0.5, delay_prefix="/mn-b/docs/") as proxy:
         cmd = submit_cmd(two_nodes, "--input", "s3://mn-b/docs", "--output", "s3://mn-b/out", "--model", model,
                          "--s3-endpoint", proxy.endpoint, "--actors", "3",
                          "--engine-resources", json.dumps({"padoc_engine_slot": 1}), *NOOP)
