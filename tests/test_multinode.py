@@ -300,10 +300,11 @@ def test_two_nodes_engines_pinned_to_the_worker_through_a_throttling_store(two_n
 
 def test_worker_node_killed_mid_run_every_page_once(two_nodes, s3, tiny_model_dir, tmp_path):
     """Three engine actors (padoc_engine_slot: one on the head, two on the worker node sharing one
-    copy of the model). While pages remain, the worker node's raylet and every process of its group
-    are SIGKILLed by pid. The job completes on the head (or, if it fails, a rerun on the same output
-    does); either way every input page is written exactly once, and the model was copied once per
-    node. Input reads are slowed (0.5 s per document GET) so the kill lands mid-run."""
+    copy of the model). While pages remain, the worker node's raylet, its other daemons and the
+    raylet's workers (its engine actors among them) are SIGKILLed by pid. The job completes on the
+    head (or, if it fails, a rerun on the same output does); either way every input page is written
+    exactly once (some of them only after the kill), and the model was copied once per node. Input reads
+    are slowed (0.5 s per document GET) so the kill lands mid-run."""
     c = s3["client"]
     c.create_bucket(Bucket="mn-b")
     model = upload_model(s3, tiny_model_dir, "mn-b", "model/tiny")

@@ -149,3 +149,13 @@ def test_engine_resources_flag_reaches_the_config_and_bad_requests_are_refused(c
                       ({"": 1}, "non-empty"), ({"x": float("inf")}, "amount > 0")):
         with pytest.raises(ValueError, match=said):
             BatchConfig(input="in", output="out", model="m", engine_resources=res)
+
+
+def test_missing_engine_resources_are_named_before_actors_wait_for_them():
+    from padoc_ray.pipeline.stages import missing_engine_resources
+
+    cfg = BatchConfig(input="in", output="out", model="m", engine_resources={"padoc_gpu_node": 1})
+    assert missing_engine_resources(cfg, {"CPU": 4.0, "padoc_gpu_node": 2.0}) is None
+    said = missing_engine_resources(cfg, {"CPU": 4.0})
+    assert "padoc_gpu_node" in said and "padoc_gpu_node=0" in said
+    assert missing_engine_resources(BatchConfig(input="in", output="out", model="m"), {}) is None

@@ -190,12 +190,14 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
     from ray.data import ActorPoolStrategy, DataContext
     from ray.data.datasource import FilenameProvider
 
-    from padoc_ray.pipeline.stages import EngineStage, rasterize
+    from padoc_ray.pipeline.stages import EngineStage, missing_engine_resources, rasterize
 
     ctx = DataContext.get_current()
     ctx.target_max_block_size = cfg.raster_block_mb << 20
     ds = ray.data.from_items(todo, override_num_blocks=min(len(todo), 200))
     per_task = docs_per_task(cfg, len(todo), ray.cluster_resources().get("CPU", 1))
+    if (short := missing_engine_resources(cfg, ray.cluster_resources())) is not None:
+        logger.warning(short)
     ds = ds.map_batches(rasterize, batch_size=per_task, batch_format="pyarrow", num_cpus=cfg.raster_cpus,
                         fn_kwargs={"cfg": cfg, "model_id": model_id})
     lo, hi = cfg.num_actors
