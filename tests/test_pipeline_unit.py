@@ -126,3 +126,36 @@ def test_page_rows_round_trip_the_schema():
     assert r["regions"][0]["category"] == "title" and r["regions"][0]["finish_reason"] == "stop"
     assert r["markdown"] == "# T\n" and r["error_code"] is None
     assert pa.types.is_timestamp(t.schema.field("processed_at").type)
+
+
+def test_engine_resources_flag_reaches_the_config_and_bad_requests_are_refused(capsys):
+    """--engine-resources: a JSON object of custom resources per engine actor, into BatchConfig;
+    CPU/GPU/memory, amounts <= 0 and non-objects are refused with a message naming the problem."""
+    import argparse
+
+    from padoc_ray.pipeline.cli_args import add_batch_args, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_batch_args(p)
+    base = ["--input", "in", "--output", "out", "--model", "m"]
+    cfg = config_from_args(p.parse_args([*base, "--engine-resources", '{"padoc_gpu_node": 1, "big_mem": 0.5}']))
+    assert dict(cfg.engine_resources) == {"padoc_gpu_node": 1, "big_mem": 0.5}
+    assert dict(config_from_args(p.parse_args(base)).engine_resources) == {}
+    for bad in ("[1]", "{nope", '"x"'):
+        with pytest.raises(SystemExit):
+            p.parse_args([*base, "--engine-resources", bad])
+        assert "--engine-resources" in capsys.readouterr().err
+    for res, said in (({"GPU": 1}, "not a custom resource"), ({"x": 0}, "amount > 0"), ({"x": "1"}, "amount > 0"),
+                      ({"": 1}, "non-empty"), ({"x": float("inf")}, "amount > 0")):
+        with pytest.raises(ValueError, match=said):
+            BatchConfig(input="in", output="out", model="m", engine_resources=res)
+
+
+def test_missing_engine_resources_are_named_before_actors_wait_for_them():
+    from padoc_ray.pipeline.stages import missing_engine_resources
+
+    cfg = BatchConfig(input="in", output="out", model="m", engine_resources={"padoc_gpu_node": 1})
+    assert missing_engine_resources(cfg, {"CPU": 4.0, "padoc_gpu_node": 2.0}) is None
+    said = missing_engine_resources(cfg, {"CPU": 4.0})
+    assert "padoc_gpu_node" in said and "padoc_gpu_node=0" in said
+    assert missing_engine_resources(BatchConfig(input="in", output="out", model="m"), {}) is None

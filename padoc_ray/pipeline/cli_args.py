@@ -35,6 +35,20 @@ def _range_pair(text: str) -> tuple[int, int]:
     return parts[0], parts[1]
 
 
+def _resources(text: str) -> dict[str, float]:
+    """--engine-resources: a JSON object of custom resource names to amounts."""
+    import json
+
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"padoc_gpu_node\": 1}}', got {text!r} "
+                                         f"({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of resource names to amounts, got {text!r}")
+    return obj
+
+
 def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
     """The batch job's flags; ``job_io=False`` leaves out --input, --output and --mode (for jobs that
     derive them, like re-annotation)."""
@@ -88,6 +102,10 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
                      help="engine actors: N or MIN,MAX (autoscaled between) (default 1)")
     act.add_argument("--gpus-per-actor", type=float, default=0.0, help="GPUs per engine actor (default 0; 1 on GPU)")
     act.add_argument("--cpus-per-actor", type=float, default=1.0, help="CPUs per engine actor (default 1)")
+    act.add_argument("--engine-resources", type=_resources, default={}, metavar="JSON",
+                     help="custom Ray resources each engine actor asks for, e.g. '{\"padoc_gpu_node\": 1}': engine "
+                          "actors then run only on nodes started with that resource (ray start --resources "
+                          "'{\"padoc_gpu_node\": 2}' holds two), rasterization and writing anywhere (default: none)")
     act.add_argument("--pages-in-flight", type=int, default=16, help="pages one actor runs at once (default 16)")
     act.add_argument("--max-live-branches", type=int, default=None,
                      help="per actor: cap on content branches live at once (default: no cap)")
@@ -138,6 +156,7 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
                                                   deadline_s=args.page_deadline)),
         storage=StorageConfig(endpoint=args.s3_endpoint), num_actors=args.actors,
         gpus_per_actor=args.gpus_per_actor, cpus_per_actor=args.cpus_per_actor,
+        engine_resources=getattr(args, "engine_resources", {}),
         raster_cpus=args.raster_cpus, replay_gt=args.replay, rows_per_file=args.rows_per_file,
         image_encoding=args.image_encoding, raster_pages_per_block=args.raster_pages_per_block,
         engine_batch_pages=args.engine_batch_pages, raster_docs_per_task=args.raster_docs_per_task,

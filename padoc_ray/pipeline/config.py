@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from padoc_ray.host import HostConfig
 from padoc_ray.pdf import RenderConfig
@@ -31,6 +33,11 @@ class BatchConfig:
     num_actors: tuple[int, int] = (1, 1)  #: (min, max) engine actors (autoscaled between)
     gpus_per_actor: float = 0.0  #: 1 on GPU clusters
     cpus_per_actor: float = 1.0
+    #: custom Ray resources each engine actor asks for, e.g. {"padoc_gpu_node": 1}: engine actors then run
+    #: only on nodes started with that resource (``ray start --resources '{"padoc_gpu_node": 2}'``), while
+    #: rasterization and writing run anywhere. Empty (default): no custom resource, any node with the CPUs
+    #: and GPUs above. CPU, GPU and memory are not custom resources (use cpus_per_actor / gpus_per_actor)
+    engine_resources: Mapping[str, float] = field(default_factory=dict)
     #: teacher-forced replay: OmniDocBench-format ground truth whose pages (matched by file name
     #: and page_no, see examples/ground_truth.json) force the model's output (tiny-model demos, benchmarks)
     replay_gt: str | None = None
@@ -77,6 +84,7 @@ class BatchConfig:
             raise ValueError("max_pages_per_doc must be >= 1")
         if self.gpus_per_actor < 0 or self.cpus_per_actor < 0:
             raise ValueError("resources per actor cannot be negative")
+        _check_resources(self.engine_resources)
         if self.raster_cpus <= 0 or self.writer_cpus <= 0:
             raise ValueError("raster_cpus and writer_cpus must be > 0")
         if self.leftover_grace_s < 0 or self.lock_wait_s < 0 or self.lock_stale_s <= 0:
@@ -86,3 +94,21 @@ class BatchConfig:
         if output_inside_input(self.input, self.output):
             raise ValueError(f"--output {self.output} is inside --input {self.input}: every rerun would parse the "
                              f"job's own outputs; choose an output outside the input")
+
+
+#: resources Ray sets through their own options, never through a custom resource dict
+_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def _check_resources(res: Mapping[str, float]) -> None:
+    """A custom resource request: names Ray accepts, amounts > 0 (finite)."""
+    if not isinstance(res, Mapping):
+        raise ValueError(f"engine_resources must map resource names to amounts, got {res!r}")
+    for name, amount in res.items():
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"engine_resources: a resource name must be a non-empty string, got {name!r}")
+        if name in _BUILTIN_RESOURCES:
+            raise ValueError(f"engine_resources: {name} is not a custom resource; use cpus_per_actor / gpus_per_actor "
+                             f"(--cpus-per-actor, --gpus-per-actor)")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount <= 0:
+            raise ValueError(f"engine_resources: {name} needs an amount > 0, got {amount!r}")

@@ -190,12 +190,14 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
     from ray.data import ActorPoolStrategy, DataContext
     from ray.data.datasource import FilenameProvider
 
-    from padoc_ray.pipeline.stages import EngineStage, rasterize
+    from padoc_ray.pipeline.stages import EngineStage, missing_engine_resources, rasterize
 
     ctx = DataContext.get_current()
     ctx.target_max_block_size = cfg.raster_block_mb << 20
     ds = ray.data.from_items(todo, override_num_blocks=min(len(todo), 200))
     per_task = docs_per_task(cfg, len(todo), ray.cluster_resources().get("CPU", 1))
+    if (short := missing_engine_resources(cfg, ray.cluster_resources())) is not None:
+        logger.warning(short)
     ds = ds.map_batches(rasterize, batch_size=per_task, batch_format="pyarrow", num_cpus=cfg.raster_cpus,
                         fn_kwargs={"cfg": cfg, "model_id": model_id})
     lo, hi = cfg.num_actors
@@ -205,7 +207,7 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
     ds = ds.map_batches(
         EngineStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=batch, batch_format="pyarrow",
         compute=ActorPoolStrategy(min_size=lo, max_size=hi, max_tasks_in_flight_per_actor=batches_in_flight),
-        num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor or None,
+        num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor or None, resources=dict(cfg.engine_resources) or None,
         runtime_env={"env_vars": {"RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY": str(batches_in_flight)}},
     )
     fs, path = filesystem(join(cfg.output, "pages"), cfg.storage)

@@ -152,6 +152,13 @@ class OutputLock:
                 return self._try_s3()  # released in between: try again
             raise
         holder = _json(got["Body"].read())
+        if holder == json.loads(body):
+            # our own create landed but its answer was lost (a dropped connection), so the client's retry
+            # failed its condition: the lock is ours
+            logger.info("the lock on %s is this run's own (a retried create found its first try applied)", self.output)
+            self._etag = got["ETag"]
+            self._start_heartbeat()
+            return None
         server_now = _server_time(got)
         age = (server_now - got["LastModified"]).total_seconds()
         if age <= self.stale_s:
@@ -184,6 +191,8 @@ class OutputLock:
                 self._etag = client.put_object(Bucket=bucket, Key=key, Body=json.dumps(info).encode(),
                                                IfMatch=self._etag)["ETag"]
             except ClientError as e:
+                if _conflict(e) and self._beat_landed(client, bucket, key, info):
+                    continue  # the first try of this beat was applied, its answer lost: the lock is still ours
                 if _conflict(e) or e.response.get("Error", {}).get("Code") == "NoSuchKey":
                     self.lost = True
                     self._etag = None
@@ -193,6 +202,18 @@ class OutputLock:
                 logger.warning("lock heartbeat on %s failed: %s", self.output, e)
             except Exception as e:  # noqa: BLE001 - a transient error: the next beat tries again
                 logger.warning("lock heartbeat on %s failed: %s", self.output, e)
+
+    def _beat_landed(self, client, bucket: str, key: str, info: dict) -> bool:
+        """After a failed conditional heartbeat: whether the object is this very beat (an earlier try of
+        the same request was applied and its answer lost); then its ETag is ours again."""
+        try:
+            got = client.get_object(Bucket=bucket, Key=key)
+        except Exception:  # noqa: BLE001 - cannot tell: treat as lost
+            return False
+        if _json(got["Body"].read()) != info:
+            return False
+        self._etag = got["ETag"]
+        return True
 
 
 def _conflict(e) -> bool:
@@ -205,9 +226,10 @@ def _conflict(e) -> bool:
 def _server_time(resp) -> datetime:
     date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
     try:
-        return parsedate_to_datetime(date)
+        t = parsedate_to_datetime(date)
     except (TypeError, ValueError):
         return datetime.now(timezone.utc)
+    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)  # HTTP dates are GMT
 
 
 def _json(data: bytes) -> dict:

@@ -100,6 +100,18 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> It
         yield pa.Table.from_pylist(pending, schema=RASTER_SCHEMA)
 
 
+def missing_engine_resources(cfg: BatchConfig, cluster: dict[str, float]) -> str | None:
+    """A warning when no node of the cluster now has the custom resources one engine actor asks for
+    (``cfg.engine_resources``; ``cluster`` is ``ray.cluster_resources()``): its actors then wait for
+    such a node to join (an autoscaler may add one), else the job never finishes."""
+    short = {k: v for k, v in cfg.engine_resources.items() if cluster.get(k, 0.0) < v}
+    if not short:
+        return None
+    have = ", ".join(f"{k}={cluster.get(k, 0.0):g}" for k in short)
+    return (f"--engine-resources asks {dict(short)} per engine actor, but the cluster has {have}: engine actors "
+            f"wait until a node with these resources joins (ray start --resources '{{...}}')")
+
+
 class EngineStage:
     """One :class:`~padoc_ray.host.PageHost` per actor, created inside the actor's event loop on the
     first batch. A page error is its row's status; an engine death ends the actor process, so Ray

@@ -40,7 +40,11 @@ class StorageConfig:
 
     endpoint: str | None = None  #: e.g. http://127.0.0.1:9000 for an S3-compatible server
     region: str | None = None  #: default: AWS_REGION / AWS_DEFAULT_REGION, else us-east-1
-    retry_attempts: int = 6  #: pyarrow's AWS standard retry strategy (exponential backoff)
+    #: attempts per request (the first one included) in the AWS standard retry mode, for both clients:
+    #: pyarrow's (inputs, Parquet) and boto3's (model copies, the output lock). Throttling (503 SlowDown),
+    #: other 5xx answers and dropped connections are retried with jittered exponential backoff; through a
+    #: proxy refusing ~11% of requests, never more than twice in a row, every request got through (tests/test_multinode.py)
+    retry_attempts: int = 6
 
     def resolved_endpoint(self) -> str | None:
         return self.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
