@@ -189,11 +189,11 @@ def get() -> Recorder:
     """The Ray-backed recorder once this process runs inside Ray, else :data:`NOOP`. Never imports
     ray itself: a process that has not imported (and initialized) it records nothing."""
     global _recorder
-    if _recorder is not None:
-        return _recorder
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
-        return NOOP  # asked again next time: Ray may be initialized later in this process
+        return NOOP  # not (or no longer) inside Ray; asked again next time
+    if _recorder is not None:
+        return _recorder
     try:
         _recorder = RayRecorder()
     except Exception:  # noqa: BLE001 - no metrics rather than no pages
