@@ -16,6 +16,9 @@ thin adapters over :class:`PageHost`. It owns:
   (:class:`~padoc_ray.engine.interface.EngineDeadError`) is fatal: it propagates, and the host
   refuses every later page, so its owner can restart it (Ray restarts the actor or replica).
 
+Metrics (:mod:`padoc_ray.metrics`): every page's record is counted when it returns, and pages in
+flight are a gauge; they go to Ray's metrics agent inside Ray and nowhere otherwise.
+
 Ray-free: imports neither ray nor vllm at module level (vLLM is imported when the engine starts).
 """
 
@@ -29,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from padoc_ray import metrics
 from padoc_ray.engine.interface import EngineDeadError, GenRequest
 from padoc_ray.protocol import Page
 from padoc_ray.scheduler import PageInput, PageRecord, SchedulerConfig, replay_input, run_page
@@ -194,6 +198,15 @@ class PageHost:
     async def parse(self, page: HostPage) -> PageRecord:
         """Run one page; returns its record whatever happened to it. Raises only
         :class:`EngineDeadError` (the engine is gone) and :class:`asyncio.CancelledError`."""
+        rec = await self._parse(page)
+        metrics.get().page(rec)
+        return rec
+
+    def _in_flight(self, delta: int) -> None:
+        self.pages_running += delta
+        metrics.get().pages_in_flight(self.pages_running)
+
+    async def _parse(self, page: HostPage) -> PageRecord:
         self._check_alive()
         mode = page.mode or self.cfg.mode
         page_id, cache_salt = page_identity(page.doc_id, page.page_index, page.tenant, page.salt)
@@ -209,7 +222,7 @@ class PageHost:
             return error_record(page_id, mode, INTERNAL_ERROR, f"{type(e).__name__}: {e}", page.width or 0,
                                 page.height or 0, page.page_index)
         async with self.sem:
-            self.pages_running += 1
+            self._in_flight(+1)
             try:
                 rec = await run_page(self.engine, self.proto, inp, mode=mode, cfg=self.cfg.scheduler,
                                      admission=self.admission)
@@ -221,7 +234,7 @@ class PageHost:
                 rec = error_record(page_id, mode, INTERNAL_ERROR, f"{type(e).__name__}: {e}", inp.width, inp.height,
                                    page.page_index)
             finally:
-                self.pages_running -= 1
+                self._in_flight(-1)
         self.pages_done += 1
         return rec
 

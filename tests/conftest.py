@@ -204,7 +204,8 @@ def ray_cluster(tmp_path_factory):
                                    start_new_session=True)  # every process of this cluster joins this group
         rc = starter.wait(timeout=180)
     assert rc == 0, open(log).read()[-3000:]
-    info = {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}", "temp_dir": tmp}
+    info = {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}", "temp_dir": tmp,
+            "metrics": f"http://127.0.0.1:{ports['metrics-export-port']}/metrics"}  # Prometheus endpoint
     try:
         yield info
     finally:

@@ -44,6 +44,9 @@ class GenDelta:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | engine-specific
     num_prompt_tokens: int | None = None  # expanded prompt length, as the engine counts it
     num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache
+    #: seconds from the engine receiving the request to its first token, as the engine measured it
+    #: (None: not measured); lets a caller that takes only the final output (stream=False) time it
+    first_token_s: float | None = None
 
 
 class Engine(Protocol):

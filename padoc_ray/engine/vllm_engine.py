@@ -52,6 +52,13 @@ def _engine_args(cfg: EngineConfig):
     return AsyncEngineArgs(**kw)
 
 
+def _first_token_s(out) -> float | None:
+    """vLLM's own time from the request's arrival to its first token (its stats are on: the engine
+    args keep ``disable_log_stats=False``); None before the first token or without stats."""
+    s = getattr(getattr(out, "metrics", None), "first_token_latency", None)
+    return float(s) if s else None
+
+
 class VllmEngine:
     """Hosts one ``AsyncLLM`` (its engine core runs in a spawned process: entry scripts need an
     ``if __name__ == "__main__":`` guard). Create it inside the event loop that will drive it."""
@@ -112,6 +119,7 @@ class VllmEngine:
                     finish_reason=(c.finish_reason if c is not None else None) if out.finished else None,
                     num_prompt_tokens=len(out.prompt_token_ids) if out.prompt_token_ids is not None else None,
                     num_cached_tokens=out.num_cached_tokens,
+                    first_token_s=_first_token_s(out),
                 )
         except VllmDead as e:
             raise EngineDeadError(f"vLLM engine died: {e}") from e

@@ -8,6 +8,9 @@
 * :class:`EngineStage` (map_batches over pages, in an actor pool): one vLLM engine with the
   layout-fork scheduler per actor, many pages in flight; a page error becomes its row's status,
   an engine death ends the actor process so Ray restarts it and retries its pages.
+
+Metrics (:mod:`padoc_ray.metrics`): the render stage counts its error rows and times rendered pages;
+the engine host counts the pages it runs.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import AsyncIterator, Iterator
 
 import pyarrow as pa
 
+from padoc_ray import metrics
 from padoc_ray.pdf import doc_id_of
 from padoc_ray.pipeline import rows
 from padoc_ray.pipeline.config import BatchConfig
@@ -33,6 +37,7 @@ RASTER_SCHEMA = rows.PAGE_SCHEMA.append(pa.field("image_bytes", pa.binary()))
 
 def _doc_error(base: dict, doc_id: str | None, code: str, message: str, page_count: int | None = None) -> pa.Table:
     """The one row of a document that cannot be parsed at all (``page_index = -1``)."""
+    metrics.get().document_error(code)
     row = rows.error_row(rows.base_row(doc_id=doc_id, page_index=-1, page_count=page_count, **base), code, message)
     return pa.Table.from_pylist([{**row, "image_bytes": None}], schema=RASTER_SCHEMA)
 
@@ -89,8 +94,10 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> It
         b = rows.base_row(doc_id=doc_id, page_index=ev.index, page_count=page_count, **base)
         b["repaired"] = repaired
         if isinstance(ev, PageFailed):
+            metrics.get().render_failed(ev.code)
             pending.append({**rows.error_row(b, ev.code, ev.message), "image_bytes": None})
         else:
+            metrics.get().rendered(ev.meta.get("render_s"))
             pending.append({**b, **ev.meta, "image_bytes": ev.image_bytes})
             pending_bytes += len(ev.image_bytes)
         if len(pending) >= cfg.raster_pages_per_block or pending_bytes >= cfg.raster_block_mb << 20:

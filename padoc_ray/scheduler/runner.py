@@ -67,6 +67,9 @@ class PageRecord:
     #: contentless regions, None where no branch ran or in sequential mode) and generated tokens
     region_finish_reasons: list[str | None] = field(default_factory=list)
     region_tokens: list[int] = field(default_factory=list)
+    #: per branch that produced a token (region order): seconds from its region's close in the layout
+    #: stream to its first token (the engine's own first-token time when it reports one)
+    fork_latency_s: list[float] = field(default_factory=list)
 
 
 class _Page:
@@ -84,6 +87,8 @@ class _Page:
         self.t0 = time.perf_counter()
         self.ttft: float | None = None
         self.main_done: float | None = None
+        self.closed_at: dict[int, float] = {}  # branch -> when the layout stream closed its region
+        self.fork_latency: dict[int, float] = {}  # branch -> region close to first token
 
     def _request(self, rid: str, prompt: Sequence[int], forced, priority: int, stream: bool = True) -> GenRequest:
         return GenRequest(
@@ -98,6 +103,7 @@ class _Page:
         self.live.add(req.request_id)
         finished = False
         first = None
+        sent = time.perf_counter()
         try:
             async with contextlib.aclosing(self.engine.generate(req)) as gen:
                 async for d in gen:
@@ -109,6 +115,8 @@ class _Page:
                         for f in forks:
                             self._spawn(f)
                     else:
+                        if branch not in self.fork_latency and d.token_ids:
+                            self._first_branch_token(branch, sent, d.first_token_s)
                         halt = st.on_branch_tokens(branch, d.token_ids)
                     if d.finished:
                         finished = True
@@ -127,7 +135,14 @@ class _Page:
             if st.stop_all:
                 self.stop.set()
 
+    def _first_branch_token(self, branch: int, sent: float, engine_first_s: float | None) -> None:
+        now = time.perf_counter()
+        # a final-only branch (stream=False) arrives whole: the engine says when its first token was
+        first = now if engine_first_s is None else min(now, sent + engine_first_s)
+        self.fork_latency[branch] = max(0.0, first - self.closed_at.get(branch, sent))
+
     def _spawn(self, f: ForkAction) -> None:
+        self.closed_at[f.index] = time.perf_counter()  # the delta that closed the region just arrived
         forced = None
         if self.inp.forced_branches is not None and f.index < len(self.inp.forced_branches):
             forced = self.inp.forced_branches[f.index]
@@ -236,6 +251,7 @@ class _Page:
             cached_tokens=sum(s.cached_tokens or 0 for s in streams),
             f_seq=depth.f_seq, f_padoc=depth.f_padoc, finish_reasons=reasons,
             region_finish_reasons=region_finish, region_tokens=region_tokens,
+            fork_latency_s=[self.fork_latency[i] for i in sorted(self.fork_latency)],
         )
 
 
