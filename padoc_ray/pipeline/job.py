@@ -142,6 +142,7 @@ def read_pages(pages_uri: str, storage: StorageConfig, columns=KEY_COLUMNS, *, c
 #: how the driver reads pages/: its key columns only, strings as dictionaries (few distinct per file)
 _SCAN_SCHEMA = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), pa.string()))
                           if f.name in ledger.DICT_COLUMNS else f for f in rows.PAGE_SCHEMA])
+SCAN_FILES = 512  #: files read (and reduced) at a time
 _SCAN_FORMAT = pads.ParquetFileFormat(read_options=pads.ParquetReadOptions(dictionary_columns=ledger.DICT_COLUMNS))
 
 
@@ -149,11 +150,10 @@ def scan_pages(fs: pafs.FileSystem, files: list[str], listed_uris, run_id: str |
     """The page rows of ``files`` as a :class:`~padoc_ray.pipeline.ledger.Ledger` of the inputs
     ``listed_uris``, read batch by batch (never the whole table at once)."""
     book = ledger.Ledger(listed_uris, run_id)
-    if files:
-        ds = pads.dataset(files, schema=_SCAN_SCHEMA, filesystem=fs, format=_SCAN_FORMAT)
-        for batch in ds.to_batches(columns=ledger.COLUMNS, batch_size=1 << 20, batch_readahead=4,
-                                   fragment_readahead=8):
-            book.add(batch)
+    for i in range(0, len(files), SCAN_FILES):  # a dataset keeps each file's footer once read: a group at a time
+        ds = pads.dataset(files[i:i + SCAN_FILES], schema=_SCAN_SCHEMA, filesystem=fs, format=_SCAN_FORMAT)
+        book.add(ds.to_table(columns=ledger.COLUMNS).unify_dictionaries())  # one dictionary per column
+        del ds
     return book.finish()
 
 

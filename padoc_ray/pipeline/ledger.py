@@ -29,7 +29,7 @@ COLUMNS = ["source_uri", "page_index", "processed_at", "page_count", "status", "
            "output_tokens"]
 DICT_COLUMNS = ["source_uri", "status", "error_code", "doc_id", "run_id"]
 #: rows sorted at once (bounds the sort's temporary memory; inputs are never split)
-PART_ROWS = 12_000_000
+PART_ROWS = 8_000_000
 _BIG = np.iinfo(np.int64).max
 _NOPAGE = np.iinfo(np.int32).min  # a row without page_index: ignored
 
@@ -70,7 +70,9 @@ class Ledger:
         """Codes of a small string column (status, error_code): -1 for null."""
         d = _dict(col)
         lut = np.array([self._code(s) for s in d.dictionary.to_pylist()] + [-1], dtype=np.int32)
-        return lut[_indices(d)]
+        if len(self.codes) > 32000:
+            raise ValueError(f"more than 32000 distinct status / error codes in pages/ ({len(self.codes)})")
+        return lut.astype(np.int16)[_indices(d)]
 
     def _positions(self, col, which: str) -> np.ndarray:
         """Global positions of a big string column's values (uri, doc_id) in the kept dictionaries;
@@ -91,7 +93,8 @@ class Ledger:
                 self._doc_dicts.append(store)
                 self._doc_off += len(dic)
                 self._last_doc = (dic, off)
-        lut = off + np.arange(len(dic) + 1, dtype=np.int64)
+        total = self._uri_off if which == "uri" else self._doc_off
+        lut = off + np.arange(len(dic) + 1, dtype=np.int32 if total < 2**31 - 1 else np.int64)
         lut[-1] = -1
         if which == "doc":
             lut[:-1][pc.equal(pc.utf8_length(dic), 0).to_numpy(zero_copy_only=False)] = -1
@@ -138,12 +141,13 @@ class Ledger:
         else:
             mapping = np.array([-1], np.int32)
         self._uri_dicts = []
-        gpos = _cat(c.pop("gpos"), np.int64)
+        gpos = np.concatenate(c.pop("gpos")) if c["gpos"] else np.zeros(0, np.int64)
         self.u = mapping[gpos]  # gpos -1 (null uri) hits the appended -1
         del gpos, mapping
         keep = (self.u >= 0)
         for k in ("page", "t", "count", "status", "err", "doc"):
-            setattr(self, k, _cat(c.pop(k), np.int64 if k in ("t", "doc") else np.int32))
+            parts = c.pop(k)
+            setattr(self, k, _cat(parts, np.int64 if k == "t" else parts[0].dtype if parts else np.int32))
         keep &= self.page != _NOPAGE
         if not keep.all():
             for k in ("u", "page", "t", "count", "status", "err", "doc"):
