@@ -182,6 +182,14 @@ def test_the_driver_scan_agrees_with_the_table_rules_and_partitions_change_nothi
         assert counts == dict(Counter(d["status"] for d in want_docs))
         assert lost == [d["source_uri"] for d in want_docs if d["status"] in ("incomplete", "missing")][:100]
         assert book.run_rows == table.num_rows and book.run_tokens == 5 * table.num_rows
+        # the driver after a pipeline: the files written since are added to the ledger it planned with
+        book = job.scan_pages(fs, files[:len(files) // 2], lt.column("uri"), "r1")
+        ledger.plan(book, lt.column("size").to_numpy(), cfg.limits, cfg.pages, cfg.max_pages_per_doc)
+        book = job.scan_pages(fs, files[len(files) // 2:], lt.column("uri"), "r1", book=book)
+        assert book.facts is None and book.rows_read == table.num_rows
+        assert ledger.plan(book, lt.column("size").to_numpy(), cfg.limits, cfg.pages, cfg.max_pages_per_doc) \
+            == want_plan
+        assert ledger.documents(book, cfg.pages, cfg.max_pages_per_doc).to_pylist() == want_docs
 
 
 def test_hand_built_retries_duplicates_and_page_ranges():

@@ -10,8 +10,8 @@ never reads them), so files are smaller than a real job's.
 
 ``measure`` runs in a fresh process (so its peak RSS is the driver's alone) and does what the
 driver does around a run: prove which files are complete, scan the key columns, plan (what is
-done, what to resume), scan again (as after the pipeline) and write the documents table; it
-reports seconds and peak RSS with a breakdown.
+done, what to resume), list ``pages/`` again and add the files written since (none here: no
+pipeline runs), and write the documents table; it reports seconds and peak RSS with a breakdown.
 """
 
 from __future__ import annotations
@@ -206,11 +206,11 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
     todo, complete = ledger.plan(book, sizes, cfg.limits, cfg.pages, cfg.max_pages_per_doc)
     t_plan = time.perf_counter() - t1
     rows_read = book.rows_read
-    del book
-    # the documents table: what _run_locked does after the pipeline (pages/ read again)
+    # the documents table: what _run_locked does after the pipeline (list again, add the new files)
     t2 = time.perf_counter()
-    fs, files2, proven2 = job._page_files(pages_uri, st, trust_run=BENCH_RUN)
-    book = job.scan_pages(fs, files2, listed.column("uri"), BENCH_RUN)
+    fs, now, _ = job._page_files(pages_uri, st, trust_run=BENCH_RUN)
+    seen = set(files)
+    book = job.scan_pages(fs, [f for f in now if f not in seen], listed.column("uri"), BENCH_RUN, book=book)
     book.facts = ledger.analyze(book, ranges=cfg.pages, max_pages=cfg.max_pages_per_doc)
     counts, _ = job.write_documents(book, os.path.join(folder, "documents"), st, BENCH_RUN)
     t_docs = time.perf_counter() - t2

@@ -146,10 +146,11 @@ SCAN_FILES = 512  #: files read (and reduced) at a time
 _SCAN_FORMAT = pads.ParquetFileFormat(read_options=pads.ParquetReadOptions(dictionary_columns=ledger.DICT_COLUMNS))
 
 
-def scan_pages(fs: pafs.FileSystem, files: list[str], listed_uris, run_id: str | None = None) -> ledger.Ledger:
+def scan_pages(fs: pafs.FileSystem, files: list[str], listed_uris, run_id: str | None = None,
+               book: ledger.Ledger | None = None) -> ledger.Ledger:
     """The page rows of ``files`` as a :class:`~padoc_ray.pipeline.ledger.Ledger` of the inputs
-    ``listed_uris``, read batch by batch (never the whole table at once)."""
-    book = ledger.Ledger(listed_uris, run_id)
+    ``listed_uris`` (or added to ``book``), read a group of files at a time, only the key columns."""
+    book = book if book is not None else ledger.Ledger(listed_uris, run_id)
     for i in range(0, len(files), SCAN_FILES):  # a dataset keeps each file's footer once read: a group at a time
         ds = pads.dataset(files[i:i + SCAN_FILES], schema=_SCAN_SCHEMA, filesystem=fs, format=_SCAN_FORMAT)
         book.add(ds.to_table(columns=ledger.COLUMNS).unify_dictionaries())  # one dictionary per column
@@ -266,12 +267,12 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
             start_ray()
         _pipeline(work, cfg, model_id)
     wall = time.perf_counter() - t0
-    if work or refused:  # read pages/ again: this run's files are complete now (the write returned)
-        del book
-        fs, files, mine = _page_files(pages_uri, cfg.storage, trust_run=cfg.run_id)
+    if work or refused:  # add the files written since: this run's are complete now (the write returned)
+        fs, now, mine = _page_files(pages_uri, cfg.storage, trust_run=cfg.run_id)
         proven = sorted(set(proven) | set(mine))
         commits.write_commit(pages_uri, cfg.storage, cfg.run_id, [n for n, _ in proven], [s for _, s in proven])
-        book = scan_pages(fs, files, listed.column("uri"), cfg.run_id)
+        seen = set(files)
+        book = scan_pages(fs, [f for f in now if f not in seen], listed.column("uri"), cfg.run_id, book=book)
         book.facts = ledger.analyze(book, ranges=cfg.pages, max_pages=cfg.max_pages_per_doc)
     doc_status, unaccounted = write_documents(book, join(cfg.output, "documents"), cfg.storage, cfg.run_id)
     summary = {

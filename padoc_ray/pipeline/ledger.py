@@ -29,7 +29,7 @@ COLUMNS = ["source_uri", "page_index", "processed_at", "page_count", "status", "
            "output_tokens"]
 DICT_COLUMNS = ["source_uri", "status", "error_code", "doc_id", "run_id"]
 #: rows sorted at once (bounds the sort's temporary memory; inputs are never split)
-PART_ROWS = 8_000_000
+PART_ROWS = 4_000_000
 _BIG = np.iinfo(np.int64).max
 _NOPAGE = np.iinfo(np.int32).min  # a row without page_index: ignored
 
@@ -84,7 +84,7 @@ class Ledger:
             off = last[1]
         else:
             off = self._uri_off if which == "uri" else self._doc_off
-            store = pc.cast(dic, pa.large_string())
+            store = dic if dic.type == pa.string() else pc.cast(dic, pa.string())
             if which == "uri":
                 self._uri_dicts.append(store)
                 self._uri_off += len(dic)
@@ -132,29 +132,37 @@ class Ledger:
         c["doc"].append(self._positions(col("doc_id", pa.string()), "doc"))
 
     def finish(self) -> "Ledger":
-        """Map each row to its input's number in the listing; drop rows of unlisted inputs."""
+        """Map the rows added since the last call to their inputs' numbers in the listing, drop rows
+        of unlisted inputs, and append them to the ledger's columns (:meth:`add` may follow again:
+        the driver adds the files a run wrote instead of reading everything twice)."""
         c = self._cols
         if self._uri_dicts and self.n:
-            m = pc.index_in(pa.chunked_array(self._uri_dicts, pa.large_string()),
-                            value_set=pc.cast(self.listed, pa.large_string()))
+            listed = self.listed if self.listed.type == pa.string() else pc.cast(self.listed, pa.string())
+            m = pc.index_in(pa.chunked_array(self._uri_dicts, pa.string()), value_set=listed)
             mapping = np.append(_ints(m, -1, np.int32), np.int32(-1))
+            del m
         else:
             mapping = np.array([-1], np.int32)
-        self._uri_dicts = []
-        gpos = np.concatenate(c.pop("gpos")) if c["gpos"] else np.zeros(0, np.int64)
-        self.u = mapping[gpos]  # gpos -1 (null uri) hits the appended -1
+        self._uri_dicts, self._uri_off, self._last_uri = [], 0, None
+        gpos = c["gpos"]
+        u = mapping[np.concatenate(gpos)] if gpos else np.zeros(0, np.int32)  # -1 (null uri) hits the appended -1
+        c["gpos"] = []
         del gpos, mapping
-        keep = (self.u >= 0)
+        new = {"u": u}
         for k in ("page", "t", "count", "status", "err", "doc"):
-            parts = c.pop(k)
-            setattr(self, k, _cat(parts, np.int64 if k == "t" else parts[0].dtype if parts else np.int32))
-        keep &= self.page != _NOPAGE
-        if not keep.all():
-            for k in ("u", "page", "t", "count", "status", "err", "doc"):
-                setattr(self, k, getattr(self, k)[keep])
-        self.doc_ids = (pa.chunked_array(self._doc_dicts, pa.large_string()).combine_chunks()
-                        if self._doc_dicts else pa.array([], pa.large_string()))
-        self._doc_dicts = []
+            parts, c[k] = c[k], []
+            new[k] = _cat(parts, np.int64 if k == "t" else np.result_type(*parts) if parts else np.int32)
+            del parts
+        keep = (new["u"] >= 0) & (new["page"] != _NOPAGE)
+        for k in ("u", "page", "t", "count", "status", "err", "doc"):
+            col = new.pop(k)
+            if not keep.all():
+                col = col[keep]
+            old = getattr(self, k, None)
+            setattr(self, k, col if old is None else np.concatenate([old, col.astype(np.result_type(old, col))]))
+            del old, col
+        self.doc_ids = pa.chunked_array(self._doc_dicts, pa.string())  # taken from by global position
+        self.facts = None
         return self
 
 
@@ -312,10 +320,10 @@ def analyze(book: Ledger, *, ranges=None, max_pages=None, current: bool = True, 
             cfg_limits: limits.InputLimits | None = None) -> Facts:
     """Per input facts for the documents table and (with ``sizes``) the plan, partition by partition."""
     n = book.n
-    f = Facts(doc_level=np.zeros(n, bool), doc_err=np.full(n, -1, np.int32), doc_count=np.full(n, -1, np.int32),
-              count=np.full(n, -1, np.int32), doc=np.full(n, -1, np.int64), n_sel=np.zeros(n, np.int64),
-              ok=np.zeros(n, np.int64), failed=np.zeros(n, np.int64), fail_code=np.full(n, -1, np.int32),
-              todo_done={}, present=np.zeros(n, np.int64))
+    f = Facts(doc_level=np.zeros(n, bool), doc_err=np.full(n, -1, np.int16), doc_count=np.full(n, -1, np.int32),
+              count=np.full(n, -1, np.int32), doc=np.full(n, -1, np.int64), n_sel=np.zeros(n, np.int32),
+              ok=np.zeros(n, np.int32), failed=np.zeros(n, np.int32), fail_code=np.full(n, -1, np.int16),
+              todo_done={}, present=np.zeros(n, np.int32))
     for lo, hi, rows in _partitions(book.u, n):
         _partition(book, f, f.present, lo, hi, rows, ranges, max_pages, current, sizes, cfg_limits)
     return f
@@ -349,21 +357,22 @@ def _partition(book, f: Facts, present, lo, hi, rows, ranges, max_pages, current
     rows_t = order[table_pos]  # row numbers (row order within an input = ascending)
     ut, pt = u[rows_t], page[rows_t]
     is_doc = pt < 0
-    first_doc = np.full(n_all := len(f.doc_level), _BIG, np.int64)
-    _first_per_u(ut, np.where(is_doc, rows_t, _BIG), first_doc)
-    has = first_doc < _BIG
-    f.doc_level[has] = True
-    f.doc_err[has] = err[first_doc[has]]
-    f.doc_count[has] = count[first_doc[has]]
-    first = np.full(n_all, _BIG, np.int64)
-    _first_per_u(ut, np.where(count[rows_t] >= 0, rows_t, _BIG), first)
-    ok_ = first < _BIG
-    f.count[ok_] = count[first[ok_]]
+    ul = ut - lo  # inputs of this partition, from 0
+    first = np.full(hi - lo, _BIG, np.int64)
+    _first_per_u(ul, np.where(is_doc, rows_t, _BIG), first)
+    has = first < _BIG
+    f.doc_level[lo:hi] = has
+    f.doc_err[lo:hi][has] = err[first[has]]
+    f.doc_count[lo:hi][has] = count[first[has]]
     first[:] = _BIG
-    _first_per_u(ut, np.where(doc[rows_t] >= 0, rows_t, _BIG), first)
-    ok_ = first < _BIG
-    f.doc[ok_] = doc[first[ok_]]
-    del first
+    _first_per_u(ul, np.where(count[rows_t] >= 0, rows_t, _BIG), first)
+    has = first < _BIG
+    f.count[lo:hi][has] = count[first[has]]
+    first[:] = _BIG
+    _first_per_u(ul, np.where(doc[rows_t] >= 0, rows_t, _BIG), first)
+    has = first < _BIG
+    f.doc[lo:hi][has] = doc[first[has]]
+    del first, ul
     # picked page rows: current rows of page-level inputs, or the last row per (input, page)
     pick = chosen[page[order[chosen]] >= 0]
     prow = order[pick]
@@ -410,20 +419,20 @@ def _plan_part(book, f, present, lo, hi, sizes, cfg_limits, ranges, max_pages, p
     s = sizes[lo:hi]
     code_of = book._code_of
     lim = cfg_limits
-    # the listing's refusal of each input (limits.listing_refusal), as a code string or None
-    refusal = np.full(hi - lo, None, object)
-    refusal[s < 0] = limits.MISSING_FILE
-    refusal[s == -2] = limits.DISALLOWED_URI
+    # the listing's refusal of each input (limits.listing_refusal): 0 none, else 1 + its index in `refusals`
+    refusals = (limits.MISSING_FILE, limits.DISALLOWED_URI, limits.FILE_TOO_LARGE)
+    refusal = np.zeros(hi - lo, np.int8)
+    refusal[s < 0] = 1
+    refusal[s == -2] = 2
     if lim.max_file_bytes is not None:
-        refusal[(s >= 0) & (s > lim.max_file_bytes)] = limits.FILE_TOO_LARGE
+        refusal[(s >= 0) & (s > lim.max_file_bytes)] = 3
     dl = f.doc_level[lo:hi]
     derr = f.doc_err[lo:hi]
-    refused = refusal != None  # noqa: E711 - element-wise
+    refused = refusal > 0
     complete = np.zeros(hi - lo, bool)
-    for code in (limits.MISSING_FILE, limits.DISALLOWED_URI, limits.FILE_TOO_LARGE):
-        m = refusal == code
-        if m.any() and code in code_of:
-            complete |= m & dl & (derr == code_of[code])
+    for i, code in enumerate(refusals, 1):
+        if code in code_of:
+            complete |= (refusal == i) & dl & (derr == code_of[code])
     # a document-level verdict stands unless a rerun can change it (limits.retried)
     dcount = f.doc_count[lo:hi]
     n_sel_doc = _n_selected(dcount, ranges, max_pages)
@@ -489,7 +498,7 @@ def document_batches(book: Ledger, f: Facts, chunk: int = 1 << 20) -> Iterable[p
         err = np.where(dl, derr, np.where(status == at["failed"], f.fail_code[sl], -1))
         zero = np.where(dl | (cnt < 0), 0, 1)
         docpos = f.doc[sl]
-        doc_ids = book.doc_ids.take(pa.array(np.where(docpos >= 0, docpos, 0), mask=docpos < 0)) \
+        doc_ids = book.doc_ids.take(pa.array(np.where(docpos >= 0, docpos, 0), mask=docpos < 0)).combine_chunks() \
             if len(book.doc_ids) else pa.nulls(b - a, pa.string())
         yield pa.RecordBatch.from_arrays([
             book.listed.slice(a, b - a).cast(pa.string()),
