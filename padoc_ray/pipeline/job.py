@@ -155,6 +155,8 @@ def scan_pages(fs: pafs.FileSystem, files: list[str], listed_uris, run_id: str |
         ds = pads.dataset(files[i:i + SCAN_FILES], schema=_SCAN_SCHEMA, filesystem=fs, format=_SCAN_FORMAT)
         book.add(ds.to_table(columns=ledger.COLUMNS).unify_dictionaries())  # one dictionary per column
         del ds
+        if (i // SCAN_FILES) % 16 == 15:
+            ledger._trim()
     return book.finish()
 
 

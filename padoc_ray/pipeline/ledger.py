@@ -30,6 +30,8 @@ COLUMNS = ["source_uri", "page_index", "processed_at", "page_count", "status", "
 DICT_COLUMNS = ["source_uri", "status", "error_code", "doc_id", "run_id"]
 #: rows sorted at once (bounds the sort's temporary memory; inputs are never split)
 PART_ROWS = 4_000_000
+#: map rows to input numbers whenever this many URI dictionary entries are pending (bounds memory)
+MAP_EVERY = 2_000_000
 _BIG = np.iinfo(np.int64).max
 _NOPAGE = np.iinfo(np.int32).min  # a row without page_index: ignored
 
@@ -51,7 +53,7 @@ class Ledger:
         self._doc_dicts: list[pa.Array] = []
         self._uri_off = self._doc_off = 0
         self._last_uri = self._last_doc = None  # (dictionary identity, its offset)
-        self._cols: dict[str, list] = {k: [] for k in ("gpos", "page", "t", "count", "status", "err", "doc")}
+        self._cols: dict[str, list] = {k: [] for k in ("gpos", "u", "page", "t", "count", "status", "err", "doc")}
         self.rows_read = 0
         self.footers_read = 0
         self.run_rows = self.run_pages = self.run_tokens = 0
@@ -124,6 +126,8 @@ class Ledger:
                 self.run_tokens += int(_ints(col("output_tokens", pa.int32()), 0, np.int64)[mine].sum())
         c = self._cols
         c["gpos"].append(self._positions(col("source_uri", pa.string()), "uri"))
+        if self._uri_off > MAP_EVERY:
+            self._map_uris()
         c["page"].append(page)
         c["t"].append(_ints(pc.cast(col("processed_at", pa.timestamp("ms", tz="UTC")), pa.int64()), -1, np.int64))
         c["count"].append(_ints(col("page_count", pa.int32()), -1, np.int32))
@@ -131,10 +135,8 @@ class Ledger:
         c["err"].append(self._lut(col("error_code", pa.string())))
         c["doc"].append(self._positions(col("doc_id", pa.string()), "doc"))
 
-    def finish(self) -> "Ledger":
-        """Map the rows added since the last call to their inputs' numbers in the listing, drop rows
-        of unlisted inputs, and append them to the ledger's columns (:meth:`add` may follow again:
-        the driver adds the files a run wrote instead of reading everything twice)."""
+    def _map_uris(self) -> None:
+        """Turn the pending rows' dictionary positions into input numbers (and drop the dictionaries)."""
         c = self._cols
         if self._uri_dicts and self.n:
             listed = self.listed if self.listed.type == pa.string() else pc.cast(self.listed, pa.string())
@@ -143,13 +145,18 @@ class Ledger:
             del m
         else:
             mapping = np.array([-1], np.int32)
-        self._uri_dicts, self._uri_off, self._last_uri = [], 0, None
-        gpos = c["gpos"]
-        u = mapping[np.concatenate(gpos)] if gpos else np.zeros(0, np.int32)  # -1 (null uri) hits the appended -1
-        c["gpos"] = []
-        del gpos, mapping
-        new = {"u": u}
-        for k in ("page", "t", "count", "status", "err", "doc"):
+        c["u"].extend(mapping[g] for g in c["gpos"])  # -1 (a null uri) hits the appended -1
+        c["gpos"], self._uri_dicts, self._uri_off, self._last_uri = [], [], 0, None
+
+    def finish(self) -> "Ledger":
+        """Map the rows added since the last call to their inputs' numbers in the listing, drop rows
+        of unlisted inputs, and append them to the ledger's columns (:meth:`add` may follow again:
+        the driver adds the files a run wrote instead of reading everything twice)."""
+        c = self._cols
+        self._map_uris()
+        _trim()
+        new = {}
+        for k in ("u", "page", "t", "count", "status", "err", "doc"):
             parts, c[k] = c[k], []
             new[k] = _cat(parts, np.int64 if k == "t" else np.result_type(*parts) if parts else np.int32)
             del parts
@@ -163,6 +170,7 @@ class Ledger:
             del old, col
         self.doc_ids = pa.chunked_array(self._doc_dicts, pa.string())  # taken from by global position
         self.facts = None
+        _trim()
         return self
 
 
@@ -174,6 +182,18 @@ def from_table(table: pa.Table, listed_uris, run_id: str | None = None) -> Ledge
 
 
 # ---- helpers over columns ------------------------------------------------------------------------------------
+def _trim() -> None:
+    """Give freed memory back to the system (glibc and Arrow's allocator keep freed blocks, which
+    would count in the driver's RSS as if still used)."""
+    pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages too
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
 def _dict(col):
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
@@ -326,6 +346,7 @@ def analyze(book: Ledger, *, ranges=None, max_pages=None, current: bool = True, 
               todo_done={}, present=np.zeros(n, np.int32))
     for lo, hi, rows in _partitions(book.u, n):
         _partition(book, f, f.present, lo, hi, rows, ranges, max_pages, current, sizes, cfg_limits)
+        _trim()
     return f
 
 
