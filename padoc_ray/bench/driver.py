@@ -206,6 +206,7 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
     todo, complete = ledger.plan(book, sizes, cfg.limits, cfg.pages, cfg.max_pages_per_doc)
     t_plan = time.perf_counter() - t1
     rows_read = book.rows_read
+    rss_plan = _peak_rss()
     # the documents table: what _run_locked does after the pipeline (list again, add the new files)
     t2 = time.perf_counter()
     fs, now, _ = job._page_files(pages_uri, st, trust_run=BENCH_RUN)
@@ -218,7 +219,7 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
         "seconds": round(t_plan + t_docs, 2), "peak_rss_bytes": _peak_rss(),
         "breakdown": {"plan_s": round(t_plan, 2), "plan_proof_s": round(t_proof, 2), "plan_scan_s": round(t_scan, 2),
                       "documents_s": round(t_docs, 2), "untimed_listing_s": round(t_list, 2),
-                      "rss_after_listing_bytes": rss_listing},
+                      "peak_rss_after_listing_bytes": rss_listing, "peak_rss_after_plan_bytes": rss_plan},
         "files": len(files), "footers_read": len(footers),
         "page_rows": rows_read, "inputs": listed.num_rows, "todo": len(todo), "complete": complete,
         "document_status": counts,

@@ -128,11 +128,11 @@ class Ledger:
         c["gpos"].append(self._positions(col("source_uri", pa.string()), "uri"))
         if self._uri_off > MAP_EVERY:
             self._map_uris()
-        c["page"].append(page)
+        c["page"].append(_small(page))
         c["t"].append(_ints(pc.cast(col("processed_at", pa.timestamp("ms", tz="UTC")), pa.int64()), -1, np.int64))
-        c["count"].append(_ints(col("page_count", pa.int32()), -1, np.int32))
-        c["status"].append(status)
-        c["err"].append(self._lut(col("error_code", pa.string())))
+        c["count"].append(_small(_ints(col("page_count", pa.int32()), -1, np.int32)))
+        c["status"].append(_small(status))
+        c["err"].append(_small(self._lut(col("error_code", pa.string()))))
         c["doc"].append(self._positions(col("doc_id", pa.string()), "doc"))
 
     def _map_uris(self) -> None:
@@ -182,6 +182,18 @@ def from_table(table: pa.Table, listed_uris, run_id: str | None = None) -> Ledge
 
 
 # ---- helpers over columns ------------------------------------------------------------------------------------
+def _small(a: np.ndarray) -> np.ndarray:
+    """``a`` in the smallest of int8/int16/int32 that holds its values (most pages, counts and codes
+    are small; the ledger holds one value a row)."""
+    if len(a) == 0:
+        return a
+    lo, hi = int(a.min()), int(a.max())
+    for t in (np.int8, np.int16, np.int32):
+        if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max:
+            return a.astype(t, copy=False)
+    return a
+
+
 def _trim() -> None:
     """Give freed memory back to the system (glibc and Arrow's allocator keep freed blocks, which
     would count in the driver's RSS as if still used)."""
