@@ -6,7 +6,10 @@ rerun with the same ``--output`` parses only what is missing and never writes a 
 run at a time works on an output (:class:`~padoc_ray.pipeline.lock.OutputLock`). Unreadable
 Parquet files under ``pages/`` are skipped by every reader; only the driver, holding the lock,
 removes them, and never its own run's: a file named by an earlier run (that run is over: its lock
-is gone) at once, a file of unknown origin only when older than a grace period.
+is gone) at once, a file of unknown origin only when older than a grace period. A file a commit
+record names with its size (:mod:`~padoc_ray.pipeline.commits`) is complete without reading its
+footer; the driver records the files it proved or wrote. The driver's reading of pages/ scales
+to 100M rows: key columns only, reduced to integers as read (:mod:`~padoc_ray.pipeline.ledger`).
 """
 
 from __future__ import annotations
