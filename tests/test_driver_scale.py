@@ -270,6 +270,39 @@ def test_the_driver_commits_what_it_proved_and_leftovers_are_still_removed(tmp_p
     assert pq.read_table(out / "commits" / "run-1.parquet").column("name").to_pylist() == ["old-layout.parquet"]
 
 
+def test_a_run_adds_the_files_it_wrote_and_records_them(tmp_path, monkeypatch):
+    """After the pipeline the driver lists pages/ again, trusts its own run's files (their write
+    returned) without reading their footers, adds them to the ledger it planned with, and records
+    them; the summary and the documents table count them."""
+    from tests.test_pipeline_unit import _files
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    _files(inp, ["a.pdf", "b.pdf"])
+    a, b = str(inp / "a.pdf"), str(inp / "b.pdf")
+    pages = out / "pages"
+    pages.mkdir(parents=True)
+    pq.write_table(rows.to_table([_row(a, 0, 2, "ok", 1)]), pages / "old.parquet")  # a: page 1 still to do
+    mine = f"run-1_{'ab' * 16}_000000-0.parquet"
+
+    def pipeline(work, cfg, model_id):  # what Ray Data's write leaves: files named by the run
+        assert sorted((w["uri"], w["done"]) for w in work) == [(a, [0]), (b, [])]
+        pq.write_table(rows.to_table([_row(a, 1, 2, "ok", 5, run=cfg.run_id),
+                                      _row(b, 0, 1, "runaway", 5, run=cfg.run_id)]), pages / mine)
+
+    reads = []
+    real = job._footer
+    monkeypatch.setattr(job, "_footer", lambda fs, p: (reads.append(os.path.basename(p)), real(fs, p))[1])
+    monkeypatch.setattr(job, "_pipeline", pipeline)
+    summary = job.run_batch(BatchConfig(input=str(inp), output=str(out), model="m", run_id="run-1"), log=lambda s: None)
+    assert summary["rows_written"] == 2 and summary["pages_written"] == 2
+    assert summary["page_status"] == {"ok": 1, "runaway": 1} and summary["output_tokens_per_s"] > 0
+    assert summary["document_status"] == {"ok": 1, "failed": 1} and summary["all_inputs_accounted"]
+    assert reads == ["old.parquet"]  # the run's own file is not read back
+    assert sorted(pq.read_table(out / "commits" / "run-1.parquet").column("name").to_pylist()) == ["old.parquet", mine]
+    docs = {d["source_uri"]: d for d in pq.read_table(out / "documents" / "documents.parquet").to_pylist()}
+    assert docs[a]["pages_ok"] == 2 and docs[b]["error_code"] == "runaway"
+
+
 # ---- the benchmark command ------------------------------------------------------------------------------------
 def test_bench_driver_builds_once_and_measures_in_a_fresh_process(tmp_path):
     from padoc_ray.bench.driver import build
