@@ -201,7 +201,7 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
     pages_uri, st = os.path.join(folder, "pages"), StorageConfig()
     # planning: what _run_locked does before the pipeline
     t1 = time.perf_counter()
-    fs, files, proven = job._page_files(pages_uri, st, cleanup_for_run=BENCH_RUN)
+    fs, files, _ = job._page_files(pages_uri, st, cleanup_for_run=BENCH_RUN)
     t_proof = time.perf_counter() - t1
     book = job.scan_pages(fs, files, listed.column("uri"), BENCH_RUN)
     t_scan = time.perf_counter() - t1 - t_proof
@@ -240,7 +240,8 @@ def run(pages: int, ppd: int, rows_per_file: int, scratch: str, workers: int, lo
         f"(built in {built['build_s']} s; this call {time.perf_counter() - t0:.0f} s)")
     code = ("import json, sys; from padoc_ray.bench.driver import measure; "
             "print('RESULT ' + json.dumps(measure(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))")
-    p = subprocess.run([sys.executable, "-c", code, folder, str(pages), str(ppd)], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-c", code, folder, str(pages), str(ppd)], check=False, capture_output=True,
+                       text=True)
     if p.returncode != 0:
         raise RuntimeError(f"the measuring process failed ({p.returncode}):\n{p.stderr[-3000:]}")
     res = json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("RESULT "))[7:])
