@@ -173,6 +173,8 @@ def test_the_driver_scan_agrees_with_the_table_rules_and_partitions_change_nothi
     want_docs = ref_documents(ref_current_rows(table), listed, cfg.pages, cfg.max_pages_per_doc)
     for part_rows in (10 ** 9, 50):
         monkeypatch.setattr(ledger, "PART_ROWS", part_rows)
+        monkeypatch.setattr(ledger, "MAP_EVERY", 2_000_000 if part_rows > 50 else 5)  # map URIs once, or often
+        monkeypatch.setattr(job, "SCAN_FILES", 512 if part_rows > 50 else 3)
         fs, files, _ = job._page_files(str(pages), StorageConfig())
         book = job.scan_pages(fs, files, lt.column("uri"), "r1")
         assert ledger.plan(book, lt.column("size").to_numpy(), cfg.limits, cfg.pages, cfg.max_pages_per_doc) \

@@ -44,7 +44,9 @@ class Ledger:
     in the summary of ``run_id``'s rows."""
 
     def __init__(self, listed_uris, run_id: str | None = None):
-        self.listed = listed_uris.combine_chunks() if isinstance(listed_uris, pa.ChunkedArray) else listed_uris
+        if isinstance(listed_uris, pa.ChunkedArray):  # one chunk: no copy
+            listed_uris = listed_uris.chunk(0) if listed_uris.num_chunks == 1 else listed_uris.combine_chunks()
+        self.listed = listed_uris
         self.n = len(self.listed)
         self.run_id = run_id
         self.codes: list[str] = []  # status and error strings
@@ -139,10 +141,15 @@ class Ledger:
         """Turn the pending rows' dictionary positions into input numbers (and drop the dictionaries)."""
         c = self._cols
         if self._uri_dicts and self.n:
+            # hash the pending URIs (a few million), not the listing: look each listed URI up in them
+            enc = pc.dictionary_encode(pa.chunked_array(self._uri_dicts, pa.string()).combine_chunks())
             listed = self.listed if self.listed.type == pa.string() else pc.cast(self.listed, pa.string())
-            m = pc.index_in(pa.chunked_array(self._uri_dicts, pa.string()), value_set=listed)
-            mapping = np.append(_ints(m, -1, np.int32), np.int32(-1))
-            del m
+            where = _ints(pc.index_in(listed, value_set=enc.dictionary), -1, np.int64)  # listing row -> unique
+            of_unique = np.full(len(enc.dictionary) + 1, -1, np.int32)
+            hit = np.flatnonzero(where >= 0)
+            of_unique[where[hit][::-1]] = hit[::-1].astype(np.int32)  # a URI listed twice: its first row
+            mapping = np.append(of_unique[_ints(enc.indices, -1, np.int64)], np.int32(-1))
+            del enc, where, hit, of_unique
         else:
             mapping = np.array([-1], np.int32)
         c["u"].extend(mapping[g] for g in c["gpos"])  # -1 (a null uri) hits the appended -1
