@@ -567,8 +567,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "incomplete and missing inputs and an unreadable leftover mixed in, plus the "
                                      "runs' commit records), cached in --scratch; then, in a fresh process, time what "
                                      "the driver does around a run: prove the files complete, scan the key columns, "
-                                     "plan, scan again and write documents/documents.parquet. Prints and writes "
-                                     "seconds, peak RSS (the fresh process's) and a breakdown.")
+                                     "plan, list again and add the files written since (none: no pipeline runs), "
+                                     "and write documents/documents.parquet. Prints and writes seconds, peak RSS "
+                                     "(the fresh process's) and a breakdown. Building 100M rows takes ~15 min on 2 "
+                                     "cores and 2.4 GiB of disk.")
     bd.add_argument("--pages", type=int, required=True, help="page rows to synthesize, e.g. 1000000")
     bd.add_argument("--pages-per-doc", type=int, default=10, help="pages per input document (default 10)")
     bd.add_argument("--rows-per-file", type=int, default=1000,
