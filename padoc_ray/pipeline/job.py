@@ -6,7 +6,10 @@ rerun with the same ``--output`` parses only what is missing and never writes a 
 run at a time works on an output (:class:`~padoc_ray.pipeline.lock.OutputLock`). Unreadable
 Parquet files under ``pages/`` are skipped by every reader; only the driver, holding the lock,
 removes them, and never its own run's: a file named by an earlier run (that run is over: its lock
-is gone) at once, a file of unknown origin only when older than a grace period.
+is gone) at once, a file of unknown origin only when older than a grace period. A file a commit
+record names with its size (:mod:`~padoc_ray.pipeline.commits`) is complete without reading its
+footer; the driver records the files it proved or wrote. The driver's reading of pages/ scales
+to 100M rows: key columns only, reduced to integers as read (:mod:`~padoc_ray.pipeline.ledger`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from padoc_ray.pipeline import limits, rows
+from padoc_ray.pipeline import commits, ledger, limits, rows
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.lock import OutputLock
 from padoc_ray.pipeline.storage import StorageConfig, filesystem, is_s3, join, list_inputs, write_bytes
@@ -86,24 +89,35 @@ def _leftover(name: str, age_s: float | None, run_id: str, grace_s: float) -> bo
     return age_s is not None and age_s > grace_s
 
 
-def read_pages(pages_uri: str, storage: StorageConfig, columns=KEY_COLUMNS, *, cleanup_for_run: str | None = None,
-               grace_s: float = 3600.0) -> pa.Table:
-    """Every page row written so far (all runs). Unreadable files (torn by a killed run, or being
-    written by a live one) are skipped. Read-only unless ``cleanup_for_run`` names the run holding
-    the output's lock (only the batch driver): then the unreadable files :func:`_leftover` allows
-    are deleted. A storage error is retried and then raised, never a reason to delete."""
+def _page_files(pages_uri: str, storage: StorageConfig, *, cleanup_for_run: str | None = None,
+                grace_s: float = 3600.0, trust_run: str | None = None):
+    """(filesystem, complete Parquet files under pages/, [(name, size)] of those proven here).
+
+    A file a commit record names with its size is complete without a read (:mod:`commits`); so
+    are the files of ``trust_run`` (the live run, once its pipeline returned). Any other file has
+    its footer read (:func:`_is_parquet`); unreadable ones are skipped, and deleted when
+    ``cleanup_for_run`` holds the lock and :func:`_leftover` allows it. A storage error is retried
+    and then raised, never a reason to delete."""
     fs, path = filesystem(pages_uri, storage)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
-        return rows.PAGE_SCHEMA.empty_table().select(columns)
+        return fs, [], []
     files = [f for f in fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
              if f.type == pafs.FileType.File and f.path.endswith(".parquet")]
-    good = []
+    root = path.rstrip("/") + "/"
+    names = [f.path[len(root):] if f.path.startswith(root) else f.base_name for f in files]
+    committed = commits.committed_mask(names, [f.size for f in files], commits.read_committed(pages_uri, storage))
+    good, proven = [], []
     now = datetime.now(timezone.utc)
-    for f in files:
-        ok = _is_parquet(fs, f.path)
+    for f, name, known in zip(files, names, committed):
+        if known:
+            good.append(f.path)
+            continue
+        m = RUN_FILE.match(f.base_name)
+        ok = True if (trust_run is not None and m is not None and m["run"] == trust_run) else _is_parquet(fs, f.path)
         if ok:
             good.append(f.path)
+            proven.append((name, f.size))
             continue
         if ok is None:
             continue
@@ -113,9 +127,40 @@ def read_pages(pages_uri: str, storage: StorageConfig, columns=KEY_COLUMNS, *, c
             fs.delete_file(f.path)
         else:
             logger.warning("skipping unreadable %s (a leftover of a killed run, or being written)", f.path)
+    return fs, good, proven
+
+
+def read_pages(pages_uri: str, storage: StorageConfig, columns=KEY_COLUMNS, *, cleanup_for_run: str | None = None,
+               grace_s: float = 3600.0) -> pa.Table:
+    """Every page row written so far (all runs). Unreadable files (torn by a killed run, or being
+    written by a live one) are skipped. Read-only unless ``cleanup_for_run`` names the run holding
+    the output's lock (only the batch driver): then the unreadable files :func:`_leftover` allows
+    are deleted. A storage error is retried and then raised, never a reason to delete."""
+    fs, good, _ = _page_files(pages_uri, storage, cleanup_for_run=cleanup_for_run, grace_s=grace_s)
     if not good:
         return rows.PAGE_SCHEMA.empty_table().select(columns)
     return pads.dataset(good, schema=rows.PAGE_SCHEMA, filesystem=fs, format="parquet").to_table(columns=columns)
+
+
+#: how the driver reads pages/: its key columns only, strings as dictionaries (few distinct per file)
+_SCAN_SCHEMA = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), pa.string()))
+                          if f.name in ledger.DICT_COLUMNS else f for f in rows.PAGE_SCHEMA])
+SCAN_FILES = 512  #: files read (and reduced) at a time
+_SCAN_FORMAT = pads.ParquetFileFormat(read_options=pads.ParquetReadOptions(dictionary_columns=ledger.DICT_COLUMNS))
+
+
+def scan_pages(fs: pafs.FileSystem, files: list[str], listed_uris, run_id: str | None = None,
+               book: ledger.Ledger | None = None) -> ledger.Ledger:
+    """The page rows of ``files`` as a :class:`~padoc_ray.pipeline.ledger.Ledger` of the inputs
+    ``listed_uris`` (or added to ``book``), read a group of files at a time, only the key columns."""
+    book = book if book is not None else ledger.Ledger(listed_uris, run_id)
+    for i in range(0, len(files), SCAN_FILES):  # a dataset keeps each file's footer once read: a group at a time
+        ds = pads.dataset(files[i:i + SCAN_FILES], schema=_SCAN_SCHEMA, filesystem=fs, format=_SCAN_FORMAT)
+        book.add(ds.to_table(columns=ledger.COLUMNS).unify_dictionaries())  # one dictionary per column
+        del ds
+        if (i // SCAN_FILES) % 16 == 15:
+            ledger._trim()
+    return book.finish()
 
 
 def plan(listed: list[tuple[str, int]], existing: pa.Table, cfg: BatchConfig) -> tuple[list[dict], int]:
@@ -124,37 +169,11 @@ def plan(listed: list[tuple[str, int]], existing: pa.Table, cfg: BatchConfig) ->
     An input whose current row (:func:`rows.current_rows`) is document-level is complete, unless a
     rerun can change it (:func:`limits.retried`: a failed read, a missing or refused listing, a cap
     no longer exceeded). Inputs the listing refuses are to do (the driver writes their rows) unless
-    the same refusal is already recorded."""
-    by_uri: dict[str, list[dict]] = {}
-    current = rows.current_rows(existing.select(["source_uri", "page_index", "page_count", "error_code",
-                                                 "processed_at"]))
-    for r in current.to_pylist():
-        by_uri.setdefault(r["source_uri"], []).append(r)
-    todo, complete = [], 0
-    for uri, size in listed:
-        prev = by_uri.get(uri, [])
-        doc = next((r for r in prev if r["page_index"] < 0), None)
-        refusal = limits.listing_refusal(size, cfg.limits)
-        if refusal is not None:
-            if doc is not None and doc["error_code"] == refusal[0]:
-                complete += 1
-            else:
-                todo.append({"uri": uri, "size": size, "done": []})
-            continue
-        if doc is not None:
-            count = doc["page_count"]
-            n_sel = len(rows.select_pages(count, cfg.pages, cfg.max_pages_per_doc)) if count is not None else None
-            if not limits.retried(doc["error_code"], count, n_sel, cfg.limits):
-                complete += 1
-                continue
-            prev = []
-        done = sorted({r["page_index"] for r in prev})
-        count = next((r["page_count"] for r in prev if r["page_count"] is not None), None)
-        if count is not None and set(rows.select_pages(count, cfg.pages, cfg.max_pages_per_doc)) <= set(done):
-            complete += 1
-            continue
-        todo.append({"uri": uri, "size": size, "done": done})
-    return todo, complete
+    the same refusal is already recorded. (The driver runs the same rules on a scan:
+    :func:`~padoc_ray.pipeline.ledger.plan`.)"""
+    lt = ledger.listing_table(listed)
+    book = ledger.from_table(existing, lt.column("uri"))
+    return ledger.plan(book, lt.column("size").to_numpy(), cfg.limits, cfg.pages, cfg.max_pages_per_doc)
 
 
 def _write_listing_rows(refused: list[dict], cfg: BatchConfig, model_id: str) -> None:
@@ -235,54 +254,78 @@ def run_batch(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
 
 def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
     t0 = time.perf_counter()
-    listed = list_inputs(cfg.input, cfg.storage, cfg.manifest_allow)
+    listed = ledger.listing_table(list_inputs(cfg.input, cfg.storage, cfg.manifest_allow))
+    sizes = listed.column("size").to_numpy()
     pages_uri = join(cfg.output, "pages")
-    existing = read_pages(pages_uri, cfg.storage, cleanup_for_run=cfg.run_id, grace_s=cfg.leftover_grace_s)
-    todo, complete = plan(listed, existing, cfg)
+    fs, files, proven = _page_files(pages_uri, cfg.storage, cleanup_for_run=cfg.run_id, grace_s=cfg.leftover_grace_s)
+    commits.write_commit(pages_uri, cfg.storage, cfg.run_id, [n for n, _ in proven], [s for _, s in proven])
+    book = scan_pages(fs, files, listed.column("uri"), cfg.run_id)
+    todo, complete = ledger.plan(book, sizes, cfg.limits, cfg.pages, cfg.max_pages_per_doc)
     model_id = cfg.model.rstrip("/").rsplit("/", 1)[-1]
     refused = [t for t in todo if limits.listing_refusal(t["size"], cfg.limits) is not None]
-    log(f"padoc-ray batch run {cfg.run_id}: {len(listed)} inputs, {complete} already complete, "
+    log(f"padoc-ray batch run {cfg.run_id}: {listed.num_rows} inputs, {complete} already complete, "
         f"{len(todo)} to do ({len(refused)} refused from the listing); output {cfg.output}")
     if refused:
         _write_listing_rows(refused, cfg, model_id)
     work = [t for t in todo if limits.listing_refusal(t["size"], cfg.limits) is None]
+    del todo
     if work:
         if start_ray is not None:
             start_ray()
         _pipeline(work, cfg, model_id)
     wall = time.perf_counter() - t0
-    final = read_pages(pages_uri, cfg.storage)
-    docs = rows.documents_table(rows.current_rows(final), listed, cfg.pages, cfg.max_pages_per_doc)
-    fs, dpath = filesystem(join(cfg.output, "documents"), cfg.storage)
-    if not is_s3(cfg.output):
-        os.makedirs(dpath, exist_ok=True)
-    tmp = dpath.rstrip("/") + f"/documents.parquet.{cfg.run_id}.tmp"  # unique: never shared with another run
-    pq.write_table(docs, tmp, filesystem=fs)
-    fs.move(tmp, dpath.rstrip("/") + "/documents.parquet")
-    this_run = final.filter(pc.equal(final.column("run_id"), cfg.run_id))
-    real_pages = this_run.filter(pc.greater_equal(this_run.column("page_index"), 0))
-    doc_status = rows.status_counts(docs)
-    unaccounted = docs.filter(pc.is_in(docs.column("status"), pa.array(["incomplete", "missing"])))
-    tokens = pc.sum(this_run.column("output_tokens")).as_py() or 0
+    if work or refused:  # add the files written since: this run's are complete now (the write returned)
+        fs, now, mine = _page_files(pages_uri, cfg.storage, trust_run=cfg.run_id)
+        proven = sorted(set(proven) | set(mine))
+        commits.write_commit(pages_uri, cfg.storage, cfg.run_id, [n for n, _ in proven], [s for _, s in proven])
+        seen = set(files)
+        book = scan_pages(fs, [f for f in now if f not in seen], listed.column("uri"), cfg.run_id, book=book)
+        book.facts = ledger.analyze(book, ranges=cfg.pages, max_pages=cfg.max_pages_per_doc)
+    doc_status, unaccounted = write_documents(book, join(cfg.output, "documents"), cfg.storage, cfg.run_id)
     summary = {
         "run_id": cfg.run_id, "input": cfg.input, "output": cfg.output, "model": cfg.model, "mode": cfg.mode,
-        "inputs": len(listed), "inputs_already_complete": complete, "inputs_processed": len(todo),
+        "inputs": listed.num_rows, "inputs_already_complete": complete, "inputs_processed": len(work) + len(refused),
         "inputs_refused_from_listing": len(refused),
-        "rows_written": this_run.num_rows, "pages_written": real_pages.num_rows,
-        "page_status": rows.status_counts(real_pages), "document_status": doc_status,
-        "all_inputs_accounted": unaccounted.num_rows == 0,
-        "unaccounted": unaccounted.column("source_uri").to_pylist()[:100],
+        "rows_written": book.run_rows, "pages_written": book.run_pages,
+        "page_status": {str(k): v for k, v in book.run_status.items()}, "document_status": doc_status,
+        "all_inputs_accounted": not unaccounted,
+        "unaccounted": unaccounted[:100],
         "wall_s": round(wall, 3),
-        "pages_per_s": round(real_pages.num_rows / wall, 4) if wall else None,
-        "output_tokens_per_s": round(tokens / wall, 2) if wall else None,
+        "pages_per_s": round(book.run_pages / wall, 4) if wall else None,
+        "output_tokens_per_s": round(book.run_tokens / wall, 2) if wall else None,
         "config": _config_dict(cfg),
     }
     body = json.dumps(summary, indent=2, default=str).encode()
     write_bytes(join(cfg.output, "summary.json"), body, cfg.storage)
     write_bytes(join(cfg.output, "runs", f"{cfg.run_id}.json"), body, cfg.storage)
-    log(f"done in {wall:.1f}s: {real_pages.num_rows} pages written ({summary['page_status']}), documents "
+    log(f"done in {wall:.1f}s: {book.run_pages} pages written ({summary['page_status']}), documents "
         f"{doc_status}; all inputs accounted: {summary['all_inputs_accounted']}")
     return summary
+
+
+def write_documents(book: ledger.Ledger, documents_uri: str, storage: StorageConfig, run_id: str):
+    """Write ``documents/documents.parquet`` (one row per listed input, row group by row group,
+    never the whole table in memory); returns (counts by status, inputs still incomplete or
+    missing: the first 100)."""
+    if book.facts is None:
+        raise ValueError("plan or analyze the ledger first")
+    fs, dpath = filesystem(documents_uri, storage)
+    if not is_s3(documents_uri):
+        os.makedirs(dpath, exist_ok=True)
+    tmp = dpath.rstrip("/") + f"/documents.parquet.{run_id}.tmp"  # unique: never shared with another run
+    counts: dict[str, int] = {}
+    unaccounted: list[str] = []
+    with pq.ParquetWriter(tmp, rows.DOCUMENT_SCHEMA, filesystem=fs) as w:
+        for batch in ledger.document_batches(book, book.facts):
+            w.write_batch(batch)
+            st = batch.column("status")
+            for v in pc.value_counts(st).to_pylist():
+                counts[str(v["values"])] = counts.get(str(v["values"]), 0) + int(v["counts"])
+            if len(unaccounted) < 100:
+                lost = pc.is_in(st, pa.array(["incomplete", "missing"]))
+                unaccounted += batch.column("source_uri").filter(lost).to_pylist()[:100 - len(unaccounted)]
+    fs.move(tmp, dpath.rstrip("/") + "/documents.parquet")
+    return counts, unaccounted
 
 
 def _config_dict(cfg: BatchConfig) -> dict:

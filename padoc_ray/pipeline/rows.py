@@ -9,7 +9,6 @@ that cannot be opened at all (not a PDF, empty, encrypted, corrupt, no pages) ge
 from __future__ import annotations
 
 import datetime as dt
-from collections import Counter
 from typing import Iterable, Sequence
 
 import pyarrow as pa
@@ -158,40 +157,19 @@ def to_table(rows: Iterable[dict]) -> pa.Table:
 
 
 def documents_table(pages: pa.Table, listed: Sequence[tuple[str, int]], ranges, max_pages) -> pa.Table:
-    """One row per listed input, from the page rows written so far (this run and earlier ones)."""
-    cols = pages.select(["source_uri", "doc_id", "page_index", "page_count", "status", "error_code"]).to_pylist()
-    by_uri: dict[str, list[dict]] = {}
-    for r in cols:
-        by_uri.setdefault(r["source_uri"], []).append(r)
-    out = []
-    for uri, _size in listed:
-        rows = by_uri.get(uri, [])
-        doc_err = next((r for r in rows if r["page_index"] < 0), None)
-        pages_rows = {r["page_index"]: r for r in rows if r["page_index"] >= 0}
-        doc_id = next((r["doc_id"] for r in rows if r["doc_id"]), None)
-        count = next((r["page_count"] for r in rows if r["page_count"] is not None), None)
-        if doc_err is not None:
-            code = doc_err["error_code"]
-            out.append(dict(source_uri=uri, doc_id=doc_id, page_count=count, pages_selected=0, pages_ok=0,
-                            pages_failed=0, status="skipped" if code in SKIPPED_CODES else code, error_code=code))
-            continue
-        selected = select_pages(count, ranges, max_pages) if count is not None else []
-        ok = sum(1 for i in selected if i in pages_rows and pages_rows[i]["status"] == "ok")
-        failed = sum(1 for i in selected if i in pages_rows and pages_rows[i]["status"] != "ok")
-        missing = len(selected) - ok - failed
-        if count is None:
-            status = "missing"
-        elif missing:
-            status = "incomplete"
-        else:
-            status = "ok" if failed == 0 else ("failed" if ok == 0 else "partial")
-        code = None
-        if status == "failed":  # why: the most common page code (ties: the first in name order)
-            codes = Counter(pages_rows[i]["error_code"] or pages_rows[i]["status"] for i in selected)
-            code = min(codes.items(), key=lambda kv: (-kv[1], kv[0]))[0]
-        out.append(dict(source_uri=uri, doc_id=doc_id, page_count=count, pages_selected=len(selected), pages_ok=ok,
-                        pages_failed=failed, status=status, error_code=code))
-    return pa.Table.from_pylist(out, schema=DOCUMENT_SCHEMA)
+    """One row per listed input, from the page rows written so far (this run and earlier ones).
+
+    An input with a document-level row gets that error (``skipped`` for :data:`SKIPPED_CODES`);
+    otherwise the last row of each selected page counts (``ok``, else failed); ``missing`` when
+    no row gives a page count, ``incomplete`` while selected pages have no row, else ``ok``,
+    ``failed`` (with the most common page code; ties: the first in name order) or ``partial``.
+    ``doc_id`` and ``page_count`` come from the first row that has one. Vectorized
+    (:mod:`padoc_ray.pipeline.ledger`)."""
+    from padoc_ray.pipeline import ledger
+
+    lt = ledger.listing_table(listed)
+    book = ledger.from_table(pages, lt.column("uri"))
+    return ledger.documents(book, ranges, max_pages, current=False)
 
 
 def status_counts(table: pa.Table) -> dict[str, int]:
@@ -211,17 +189,12 @@ def current_rows(table: pa.Table) -> pa.Table:
     otherwise its page rows do, the newest row per page."""
     if table.num_rows == 0:
         return table
-    uris = table.column("source_uri").to_pylist()
-    pages = table.column("page_index").to_pylist()
-    times = [-1 if t is None else t for t in pc.cast(table.column("processed_at"), pa.int64()).to_pylist()]
-    newest: dict[tuple[str, int], int] = {}  # (uri, page) -> row of its newest row
-    last_doc: dict[str, int] = {}
-    last_page: dict[str, int] = {}
-    for i, (u, p, t) in enumerate(zip(uris, pages, times)):
-        if (u, p) not in newest or t >= times[newest[(u, p)]]:
-            newest[(u, p)] = i
-        latest = last_doc if p < 0 else last_page
-        latest[u] = max(latest.get(u, t), t)
-    keep = [i for (u, p), i in newest.items()
-            if (p < 0) == (u in last_doc and (u not in last_page or last_doc[u] > last_page[u]))]
-    return table.take(sorted(keep))
+    import numpy as np
+
+    from padoc_ray.pipeline import ledger
+
+    uri = pc.dictionary_encode(table.column("source_uri").combine_chunks(), null_encoding="encode")
+    u = np.asarray(uri.indices.to_numpy(zero_copy_only=False), np.int64)
+    page = ledger._ints(table.column("page_index"), -1, np.int32)
+    t = ledger._ints(pc.cast(table.column("processed_at"), pa.int64()), -1, np.int64)
+    return table.filter(pa.array(ledger.current_mask(u, page, t)))
