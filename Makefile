@@ -38,8 +38,12 @@ model: $(MODEL)/padoc_protocol.json
 demo: install model
 	$(VENV)/bin/padoc-ray demo --model $(MODEL)
 
+# Two pytest workers, whole modules each (module fixtures such as a Ray cluster stay in one worker):
+# the suite mostly waits on engines, clusters and subprocesses, so two workers halve its time on 2 cores.
+PYTEST_WORKERS ?= 2
+
 test: install
-	$(VPY) -m pytest $(PYTEST_ARGS)
+	$(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: install
 	$(VPY) -m pytest -m "not engine and not slow" $(PYTEST_ARGS)

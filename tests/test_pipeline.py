@@ -245,8 +245,13 @@ def test_engine_deaths_restart_the_actor_and_every_page_lands_once(ray_cluster, 
                 if floor is None:
                     floor = n_rows  # rows written when the restarted actor appeared
                 elif floor < n_rows < 20:  # it has written pages, and pages remain: kill it now
+                    try:
+                        os.kill(seen[-1], signal.SIGKILL)
+                    except ProcessLookupError:  # it was replaced between the scan and now: look again
+                        seen.pop()
+                        floor = None
+                        continue
                     killed, rows_at_kill, kill_time = seen[-1], n_rows, datetime.now(timezone.utc)
-                    os.kill(killed, signal.SIGKILL)
             time.sleep(0.5)
         rc = proc.wait(timeout=60)
     finally:
