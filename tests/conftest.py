@@ -10,8 +10,10 @@ changes go through ``monkeypatch`` (or a ``MonkeyPatch`` context in wider-scoped
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -113,10 +115,30 @@ def demo_image(name: str):
 BIN = os.path.dirname(sys.executable)
 
 
+#: where test servers listen: below the kernel's ephemeral range (32768-60999 here), where outgoing
+#: connections take their local ports, and above Ray's worker ports (10002-19999). A port the kernel
+#: hands out for bind(0) is an ephemeral one: between the test picking it and its server (a Ray
+#: dashboard seconds later) binding it, any outgoing connection of another test may take it.
+_PORT_RANGE = (20000, 32000)
+_GIVEN_PORTS: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nobody listens on, in :data:`_PORT_RANGE`, never the same twice in this process (two
+    pytest workers draw independently at random)."""
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        port = rng.randint(*_PORT_RANGE)
+        if port in _GIVEN_PORTS:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))  # conflicts with a listener on any address, loopback included
+            except OSError:
+                continue
+        _GIVEN_PORTS.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_PORT_RANGE}")
 
 
 _RAY_TOKEN: list[str] = []
@@ -204,12 +226,34 @@ def ray_cluster(tmp_path_factory):
                                    start_new_session=True)  # every process of this cluster joins this group
         rc = starter.wait(timeout=180)
     assert rc == 0, open(log).read()[-3000:]
+    _wait_for_dashboard(dash, tmp, starter.pid)
     info = {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}", "temp_dir": tmp,
             "metrics": f"http://127.0.0.1:{ports['metrics-export-port']}/metrics"}  # Prometheus endpoint
     try:
         yield info
     finally:
         stop_process_group(starter.pid)
+
+
+def _wait_for_dashboard(port: int, temp_dir: str, pgid: int, timeout_s: float = 120.0) -> None:
+    """`ray start` returns before the dashboard (what `ray job submit` talks to) answers, and does not
+    fail when it cannot start: wait for any HTTP answer, else stop the cluster and show its log."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/version", timeout=5).close()
+            return
+        except urllib.error.HTTPError:
+            return  # an answer (401 with token auth): it is up
+        except OSError:
+            time.sleep(0.5)
+    logs = sorted(glob.glob(os.path.join(temp_dir, "session_*", "logs", "dashboard.*")))
+    tail = "".join(f"--- {p}\n{open(p, errors='replace').read()[-2000:]}" for p in logs[-2:])
+    stop_process_group(pgid)
+    raise AssertionError(f"the Ray dashboard on port {port} did not answer within {timeout_s:.0f} s\n{tail}")
 
 
 def stop_process_group(pgid: int, grace_s: float = 10.0) -> None:
