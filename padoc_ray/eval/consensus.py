@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Mapping
 
-from padoc_ray.eval.agreement import box_iou, content_distance
+from padoc_ray.eval.agreement import content_distance, match_regions
 from padoc_ray.protocol.page import Box, Page, Region
 
 
@@ -53,22 +53,6 @@ def _usable(r: Region) -> bool:
 
 def _median_box(boxes: list[Box]) -> Box:
     return Box(*(statistics.median(v) for v in zip(*(b.as_tuple() for b in boxes))))
-
-
-def _match(reps: list[Box], regions: list[Region], min_iou: float) -> list[tuple[int, int]]:
-    probe = lambda b: Region(category="", box=b)  # noqa: E731 - box_iou takes regions
-    cands = sorted(((box_iou(probe(c), r), i, j) for i, c in enumerate(reps) for j, r in enumerate(regions)),
-                   key=lambda t: (-t[0], t[1], t[2]))
-    used_c, used_r, out = set(), set(), []
-    for iou, i, j in cands:
-        if iou < min_iou or iou <= 0.0:
-            break
-        if i in used_c or j in used_r:
-            continue
-        used_c.add(i)
-        used_r.add(j)
-        out.append((i, j))
-    return out
 
 
 def _medoid(members: list[tuple[str, Region]]) -> tuple[str, Region]:
@@ -103,9 +87,9 @@ def build_consensus(pages: Mapping[str, Page], *, min_agree: int, match_iou: flo
     clusters: list[dict[str, tuple[int, Region]]] = []
     for n in names:
         reps = [_median_box([r.box for _, r in c.values()]) for c in clusters]
-        matched = _match(reps, regions[n], match_iou)
+        probes = [Region(category="", box=b) for b in reps]  # match_regions pairs regions by their boxes
         taken = set()
-        for ci, ri in matched:
+        for ci, ri, _ in match_regions(probes, regions[n], match_iou):
             clusters[ci][n] = (ri, regions[n][ri])
             taken.add(ri)
         for ri, r in enumerate(regions[n]):
