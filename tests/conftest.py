@@ -14,10 +14,12 @@ import glob
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -212,7 +214,9 @@ def ray_cluster(tmp_path_factory):
     at the end exactly that group is stopped (never `ray stop`, which ends every Ray cluster on the
     machine)."""
     port, dash = _free_port(), _free_port()
-    tmp = str(tmp_path_factory.mktemp("ray"))
+    # a short folder: Ray's dashboard puts AF_UNIX sockets (at most 107 bytes a path) under
+    # TEMP/session_<date>_<pid>/sockets/, which pytest's (and pytest-xdist's) own tmp paths overflow
+    tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     # every port this cluster listens on is a free one (no default port another cluster may hold)
     ports = {flag: _free_port() for flag in ("ray-client-server-port", "node-manager-port", "object-manager-port",
                                              "metrics-export-port", "dashboard-agent-listen-port",
@@ -233,6 +237,7 @@ def ray_cluster(tmp_path_factory):
         yield info
     finally:
         stop_process_group(starter.pid)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _wait_for_dashboard(port: int, temp_dir: str, pgid: int, timeout_s: float = 120.0) -> None:
