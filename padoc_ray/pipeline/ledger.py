@@ -48,8 +48,9 @@ COLUMNS = ["source_uri", "page_index", "processed_at", "page_count", "status", "
 DICT_COLUMNS = ["source_uri", "status", "error_code", "doc_id", "run_id"]
 #: rows sorted at once (bounds the sort's temporary memory; inputs are never split)
 PART_ROWS = 4_000_000
-#: map rows to input numbers whenever this many URI dictionary entries are pending (bounds memory)
-MAP_EVERY = 2_000_000
+#: map rows to input numbers whenever this many URI dictionary entries are pending (bounds memory,
+#: ~65 bytes an entry; each mapping looks up every listed URI once)
+MAP_EVERY = 4_000_000
 _BIG = np.iinfo(np.int64).max
 _NOPAGE = np.iinfo(np.int32).min  # a row without page_index: ignored
 
