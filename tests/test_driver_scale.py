@@ -5,6 +5,7 @@ reads without trusting torn files, and `padoc-ray bench driver` runs end to end 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import random
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from collections import Counter
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -122,7 +124,8 @@ def random_output(rng: random.Random, n_docs: int):
         uri = f"s3://b/in/doc-{d:04d}.pdf"
         listed.append((uri, rng.choice([10, 10, 10, -1, DISALLOWED, 10 << 30])))
         count = rng.choice([1, 2, 3, 5, 8, 12, 7000])
-        doc_id = rng.choice([f"sha{d}", f"sha{d}", "", None])
+        sha = hashlib.sha256(uri.encode()).hexdigest()  # what the job writes: kept as 32 bytes
+        doc_id = rng.choice([f"sha{d}", sha, sha, sha.upper(), "", None])
         for _ in range(rng.choice([0, 1, 1, 2, 3])):  # runs that wrote rows of this input
             t0 = rng.randint(0, 50)  # small: equal times happen (ties: the later row wins)
             if rng.random() < 0.3:
@@ -192,6 +195,43 @@ def test_the_driver_scan_agrees_with_the_table_rules_and_partitions_change_nothi
         assert ledger.plan(book, lt.column("size").to_numpy(), cfg.limits, cfg.pages, cfg.max_pages_per_doc) \
             == want_plan
         assert ledger.documents(book, cfg.pages, cfg.max_pages_per_doc).to_pylist() == want_docs
+
+
+def test_times_months_apart_and_doc_ids_across_store_blocks(tmp_path, monkeypatch):
+    """Times are kept as int32 offsets while they fit and int64 once a file's do not (rows of both
+    kinds joined), doc_ids as 32 bytes over several store blocks or as strings: same results."""
+    from padoc_ray.pipeline import columns, docids
+
+    rng = random.Random(11)
+    table, listed = random_output(rng, 120)
+    ms = pa.compute.cast(table.column("processed_at"), pa.int64())
+    late = pa.array([i >= table.num_rows // 2 for i in range(table.num_rows)])  # later files: ~70 days on
+    t0 = pa.compute.min(ms).as_py()  # t ms after t0 becomes t * 10^5 s (up to ~60 days) after t0 + 10^6 s
+    at = pa.compute.if_else(late, pa.compute.add(pa.compute.multiply(pa.compute.subtract(ms, t0), 10 ** 8),
+                                                 t0 + 10 ** 9), ms)
+    table = table.set_column(table.schema.get_field_index("processed_at"), "processed_at",
+                             pa.compute.cast(at, pa.timestamp("ms", tz="UTC")))
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    for i in range(0, table.num_rows, 29):
+        pq.write_table(table.slice(i, 29), pages / f"part-{i:05d}.parquet")
+    monkeypatch.setattr(docids, "BLOCK", 7)
+    monkeypatch.setattr(job, "SCAN_FILES", 2)
+    lt = ledger.listing_table(listed)
+    cfg = BatchConfig(input="x", output=str(tmp_path), model="m")
+    table = job.read_pages(str(pages), StorageConfig(), columns=rows.PAGE_SCHEMA.names)
+    fs, files, _ = job._page_files(str(pages), StorageConfig())
+    book = job.scan_pages(fs, files, lt.column("uri"), "r1")
+    assert book.t.dtype == np.int64 and book.doc_ids.n_hex > 7 and book.doc_ids.n_str > 0
+    assert ledger.plan(book, lt.column("size").to_numpy(), cfg.limits, cfg.pages, cfg.max_pages_per_doc) \
+        == ref_plan(listed, table, cfg)
+    assert ledger.documents(book, cfg.pages, cfg.max_pages_per_doc).to_pylist() \
+        == ref_documents(ref_current_rows(table), listed, cfg.pages, cfg.max_pages_per_doc)
+    parts = [columns.time_offsets(pa.array([5, None, 3], pa.int64()), 0),
+             columns.time_offsets(pa.array([2 ** 40, None], pa.int64()), 0)]
+    assert [p.dtype for p in parts] == [np.int32, np.int64]
+    joined = columns.cat_times(parts)
+    assert joined.tolist()[:3] == [5, columns.NO_TIME64, 3] and joined[4] == columns.NO_TIME64 and not parts
 
 
 def test_hand_built_retries_duplicates_and_page_ranges():

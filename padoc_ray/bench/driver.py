@@ -181,14 +181,14 @@ def build(scratch: str, pages: int, ppd: int = 10, rows_per_file: int = 1000, wo
 
 def measure(folder: str, pages: int, ppd: int) -> dict:
     """The driver's bookkeeping over ``folder`` (run in a fresh process): seconds and peak RSS."""
-    from padoc_ray.pipeline import job, ledger
+    from padoc_ray.pipeline import columns, job, ledger
     from padoc_ray.pipeline.config import BatchConfig
     from padoc_ray.pipeline.storage import StorageConfig
 
     t0 = time.perf_counter()
     listed = listing(pages, ppd)
     sizes = listed.column("size").to_numpy()
-    ledger._trim()  # the synthetic listing's temporaries are the benchmark's, not the driver's
+    columns.trim()  # the synthetic listing's temporaries are the benchmark's, not the driver's
     t_list = time.perf_counter() - t0
     rss_listing = _peak_rss()
     # an unreadable file no record names, young (maybe being written): its footer is read, it is skipped and kept
@@ -215,6 +215,7 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
     seen = set(files)
     book = job.scan_pages(fs, [f for f in now if f not in seen], listed.column("uri"), BENCH_RUN, book=book)
     book.facts = ledger.analyze(book, ranges=cfg.pages, max_pages=cfg.max_pages_per_doc)
+    book.drop_rows()
     counts, _ = job.write_documents(book, os.path.join(folder, "documents"), st, BENCH_RUN)
     t_docs = time.perf_counter() - t2
     return {

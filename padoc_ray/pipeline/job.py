@@ -28,7 +28,7 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from padoc_ray.pipeline import commits, ledger, limits, rows
+from padoc_ray.pipeline import columns, commits, ledger, limits, rows
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.lock import OutputLock
 from padoc_ray.pipeline.storage import StorageConfig, filesystem, is_s3, join, list_inputs, write_bytes
@@ -159,7 +159,7 @@ def scan_pages(fs: pafs.FileSystem, files: list[str], listed_uris, run_id: str |
         book.add(ds.to_table(columns=ledger.COLUMNS).unify_dictionaries())  # one dictionary per column
         del ds
         if (i // SCAN_FILES) % 16 == 15:
-            ledger._trim()
+            columns.trim()
     return book.finish()
 
 
@@ -281,6 +281,7 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
         seen = set(files)
         book = scan_pages(fs, [f for f in now if f not in seen], listed.column("uri"), cfg.run_id, book=book)
         book.facts = ledger.analyze(book, ranges=cfg.pages, max_pages=cfg.max_pages_per_doc)
+    book.drop_rows()  # the documents table needs the facts only
     doc_status, unaccounted = write_documents(book, join(cfg.output, "documents"), cfg.storage, cfg.run_id)
     summary = {
         "run_id": cfg.run_id, "input": cfg.input, "output": cfg.output, "model": cfg.model, "mode": cfg.mode,

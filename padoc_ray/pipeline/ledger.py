@@ -3,9 +3,10 @@
 The driver reads every page row back to plan a run (what is complete, which pages to resume) and
 to build the documents table. Held as Python dicts, 10M rows took a minute and 8 GB; here rows
 are reduced as they are read to a few integer columns per row (input number in the listing, page,
-time, page count, status and error codes, doc_id number), strings stay in small per-batch Arrow
-dictionaries, and the decisions are sorts and segment reductions over those columns, a bounded
-number of rows at a time. :func:`analyze` gives both the plan and the documents table; the rules
+time as an int32 offset, page count, status and error codes, doc_id position: 16 bytes a row),
+URIs stay in per-batch Arrow dictionaries until mapped to input numbers, doc_ids go to a compact
+store (:mod:`~padoc_ray.pipeline.docids`), and the decisions are sorts and segment reductions over
+those columns, a bounded number of rows at a time. :func:`analyze` gives both the plan and the documents table; the rules
 are those of :func:`padoc_ray.pipeline.rows.current_rows`, :func:`~padoc_ray.pipeline.rows.documents_table`
 and :func:`padoc_ray.pipeline.job.plan`, which use the same code on in-memory tables.
 
@@ -23,6 +24,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from padoc_ray.pipeline import limits
+from padoc_ray.pipeline.columns import (
+    as_dict,
+    cat,
+    cat_times,
+    equals,
+    first_per_u,
+    indices,
+    ints,
+    n_selected,
+    same_buffers,
+    seg_starts,
+    selection_rank,
+    small,
+    time_offsets,
+    trim,
+)
+from padoc_ray.pipeline.docids import DocIds
 
 #: the columns the driver reads (strings as dictionaries)
 COLUMNS = ["source_uri", "page_index", "processed_at", "page_count", "status", "error_code", "doc_id", "run_id",
@@ -30,8 +48,9 @@ COLUMNS = ["source_uri", "page_index", "processed_at", "page_count", "status", "
 DICT_COLUMNS = ["source_uri", "status", "error_code", "doc_id", "run_id"]
 #: rows sorted at once (bounds the sort's temporary memory; inputs are never split)
 PART_ROWS = 4_000_000
-#: map rows to input numbers whenever this many URI dictionary entries are pending (bounds memory)
-MAP_EVERY = 2_000_000
+#: map rows to input numbers whenever this many URI dictionary entries are pending (bounds memory,
+#: ~65 bytes an entry; each mapping looks up every listed URI once)
+MAP_EVERY = 4_000_000
 _BIG = np.iinfo(np.int64).max
 _NOPAGE = np.iinfo(np.int32).min  # a row without page_index: ignored
 
@@ -52,9 +71,10 @@ class Ledger:
         self.codes: list[str] = []  # status and error strings
         self._code_of: dict[str, int] = {}
         self._uri_dicts: list[pa.Array] = []
-        self._doc_dicts: list[pa.Array] = []
-        self._uri_off = self._doc_off = 0
-        self._last_uri = self._last_doc = None  # (dictionary identity, its offset)
+        self.doc_ids = DocIds()
+        self._uri_off = 0
+        self._last_uri = self._last_doc = None  # (dictionary, its offset / positions)
+        self._t0: int | None = None  # times are kept as offsets from the first one seen
         self._cols: dict[str, list] = {k: [] for k in ("gpos", "u", "page", "t", "count", "status", "err", "doc")}
         self.rows_read = 0
         self.footers_read = 0
@@ -72,37 +92,33 @@ class Ledger:
 
     def _lut(self, col) -> np.ndarray:
         """Codes of a small string column (status, error_code): -1 for null."""
-        d = _dict(col)
+        d = as_dict(col)
         lut = np.array([self._code(s) for s in d.dictionary.to_pylist()] + [-1], dtype=np.int32)
         if len(self.codes) > 32000:
             raise ValueError(f"more than 32000 distinct status / error codes in pages/ ({len(self.codes)})")
-        return lut.astype(np.int16)[_indices(d)]
+        return lut.astype(np.int16)[indices(d)]
 
-    def _positions(self, col, which: str) -> np.ndarray:
-        """Global positions of a big string column's values (uri, doc_id) in the kept dictionaries;
-        -1 for null (and, for doc_id, the empty string)."""
-        d = _dict(col)
+    def _uri_positions(self, col) -> np.ndarray:
+        """Global positions of the URIs in the pending dictionaries (-1: null)."""
+        d = as_dict(col)
         dic = d.dictionary
-        last = self._last_uri if which == "uri" else self._last_doc
-        if last is not None and _same_buffers(last[0], dic):  # batches of one row group share its dictionary
-            off = last[1]
+        if self._last_uri is not None and same_buffers(self._last_uri[0], dic):  # one row group's batches
+            off = self._last_uri[1]
         else:
-            off = self._uri_off if which == "uri" else self._doc_off
-            store = dic if dic.type == pa.string() else pc.cast(dic, pa.string())
-            if which == "uri":
-                self._uri_dicts.append(store)
-                self._uri_off += len(dic)
-                self._last_uri = (dic, off)  # kept alive: its buffers cannot be reused
-            else:
-                self._doc_dicts.append(store)
-                self._doc_off += len(dic)
-                self._last_doc = (dic, off)
-        total = self._uri_off if which == "uri" else self._doc_off
-        lut = off + np.arange(len(dic) + 1, dtype=np.int32 if total < 2**31 - 1 else np.int64)
+            off = self._uri_off
+            self._uri_dicts.append(dic if dic.type == pa.string() else pc.cast(dic, pa.string()))
+            self._uri_off += len(dic)
+            self._last_uri = (dic, off)  # kept alive: its buffers cannot be reused
+        lut = off + np.arange(len(dic) + 1, dtype=np.int32 if self._uri_off < 2**31 - 1 else np.int64)
         lut[-1] = -1
-        if which == "doc":
-            lut[:-1][pc.equal(pc.utf8_length(dic), 0).to_numpy(zero_copy_only=False)] = -1
-        return lut[_indices(d)]
+        return lut[indices(d)]
+
+    def _doc_positions(self, col) -> np.ndarray:
+        """Positions of the doc_ids in :attr:`doc_ids` (-1: null or empty)."""
+        d = as_dict(col)
+        if self._last_doc is None or not same_buffers(self._last_doc[0], d.dictionary):
+            self._last_doc = (d.dictionary, small(self.doc_ids.add(d.dictionary)))
+        return self._last_doc[1][indices(d)]
 
     def add(self, batch) -> None:
         """One record batch (or table) with :data:`COLUMNS` (missing columns count as nulls)."""
@@ -116,26 +132,29 @@ class Ledger:
 
         self.rows_read += n
         status = self._lut(col("status", pa.string()))
-        page = _ints(col("page_index", pa.int32()), _NOPAGE, np.int32)
+        page = ints(col("page_index", pa.int32()), _NOPAGE, np.int32)
         if self.run_id is not None:
-            mine = _equals(col("run_id", pa.string()), self.run_id)
+            mine = equals(col("run_id", pa.string()), self.run_id)
             if mine.any():
                 real = mine & (page >= 0)
                 self.run_rows += int(mine.sum())
                 self.run_pages += int(real.sum())
                 for code, k in Counter(status[real].tolist()).items():
                     self.run_status[self.codes[code] if code >= 0 else None] += k
-                self.run_tokens += int(_ints(col("output_tokens", pa.int32()), 0, np.int64)[mine].sum())
+                self.run_tokens += int(ints(col("output_tokens", pa.int32()), 0, np.int64)[mine].sum())
         c = self._cols
-        c["gpos"].append(self._positions(col("source_uri", pa.string()), "uri"))
+        c["gpos"].append(self._uri_positions(col("source_uri", pa.string())))
         if self._uri_off > MAP_EVERY:
             self._map_uris()
-        c["page"].append(_small(page))
-        c["t"].append(_ints(pc.cast(col("processed_at", pa.timestamp("ms", tz="UTC")), pa.int64()), -1, np.int64))
-        c["count"].append(_small(_ints(col("page_count", pa.int32()), -1, np.int32)))
-        c["status"].append(_small(status))
-        c["err"].append(_small(self._lut(col("error_code", pa.string()))))
-        c["doc"].append(self._positions(col("doc_id", pa.string()), "doc"))
+        c["page"].append(small(page))
+        t = pc.cast(col("processed_at", pa.timestamp("ms", tz="UTC")), pa.int64())
+        if self._t0 is None:
+            self._t0 = pc.min(t).as_py()
+        c["t"].append(time_offsets(t, self._t0 or 0))
+        c["count"].append(small(ints(col("page_count", pa.int32()), -1, np.int32)))
+        c["status"].append(small(status))
+        c["err"].append(small(self._lut(col("error_code", pa.string()))))
+        c["doc"].append(self._doc_positions(col("doc_id", pa.string())))
 
     def _map_uris(self) -> None:
         """Turn the pending rows' dictionary positions into input numbers (and drop the dictionaries)."""
@@ -144,11 +163,11 @@ class Ledger:
             # hash the pending URIs (a few million), not the listing: look each listed URI up in them
             enc = pc.dictionary_encode(pa.chunked_array(self._uri_dicts, pa.string()).combine_chunks())
             listed = self.listed if self.listed.type == pa.string() else pc.cast(self.listed, pa.string())
-            where = _ints(pc.index_in(listed, value_set=enc.dictionary), -1, np.int64)  # listing row -> unique
+            where = ints(pc.index_in(listed, value_set=enc.dictionary), -1, np.int64)  # listing row -> unique
             of_unique = np.full(len(enc.dictionary) + 1, -1, np.int32)
             hit = np.flatnonzero(where >= 0)
             of_unique[where[hit][::-1]] = hit[::-1].astype(np.int32)  # a URI listed twice: its first row
-            mapping = np.append(of_unique[_ints(enc.indices, -1, np.int64)], np.int32(-1))
+            mapping = np.append(of_unique[ints(enc.indices, -1, np.int64)], np.int32(-1))
             del enc, where, hit, of_unique
         else:
             mapping = np.array([-1], np.int32)
@@ -161,24 +180,37 @@ class Ledger:
         the driver adds the files a run wrote instead of reading everything twice)."""
         c = self._cols
         self._map_uris()
-        _trim()
-        new = {}
-        for k in ("u", "page", "t", "count", "status", "err", "doc"):
-            parts, c[k] = c[k], []
-            new[k] = _cat(parts, np.int64 if k == "t" else np.result_type(*parts) if parts else np.int32)
-            del parts
+        trim()
+
+        def joined(k):  # consumes the parts
+            parts = c[k]
+            return cat_times(parts) if k == "t" else cat(parts, np.result_type(*parts) if parts else np.int8)
+
+        new = {"u": joined("u"), "page": joined("page")}
         keep = (new["u"] >= 0) & (new["page"] != _NOPAGE)
+        everything = bool(keep.all())
         for k in ("u", "page", "t", "count", "status", "err", "doc"):
-            col = new.pop(k)
-            if not keep.all():
+            col = new.pop(k) if k in new else joined(k)
+            if not everything:
                 col = col[keep]
             old = getattr(self, k, None)
-            setattr(self, k, col if old is None else np.concatenate([old, col.astype(np.result_type(old, col))]))
+            if old is not None and len(col):
+                col = cat_times([old, col]) if k == "t" else cat([old, col], np.result_type(old, col))
+            elif old is not None:
+                col = old
+            setattr(self, k, col)
             del old, col
-        self.doc_ids = pa.chunked_array(self._doc_dicts, pa.string())  # taken from by global position
+        self._last_doc = None
         self.facts = None
-        _trim()
+        trim()
         return self
+
+    def drop_rows(self) -> None:
+        """Free the per-row columns once the facts are computed (the documents table needs only the
+        facts, the listing and the doc_ids); the ledger can no longer be analyzed."""
+        for k in ("u", "page", "t", "count", "status", "err", "doc"):
+            setattr(self, k, None)
+        trim()
 
 
 def from_table(table: pa.Table, listed_uris, run_id: str | None = None) -> Ledger:
@@ -186,86 +218,6 @@ def from_table(table: pa.Table, listed_uris, run_id: str | None = None) -> Ledge
     for b in table.to_batches(max_chunksize=1 << 20):
         book.add(b)
     return book.finish()
-
-
-# ---- helpers over columns ------------------------------------------------------------------------------------
-def _small(a: np.ndarray) -> np.ndarray:
-    """``a`` in the smallest of int8/int16/int32 that holds its values (most pages, counts and codes
-    are small; the ledger holds one value a row)."""
-    if len(a) == 0:
-        return a
-    lo, hi = int(a.min()), int(a.max())
-    for t in (np.int8, np.int16, np.int32):
-        if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max:
-            return a.astype(t, copy=False)
-    return a
-
-
-def _trim() -> None:
-    """Give freed memory back to the system (glibc and Arrow's allocator keep freed blocks, which
-    would count in the driver's RSS as if still used)."""
-    pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages too
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
-
-
-def _dict(col):
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
-    if not pa.types.is_dictionary(col.type):
-        col = pc.dictionary_encode(col)
-    return col
-
-
-def _same_buffers(a: pa.Array, b: pa.Array) -> bool:
-    return len(a) == len(b) and a.offset == b.offset and all(
-        (x is None and y is None) or (x is not None and y is not None and x.address == y.address)
-        for x, y in zip(a.buffers(), b.buffers()))
-
-
-def _indices(d) -> np.ndarray:
-    """A dictionary array's indices, null as -1 (which the lookup tables map to their last entry)."""
-    return _ints(d.indices, -1, np.int64)
-
-
-def _ints(col, null, dtype) -> np.ndarray:
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
-    if col.null_count:
-        col = pc.fill_null(col, null)
-    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=dtype)
-
-
-def _equals(col, value: str) -> np.ndarray:
-    d = _dict(col)
-    hit = np.append(np.array([v == value for v in d.dictionary.to_pylist()], bool), False)
-    return hit[_indices(d)]
-
-
-def _cat(parts: list, dtype) -> np.ndarray:
-    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
-
-
-def _seg_starts(*keys) -> np.ndarray:
-    """Start positions of runs of equal keys (sorted arrays)."""
-    n = len(keys[0])
-    new = np.zeros(n, bool)
-    if n:
-        new[0] = True
-        for k in keys:
-            new[1:] |= k[1:] != k[:-1]
-    return np.flatnonzero(new)
-
-
-def _first_per_u(us: np.ndarray, vals: np.ndarray, out: np.ndarray) -> None:
-    """``out[u] = min(vals)`` over each run of equal ``us`` (sorted)."""
-    if len(us):
-        s = _seg_starts(us)
-        out[us[s]] = np.minimum.reduceat(vals, s)
 
 
 # ---- the decisions --------------------------------------------------------------------------------------------
@@ -287,31 +239,6 @@ class Facts:
     complete: int = 0  # inputs complete (plan only)
 
 
-def _n_selected(count: np.ndarray, ranges, max_pages) -> np.ndarray:
-    """len(rows.select_pages(count, ranges, max_pages)) per input; 0 for a null count."""
-    c = np.maximum(count.astype(np.int64), 0)
-    if ranges is None:
-        n = c
-    else:
-        r = np.unique(np.asarray(list(ranges), np.int64))
-        n = np.searchsorted(r, c, side="left") - np.searchsorted(r, 0, side="left")
-    if max_pages is not None:
-        n = np.minimum(n, max_pages)
-    return n
-
-
-def _rank(page: np.ndarray, ranges) -> np.ndarray:
-    """Each page's position in the selection order (-1: never selected)."""
-    if ranges is None:
-        return np.where(page >= 0, page, -1).astype(np.int64)
-    r = np.unique(np.asarray(list(ranges), np.int64))
-    if len(r) == 0:
-        return np.full(len(page), -1, np.int64)
-    i = np.searchsorted(r, page)
-    hit = (i < len(r)) & (r[np.minimum(i, len(r) - 1)] == page) & (page >= 0)
-    return np.where(hit, i - np.searchsorted(r, 0), -1)
-
-
 def current_mask(u: np.ndarray, page: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Rows that say where each input stands now (rules of rows.current_rows); u: small ints."""
     mask = np.zeros(len(u), bool)
@@ -329,7 +256,7 @@ def _pick(u, page, t, *, current: bool):
     span = int(page.max()) - lo + 1 if len(page) else 1
     order = np.argsort(u.astype(np.int64) * span + (page.astype(np.int64) - lo), kind="stable")
     us, ps = u[order], page[order]
-    starts = _seg_starts(us, ps)
+    starts = seg_starts(us, ps)
     n = len(order)
     idx = np.arange(n)
     if current:
@@ -342,7 +269,7 @@ def _pick(u, page, t, *, current: bool):
         chosen = np.append(starts[1:], n) - 1
     if not current:
         return chosen, order
-    ustarts = _seg_starts(us)
+    ustarts = seg_starts(us)
     lowest = np.iinfo(np.int64).min
     tt = t[order]
     doc_t = np.maximum.reduceat(np.where(ps < 0, tt, lowest), ustarts)
@@ -365,7 +292,7 @@ def analyze(book: Ledger, *, ranges=None, max_pages=None, current: bool = True, 
               todo_done={}, present=np.zeros(n, np.int32))
     for lo, hi, rows in _partitions(book.u, n):
         _partition(book, f, f.present, lo, hi, rows, ranges, max_pages, current, sizes, cfg_limits)
-        _trim()
+        trim()
     return f
 
 
@@ -377,8 +304,10 @@ def _partitions(u: np.ndarray, n: int):
     cum = np.cumsum(np.bincount(u, minlength=n))
     cuts = np.searchsorted(cum, np.arange(PART_ROWS, cum[-1], PART_ROWS), side="left")
     bounds = [0, *sorted({int(c) + 1 for c in cuts if 0 < int(c) + 1 < n}), n]
+    step = 1 << 24  # rows compared at once (the masks of all rows would be temporaries of 3 bytes a row)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        yield lo, hi, np.flatnonzero((u >= lo) & (u < hi))
+        yield lo, hi, np.concatenate([a + np.flatnonzero((u[a:a + step] >= lo) & (u[a:a + step] < hi))
+                                      for a in range(0, len(u), step)])
 
 
 def _partition(book, f: Facts, present, lo, hi, rows, ranges, max_pages, current, sizes, cfg_limits) -> None:
@@ -399,17 +328,17 @@ def _partition(book, f: Facts, present, lo, hi, rows, ranges, max_pages, current
     is_doc = pt < 0
     ul = ut - lo  # inputs of this partition, from 0
     first = np.full(hi - lo, _BIG, np.int64)
-    _first_per_u(ul, np.where(is_doc, rows_t, _BIG), first)
+    first_per_u(ul, np.where(is_doc, rows_t, _BIG), first)
     has = first < _BIG
     f.doc_level[lo:hi] = has
     f.doc_err[lo:hi][has] = err[first[has]]
     f.doc_count[lo:hi][has] = count[first[has]]
     first[:] = _BIG
-    _first_per_u(ul, np.where(count[rows_t] >= 0, rows_t, _BIG), first)
+    first_per_u(ul, np.where(count[rows_t] >= 0, rows_t, _BIG), first)
     has = first < _BIG
     f.count[lo:hi][has] = count[first[has]]
     first[:] = _BIG
-    _first_per_u(ul, np.where(doc[rows_t] >= 0, rows_t, _BIG), first)
+    first_per_u(ul, np.where(doc[rows_t] != -1, rows_t, _BIG), first)
     has = first < _BIG
     f.doc[lo:hi][has] = doc[first[has]]
     del first, ul
@@ -417,8 +346,8 @@ def _partition(book, f: Facts, present, lo, hi, rows, ranges, max_pages, current
     pick = chosen[page[order[chosen]] >= 0]
     prow = order[pick]
     pu, pp = u[prow], page[prow]
-    f.n_sel[lo:hi] = _n_selected(f.count[lo:hi], ranges, max_pages)
-    rank = _rank(pp, ranges)
+    f.n_sel[lo:hi] = n_selected(f.count[lo:hi], ranges, max_pages)
+    rank = selection_rank(pp, ranges)
     selected = (rank >= 0) & (f.count[pu] >= 0) & (pp < f.count[pu]) & (rank < f.n_sel[pu])
     okc = book._code_of.get("ok", -2)
     st = status[prow]
@@ -448,7 +377,7 @@ def _fail_codes(book, f, lo, failed_doc, pu, bad, perr, pst) -> None:
     key, counts = np.unique(cu * (len(names) + 1) + rank_of[cc], return_counts=True)
     ku, kr = key // (len(names) + 1), key % (len(names) + 1)
     o = np.lexsort((kr, -counts, ku))
-    starts = _seg_starts(ku[o])
+    starts = seg_starts(ku[o])
     best = o[starts]
     inv = np.append(np.array(names, np.int64), -1)
     f.fail_code[ku[best]] = inv[kr[best]]
@@ -475,7 +404,7 @@ def _plan_part(book, f, present, lo, hi, sizes, cfg_limits, ranges, max_pages, p
             complete |= (refusal == i) & dl & (derr == code_of[code])
     # a document-level verdict stands unless a rerun can change it (limits.retried)
     dcount = f.doc_count[lo:hi]
-    n_sel_doc = _n_selected(dcount, ranges, max_pages)
+    n_sel_doc = n_selected(dcount, ranges, max_pages)
     retried = np.zeros(hi - lo, bool)
     for code in limits.RETRIED_CODES:
         if code in code_of:
@@ -498,7 +427,7 @@ def _plan_part(book, f, present, lo, hi, sizes, cfg_limits, ranges, max_pages, p
     du, dp = pu[m], pp[m]
     done: dict[int, list] = {}
     if len(du):
-        starts = _seg_starts(du)
+        starts = seg_starts(du)
         for a, b in zip(starts, np.append(starts[1:], len(du))):
             done[int(du[a])] = np.unique(dp[a:b]).tolist()
     for i in todo.tolist():
@@ -537,12 +466,10 @@ def document_batches(book: Ledger, f: Facts, chunk: int = 1 << 20) -> Iterable[p
         status = np.where(dl, np.where(skipped[derr], at["skipped"], derr), status)
         err = np.where(dl, derr, np.where(status == at["failed"], f.fail_code[sl], -1))
         zero = np.where(dl | (cnt < 0), 0, 1)
-        docpos = f.doc[sl]
-        doc_ids = book.doc_ids.take(pa.array(np.where(docpos >= 0, docpos, 0), mask=docpos < 0)).combine_chunks() \
-            if len(book.doc_ids) else pa.nulls(b - a, pa.string())
+        doc_ids = book.doc_ids.take(f.doc[sl])
         yield pa.RecordBatch.from_arrays([
             book.listed.slice(a, b - a).cast(pa.string()),
-            doc_ids.cast(pa.string()),
+            doc_ids,
             pa.array(cnt, pa.int32(), mask=cnt < 0),
             pa.array(n_sel * zero, pa.int32()),
             pa.array(ok * zero, pa.int32()),

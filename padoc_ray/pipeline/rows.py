@@ -191,10 +191,10 @@ def current_rows(table: pa.Table) -> pa.Table:
         return table
     import numpy as np
 
-    from padoc_ray.pipeline import ledger
+    from padoc_ray.pipeline import columns, ledger
 
     uri = pc.dictionary_encode(table.column("source_uri").combine_chunks(), null_encoding="encode")
     u = np.asarray(uri.indices.to_numpy(zero_copy_only=False), np.int64)
-    page = ledger._ints(table.column("page_index"), -1, np.int32)
-    t = ledger._ints(pc.cast(table.column("processed_at"), pa.int64()), -1, np.int64)
+    page = columns.ints(table.column("page_index"), -1, np.int32)
+    t = columns.ints(pc.cast(table.column("processed_at"), pa.int64()), -1, np.int64)
     return table.filter(pa.array(ledger.current_mask(u, page, t)))
