@@ -24,8 +24,8 @@ def _die(msg: str, code: int = 2) -> None:
 
 def parse_page_ranges(text: str | None) -> list[int] | None:
     """'1-3,7' (1-based, inclusive) -> [0, 1, 2, 6]; None -> None (all pages). For argparse."""
-    from padoc_ray.pipeline.rows import PageRangeError
-    from padoc_ray.pipeline.rows import parse_page_ranges as parse
+    from padoc_ray.output.rows import PageRangeError
+    from padoc_ray.output.rows import parse_page_ranges as parse
 
     try:
         got = parse(text)
@@ -38,7 +38,7 @@ def parse_page_ranges(text: str | None) -> list[int] | None:
 def cmd_build_tiny_model(args) -> int:
     import time
 
-    from padoc_ray.model_kit.tiny import TinyModelConfig, build_tiny_model
+    from padoc_ray.checkpoint.tiny import TinyModelConfig, build_tiny_model
 
     t = time.perf_counter()
     try:
@@ -58,8 +58,8 @@ def cmd_build_tiny_model(args) -> int:
 def cmd_init_model(args) -> int:
     import time
 
-    from padoc_ray.model_kit.init_model import InitModelError, VerifyError, init_model
-    from padoc_ray.pipeline.storage import StorageConfig
+    from padoc_ray.checkpoint.init import InitModelError, VerifyError, init_model
+    from padoc_ray.storage import StorageConfig
     from padoc_ray.protocol import ProtocolError, ProtocolSpec
 
     t = time.perf_counter()
@@ -108,9 +108,10 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_local(model: str, paths: list[str], args, *, pages=None, gt: str | None = None, concurrency: int = 4):
-    from padoc_ray.hf_tokenizer import ModelProtocol
+    from padoc_ray.checkpoint.tokenizer import ModelProtocol
     from padoc_ray.host import HostConfig, PageHost
-    from padoc_ray.local import load_pages, load_truth, parse_local
+    from padoc_ray.groundtruth import load_truth
+    from padoc_ray.inputs import load_pages, parse_local
     from padoc_ray.pdf import RenderConfig
     from padoc_ray.protocol import ProtocolError
 
@@ -173,7 +174,7 @@ def cmd_demo(args) -> int:
     import pyarrow.dataset as pads
 
     from padoc_ray.host import HostConfig
-    from padoc_ray.local import load_truth
+    from padoc_ray.groundtruth import load_truth
     from padoc_ray.pipeline.config import BatchConfig
     from padoc_ray.pipeline.job import run_batch
     from padoc_ray.protocol import quantized
@@ -247,7 +248,7 @@ def _row_matches(row: dict, truth) -> bool:
 
 
 def _vocab(model: str):
-    from padoc_ray.hf_tokenizer import load_model_protocol
+    from padoc_ray.checkpoint.tokenizer import load_model_protocol
 
     return load_model_protocol(model).vocab
 
@@ -322,8 +323,8 @@ def cmd_bench_raster(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from padoc_ray.pipeline.storage import StorageConfig
-    from padoc_ray.show import ShowError, show_page
+    from padoc_ray.storage import StorageConfig
+    from padoc_ray.output.show import ShowError, show_page
 
     if args.gt and not os.path.exists(args.gt):
         _die(f"ground truth {args.gt} not found")

@@ -121,8 +121,8 @@ class PageHost:
     def __init__(self, model_dir: str, cfg: HostConfig = HostConfig(), *, truth: Mapping | None = None,
                  engine=None, proto=None):
         self.model_dir, self.cfg = model_dir, cfg
-        #: teacher forcing: {(file name, page index): Page}, see padoc_ray.local.truth_from_json
-        self.truth = dict(truth or {})
+        #: teacher forcing: {(file name, page index): Page}, see padoc_ray.groundtruth.Truth
+        self.truth = truth if truth is not None else {}
         self.engine = engine  # tests and benchmarks may hand in an engine they own
         self._own_engine = engine is None
         self.proto = proto
@@ -138,7 +138,7 @@ class PageHost:
         if self.started:
             return self
         if self.proto is None:
-            from padoc_ray.hf_tokenizer import ModelProtocol
+            from padoc_ray.checkpoint.tokenizer import ModelProtocol
 
             self.proto = ModelProtocol(self.model_dir)
         self.sem = asyncio.Semaphore(self.cfg.pages_in_flight)

@@ -46,7 +46,7 @@ def own_model_cache(tmp_path_factory):
     """Copies of s3:// models go to a folder of this session (never ~/.cache/padoc-ray/models), so
     every run downloads the model from S3 again; set before any Ray cluster starts, so engine
     actors see it too."""
-    from padoc_ray.pipeline.storage import MODEL_CACHE_ENV
+    from padoc_ray.storage import MODEL_CACHE_ENV
 
     root = tmp_path_factory.mktemp("model-cache")
     with pytest.MonkeyPatch.context() as mp:
@@ -56,7 +56,7 @@ def own_model_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from padoc_ray.model_kit.tiny import build_tiny_model
+    from padoc_ray.checkpoint.tiny import build_tiny_model
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     return build_tiny_model(str(out))
@@ -64,7 +64,7 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def model_protocol(tiny_model_dir):
-    from padoc_ray.hf_tokenizer import ModelProtocol
+    from padoc_ray.checkpoint.tokenizer import ModelProtocol
 
     return ModelProtocol(tiny_model_dir)
 

@@ -93,7 +93,7 @@ def test_parse_page_replays_a_sample_page_through_the_engine(tiny_model_dir):
 def test_parse_page_prints_markdown_of_every_page(tiny_model_dir):
     """Without --page and --format: every page of the PDF as Markdown on stdout (the teacher-forced
     truth, so exactly the truth's Markdown), one status line per page on stderr (report.pdf: 2 pages)."""
-    from padoc_ray.local import load_truth
+    from padoc_ray.groundtruth import load_truth
     from padoc_ray.protocol import quantized, to_markdown
 
     from .conftest import ROOT as root
@@ -103,7 +103,7 @@ def test_parse_page_prints_markdown_of_every_page(tiny_model_dir):
                   "--longest-side", "400")  # a smaller image: less to encode, same forced output
     assert out.returncode == 0, out.stderr[-3000:]
     truth = load_truth(gt)
-    from padoc_ray.hf_tokenizer import load_model_protocol
+    from padoc_ray.checkpoint.tokenizer import load_model_protocol
 
     vocab = load_model_protocol(tiny_model_dir).vocab
     want = "".join(to_markdown(quantized(truth[("report.pdf", i)], vocab)) for i in (0, 1))

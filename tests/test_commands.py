@@ -42,7 +42,7 @@ def test_demo_parses_the_examples_and_matches_their_truth(tiny_model_dir, tmp_pa
 
 
 def test_bench_replay_runs_both_modes_at_each_concurrency(tiny_model_dir, tmp_path):
-    from padoc_ray.local import load_pages
+    from padoc_ray.inputs import load_pages
 
     images = tmp_path / "images"
     images.mkdir()

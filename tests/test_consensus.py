@@ -18,7 +18,7 @@ import pytest
 from padoc_ray.eval.agreement import AgreementConfig, compare_pages
 from padoc_ray.eval.consensus import build_consensus, default_min_agree
 from padoc_ray.eval.importers import load_set, parse_compare
-from padoc_ray.pipeline.storage import StorageConfig
+from padoc_ray.storage import StorageConfig
 from padoc_ray.protocol.page import Box, Page, Region, page_from_omnidocbench
 
 from .conftest import ROOT, _env

@@ -18,10 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from padoc_ray.pipeline import commits, job, ledger, limits, rows
+from padoc_ray.output import reader, rows
+from padoc_ray.pipeline import commits, job, ledger, limits
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
-from padoc_ray.pipeline.storage import DISALLOWED, StorageConfig
+from padoc_ray.storage import DISALLOWED, StorageConfig
 from tests.conftest import _env
 
 
@@ -178,7 +179,7 @@ def test_the_driver_scan_agrees_with_the_table_rules_and_partitions_change_nothi
         monkeypatch.setattr(ledger, "PART_ROWS", part_rows)
         monkeypatch.setattr(ledger, "MAP_EVERY", 2_000_000 if part_rows > 50 else 5)  # map URIs once, or often
         monkeypatch.setattr(job, "SCAN_FILES", 512 if part_rows > 50 else 3)
-        fs, files, _ = job._page_files(str(pages), StorageConfig())
+        fs, files, _ = job.page_files_for_run(str(pages), StorageConfig())
         book = job.scan_pages(fs, files, lt.column("uri"), "r1")
         assert ledger.plan(book, lt.column("size").to_numpy(), cfg.limits, cfg.pages, cfg.max_pages_per_doc) \
             == want_plan
@@ -220,7 +221,7 @@ def test_times_months_apart_and_doc_ids_across_store_blocks(tmp_path, monkeypatc
     lt = ledger.listing_table(listed)
     cfg = BatchConfig(input="x", output=str(tmp_path), model="m")
     table = job.read_pages(str(pages), StorageConfig(), columns=rows.PAGE_SCHEMA.names)
-    fs, files, _ = job._page_files(str(pages), StorageConfig())
+    fs, files, _ = job.page_files_for_run(str(pages), StorageConfig())
     book = job.scan_pages(fs, files, lt.column("uri"), "r1")
     assert book.t.dtype == np.int64 and book.doc_ids.n_hex > 7 and book.doc_ids.n_str > 0
     assert ledger.plan(book, lt.column("size").to_numpy(), cfg.limits, cfg.pages, cfg.max_pages_per_doc) \
@@ -264,16 +265,16 @@ def test_commit_records_spare_footer_reads_and_never_vouch_for_a_torn_file(tmp_p
     torn = "r1_0123456789abcdef0123456789abcdef_000002-0.parquet"
     (pages / torn).write_bytes(b"PAR1 torn")
     reads = []
-    real = job._footer
-    monkeypatch.setattr(job, "_footer", lambda fs, p: (reads.append(os.path.basename(p)), real(fs, p))[1])
-    _, files, proven = job._page_files(str(pages), StorageConfig())
+    real = reader.footer
+    monkeypatch.setattr(reader, "footer", lambda fs, p: (reads.append(os.path.basename(p)), real(fs, p))[1])
+    _, files, proven = job.page_files_for_run(str(pages), StorageConfig())
     assert [os.path.basename(f) for f in files] == [good] and sorted(reads) == sorted([good, torn])
     size = (pages / good).stat().st_size
     assert proven == [(good, size)]
     commits.write_commit(str(pages), StorageConfig(), "r2", [good, torn], [size, 5])  # a record naming a wrong size
     assert os.path.exists(tmp_path / "commits" / "r2.parquet") and not os.listdir(tmp_path / "commits")[1:]
     reads.clear()
-    _, files, proven = job._page_files(str(pages), StorageConfig())
+    _, files, proven = job.page_files_for_run(str(pages), StorageConfig())
     assert [os.path.basename(f) for f in files] == [good] and reads == [torn] and proven == []  # torn: still checked
     # a record is trusted for its size only: a file rewritten with another size is checked again
     pq.write_table(rows.to_table([_row("a", 0, 1, "ok", 1), _row("a", 1, 2, "ok", 1)]), pages / good)
@@ -299,8 +300,8 @@ def test_the_driver_commits_what_it_proved_and_leftovers_are_still_removed(tmp_p
     killed.write_bytes(b"PAR1 torn by a killed run")
     (pages / "young.parquet").write_bytes(b"PAR1 being written")
     reads = []
-    real = job._footer
-    monkeypatch.setattr(job, "_footer", lambda fs, p: (reads.append(os.path.basename(p)), real(fs, p))[1])
+    real = reader.footer
+    monkeypatch.setattr(reader, "footer", lambda fs, p: (reads.append(os.path.basename(p)), real(fs, p))[1])
     monkeypatch.setattr(job, "_pipeline", lambda work, cfg, model_id: pytest.fail("nothing is to do"))
     for run in ("run-1", "run-2"):
         reads.clear()
@@ -332,8 +333,8 @@ def test_a_run_adds_the_files_it_wrote_and_records_them(tmp_path, monkeypatch):
                                       _row(b, 0, 1, "runaway", 5, run=cfg.run_id)]), pages / mine)
 
     reads = []
-    real = job._footer
-    monkeypatch.setattr(job, "_footer", lambda fs, p: (reads.append(os.path.basename(p)), real(fs, p))[1])
+    real = reader.footer
+    monkeypatch.setattr(reader, "footer", lambda fs, p: (reads.append(os.path.basename(p)), real(fs, p))[1])
     monkeypatch.setattr(job, "_pipeline", pipeline)
     summary = job.run_batch(BatchConfig(input=str(inp), output=str(out), model="m", run_id="run-1"), log=lambda s: None)
     assert summary["rows_written"] == 2 and summary["pages_written"] == 2

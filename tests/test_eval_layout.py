@@ -147,7 +147,7 @@ def test_usage_errors_exit_2_without_traceback(tmp_path, small_pair, capsys):
 
 
 def _parquet_rows():
-    from padoc_ray.pipeline.rows import base_row
+    from padoc_ray.output.rows import base_row
 
     t0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -174,7 +174,7 @@ def parquet_case(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from padoc_ray.pipeline.rows import PAGE_SCHEMA
+    from padoc_ray.output.rows import PAGE_SCHEMA
 
     out = tmp_path / "batch"
     (out / "pages").mkdir(parents=True)

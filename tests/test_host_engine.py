@@ -9,7 +9,8 @@ import os
 import pytest
 
 from padoc_ray.host import HostConfig, HostPage, PageHost
-from padoc_ray.local import load_pages, load_truth
+from padoc_ray.groundtruth import load_truth
+from padoc_ray.inputs import load_pages
 
 from .conftest import ROOT
 

@@ -13,10 +13,11 @@ import threading
 import pytest
 
 from padoc_ray.pdf import ABSURD_PAGE_SIZE, TOO_MANY_FRAMES, PdfError, open_document
-from padoc_ray.pipeline import limits, storage
+from padoc_ray import storage
+from padoc_ray.pipeline import limits
 from padoc_ray.pipeline.limits import InputLimits
-from padoc_ray.pipeline.rows import select_pages
-from padoc_ray.pipeline.storage import (DISALLOWED, MISSING, StorageConfig, UnsafeKeyError, list_inputs,
+from padoc_ray.output.rows import select_pages
+from padoc_ray.storage import (DISALLOWED, MISSING, StorageConfig, UnsafeKeyError, list_inputs,
                                         local_model_dir, relative_key)
 
 from .conftest import ROOT

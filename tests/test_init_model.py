@@ -37,7 +37,7 @@ def _bits(t):
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory):
     """The tiny Qwen3-VL without the protocol, untied and tied."""
-    from padoc_ray.model_kit.tiny import TinyModelConfig, build_tiny_model
+    from padoc_ray.checkpoint.tiny import TinyModelConfig, build_tiny_model
 
     root = tmp_path_factory.mktemp("bases")
     return {tied: build_tiny_model(str(root / f"base_tied{int(tied)}"), base=True,
@@ -46,7 +46,7 @@ def bases(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def inited(bases, tmp_path_factory):
-    from padoc_ray.model_kit.init_model import init_model
+    from padoc_ray.checkpoint.init import init_model
 
     root = tmp_path_factory.mktemp("inited")
     return {tied: init_model(b, str(root / f"padoc_tied{int(tied)}"), verify=False)["out"] for tied, b in bases.items()}
@@ -103,7 +103,7 @@ def test_vocabulary_grows_by_exactly_the_protocol_tokens(bases, inited, tiny_mod
 def test_base_rows_are_bit_identical_and_new_rows_the_mean(bases, inited, tied):
     import torch
 
-    from padoc_ray.model_kit.protocol_files import padded_vocab_size
+    from padoc_ray.checkpoint.protocol_files import padded_vocab_size
 
     b, o = _tensors(bases[tied]), _tensors(inited[tied])
     info = json.load(open(os.path.join(inited[tied], "padoc_init.json")))
@@ -133,7 +133,7 @@ def test_transformers_loads_it_with_the_head_tied_or_not(inited, tied):
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
-    from padoc_ray.hf_tokenizer import ModelProtocol
+    from padoc_ray.checkpoint.tokenizer import ModelProtocol
 
     model = Qwen3VLForConditionalGeneration.from_pretrained(inited[tied], dtype=torch.float32)
     emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
@@ -146,7 +146,7 @@ def test_transformers_loads_it_with_the_head_tied_or_not(inited, tied):
 def test_protocol_file_and_chat_template_render_the_prompts(inited, tiny_model_dir):
     from transformers import AutoProcessor, AutoTokenizer
 
-    from padoc_ray.hf_tokenizer import ModelProtocol
+    from padoc_ray.checkpoint.tokenizer import ModelProtocol
     from padoc_ray.protocol import ProtocolSpec
 
     out = inited[False]
@@ -271,7 +271,8 @@ def _tiny_models_markdown(tiny_model_dir, cpu_engine, loop_thread, pdf: str, lon
     """What the ordinary tiny model gives for ``pdf``, teacher-forced: parse-page's own code path
     (PageHost + parse_local, the same settings) on the session's engine, which hosts that model."""
     from padoc_ray.host import HostConfig, PageHost
-    from padoc_ray.local import load_pages, load_truth, parse_local
+    from padoc_ray.groundtruth import load_truth
+    from padoc_ray.inputs import load_pages, parse_local
     from padoc_ray.pdf import RenderConfig
     from padoc_ray.protocol import to_markdown
     from padoc_ray.scheduler import SchedulerConfig
@@ -310,7 +311,7 @@ def test_cli_verifies_in_vllm_and_parse_page_gives_the_tiny_models_markdown(base
 
 def test_a_failed_vllm_check_leaves_nothing(bases, tmp_path, monkeypatch):
     """A VerifyError (here: the engine cannot be built) removes the new checkpoint and keeps --out as it was."""
-    from padoc_ray.model_kit import init_model as im
+    from padoc_ray.checkpoint import init as im
 
     def broken(model_dir, **kw):
         assert os.path.exists(os.path.join(model_dir, "padoc_protocol.json"))  # checked before it is published
@@ -328,7 +329,7 @@ def test_training_steps_run_on_it(inited):
     protocol rows (layout tokens are targets and inputs) are learned."""
     import torch
 
-    from padoc_ray.hf_tokenizer import ModelProtocol
+    from padoc_ray.checkpoint.tokenizer import ModelProtocol
     from padoc_ray.trainer.loop import LoopConfig, OptimConfig, load_model, train
     from padoc_ray.trainer.packing import Packer, PackingConfig
 

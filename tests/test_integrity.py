@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from padoc_ray.host import HostConfig
-from padoc_ray.pipeline import rows
+from padoc_ray.output import rows
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
-from padoc_ray.pipeline.storage import StorageConfig
+from padoc_ray.storage import StorageConfig
 
 from .conftest import _env, stop_process_group
 from .pdf_factory import text_pdf
@@ -132,7 +132,7 @@ def test_the_driver_removes_only_leftovers_of_runs_that_are_over(local_ray, tiny
     os.utime(out / "pages" / "dead.parquet", (old, old))
     killed = out / "pages" / "0123abcd4567_0123456789abcdef0123456789abcdef_000002-0.parquet"
     killed.write_bytes(b"PAR1 torn by a killed run")
-    from padoc_ray.show import ShowError, find_row
+    from padoc_ray.output.show import ShowError, find_row
 
     with pytest.raises(ShowError):  # a read-only command deletes nothing, however old
         find_row(str(out), "a.pdf", 0)
@@ -150,7 +150,7 @@ def test_the_driver_removes_only_leftovers_of_runs_that_are_over(local_ray, tiny
 HOLDER = """
 import sys, time
 from padoc_ray.pipeline.lock import OutputLock
-from padoc_ray.pipeline.storage import StorageConfig
+from padoc_ray.storage import StorageConfig
 lock = OutputLock(sys.argv[1], StorageConfig(), "live-run-1")
 lock.acquire()
 import os
@@ -188,7 +188,7 @@ def test_a_second_run_refuses_a_live_output_and_a_dead_runs_lock_is_recovered(ti
     third = parse(*args)
     assert third.returncode == 0, third.stderr[-3000:]
     assert (out / "pages" / "half.parquet").exists()  # young: maybe a live run's, so kept
-    from padoc_ray.pipeline.job import read_pages
+    from padoc_ray.output.reader import read_rows as read_pages
 
     got = read_pages(str(out / "pages"), StorageConfig()).to_pylist()  # skips the unreadable file
     assert len(got) == 6 and len({(r["source_uri"], r["page_index"]) for r in got}) == 6
@@ -355,7 +355,7 @@ def _row(uri, page, count, code=None, t=0):
 
 def test_plan_retries_failed_reads_and_missing_files_and_keeps_other_verdicts():
     from padoc_ray.pipeline.job import plan
-    from padoc_ray.pipeline.storage import DISALLOWED
+    from padoc_ray.storage import DISALLOWED
 
     existing = rows.to_table([
         _row("read", -1, None, "read_failed"),
@@ -387,6 +387,7 @@ def test_current_rows_take_the_newest_verdict_per_input():
 
 
 def test_a_storage_error_while_reading_pages_is_retried_and_never_deletes(tmp_path, monkeypatch):
+    from padoc_ray.output import reader
     from padoc_ray.pipeline import job
 
     pages = tmp_path / "pages"
@@ -394,7 +395,7 @@ def test_a_storage_error_while_reading_pages_is_retried_and_never_deletes(tmp_pa
     pq.write_table(rows.to_table([_row("a", 0, 1)]), pages / "good.parquet")
     old = time.time() - 2 * 3600
     os.utime(pages / "good.parquet", (old, old))
-    real, calls = job._footer, []
+    real, calls = reader.footer, []
 
     def flaky(fs, path):
         calls.append(path)
@@ -402,15 +403,15 @@ def test_a_storage_error_while_reading_pages_is_retried_and_never_deletes(tmp_pa
             raise OSError("AWS Error SLOW_DOWN during GetObject operation: please reduce your request rate")
         return real(fs, path)
 
-    monkeypatch.setattr(job, "_footer", flaky)
-    monkeypatch.setattr(job.time, "sleep", lambda s: None)
+    monkeypatch.setattr(reader, "footer", flaky)
+    monkeypatch.setattr(reader.time, "sleep", lambda s: None)
     got = job.read_pages(str(pages), StorageConfig(), cleanup_for_run="now", grace_s=0)
     assert got.num_rows == 1 and len(calls) == 3 and (pages / "good.parquet").exists()
 
     def down(fs, path):
         raise OSError("connection refused")
 
-    monkeypatch.setattr(job, "_footer", down)
+    monkeypatch.setattr(reader, "footer", down)
     with pytest.raises(OSError, match="after 4 attempts"):
         job.read_pages(str(pages), StorageConfig(), cleanup_for_run="now", grace_s=0)
     assert (pages / "good.parquet").exists()
@@ -468,7 +469,7 @@ def test_resume_and_leftover_cleanup_on_an_s3_output(s3, tiny_model_dir, tmp_pat
     assert "1 to do" in second.stdout and summary()["pages_written"] == 1  # only b.pdf: a.pdf is not parsed again
     assert torn not in listing() and "run/pages/unknown.parquet" in listing()  # young, unknown: kept
     assert set(first) <= set(listing())  # the first run's files stay
-    from padoc_ray.pipeline.job import read_pages
+    from padoc_ray.output.reader import read_rows as read_pages
 
     got = read_pages(out + "/pages", storage).to_pylist()
     assert sorted((os.path.basename(r["source_uri"]), r["page_index"]) for r in got) == [

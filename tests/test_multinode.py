@@ -193,7 +193,7 @@ def run_logged(cmd, log, timeout=300) -> tuple[int, str]:
 
 def page_rows(s3, uri: str) -> list[dict]:
     """Every row under OUTPUT/pages, read from the S3 server directly (not through the proxy)."""
-    from padoc_ray.pipeline.storage import StorageConfig, filesystem
+    from padoc_ray.storage import StorageConfig, filesystem
 
     fs, path = filesystem(uri.rstrip("/") + "/pages", StorageConfig(endpoint=s3["endpoint"]))
     cols = ["source_uri", "doc_id", "page_index", "status", "run_id", "processed_at"]
@@ -238,7 +238,7 @@ def test_lock_whose_create_was_applied_but_its_answer_lost_is_still_ours(s3, mon
     recognizes its own lock and holds it (it does not refuse itself as "in use"); another run is
     still refused, and the lock is removed on release."""
     from padoc_ray.pipeline.lock import OutputInUse, OutputLock
-    from padoc_ray.pipeline.storage import StorageConfig
+    from padoc_ray.storage import StorageConfig
 
     for k, v in s3["env"].items():
         monkeypatch.setenv(k, v)

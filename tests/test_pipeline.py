@@ -85,7 +85,7 @@ def test_job_submit_reads_and_writes_s3(ray_cluster, s3, tiny_model_dir, tmp_pat
     summary = json.loads(c.get_object(Bucket="padoc-out", Key="run1/summary.json")["Body"].read())
     assert summary["pages_written"] == 5 and summary["page_status"] == {"ok": 5}
     assert summary["document_status"] == {"ok": 3, "skipped": 1}
-    from padoc_ray.pipeline.storage import StorageConfig, filesystem
+    from padoc_ray.storage import StorageConfig, filesystem
 
     fs, path = filesystem("s3://padoc-out/run1/pages", StorageConfig(endpoint=s3["endpoint"]))
     for k, v in s3["env"].items():
@@ -231,7 +231,7 @@ def test_engine_deaths_restart_the_actor_and_every_page_lands_once(ray_cluster, 
 
     def written() -> int:
         from padoc_ray.pipeline.job import read_pages as read_some
-        from padoc_ray.pipeline.storage import StorageConfig
+        from padoc_ray.storage import StorageConfig
 
         return read_some(str(out / "pages"), StorageConfig()).num_rows
 
@@ -295,8 +295,8 @@ def test_batch_flags_each_show_their_effect(ray_cluster, tiny_model_dir, tmp_pat
     line that is gone (missing_file) and one that cannot be read (read_failed) get their rows."""
     import random
 
-    from padoc_ray.hf_tokenizer import ModelProtocol
-    from padoc_ray.local import truth_from_json
+    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.groundtruth import truth_from_json
     from padoc_ray.protocol import quantized, serialize_sequential, to_markdown
 
     from .pdf_factory import text_pdf

@@ -9,10 +9,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from padoc_ray.pipeline import rows
+from padoc_ray.output import rows
 from padoc_ray.pipeline.config import BatchConfig
+from padoc_ray.output.reader import read_rows
 from padoc_ray.pipeline.job import plan, read_pages
-from padoc_ray.pipeline.storage import InputError, list_inputs
+from padoc_ray.storage import InputError, list_inputs
 
 
 def _files(d, names):
@@ -98,7 +99,7 @@ def test_read_pages_skips_half_written_files_and_only_the_driver_removes_leftove
                                             f"live_{uuid}_000001-0.parquet")}
     for p in torn.values():
         p.write_bytes(b"PAR1 half a file")
-    got = read_pages(str(pages), cfg.storage)  # read-only: skipped, kept
+    got = read_rows(str(pages), cfg.storage)  # read-only: skipped, kept
     assert got.num_rows == 1 and all(p.exists() for p in torn.values())
     got = read_pages(str(pages), cfg.storage, cleanup_for_run="live", grace_s=3600)  # the driver's cleanup
     assert got.num_rows == 1

@@ -36,7 +36,8 @@ class Recording:
 
 
 def _example_pages():
-    from padoc_ray.local import load_pages, load_truth
+    from padoc_ray.groundtruth import load_truth
+    from padoc_ray.inputs import load_pages
 
     truth = load_truth(os.path.join(ROOT, "examples", "ground_truth.json"))
     out = []

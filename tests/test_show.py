@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from padoc_ray.pdf import doc_id_of
-from padoc_ray.pipeline.rows import PAGE_SCHEMA
-from padoc_ray.show import ShowError, category_color, show_page
+from padoc_ray.output.rows import PAGE_SCHEMA
+from padoc_ray.output.show import ShowError, category_color, show_page
 
 from .pdf_factory import text_pdf
 from .test_cli import run_cli

@@ -16,7 +16,7 @@ def _digest(d: str, name: str) -> str:
 
 
 def test_checkpoint_layout_and_determinism(tiny_model_dir, tmp_path):
-    from padoc_ray.model_kit.tiny import build_tiny_model
+    from padoc_ray.checkpoint.tiny import build_tiny_model
 
     files = set(os.listdir(tiny_model_dir))
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
@@ -28,7 +28,7 @@ def test_checkpoint_layout_and_determinism(tiny_model_dir, tmp_path):
 
 
 def test_refuses_to_overwrite_without_force(tmp_path):
-    from padoc_ray.model_kit.tiny import build_tiny_model
+    from padoc_ray.checkpoint.tiny import build_tiny_model
 
     (tmp_path / "keep.txt").write_text("precious")
     with pytest.raises(FileExistsError, match="--force"):

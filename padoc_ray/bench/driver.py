@@ -87,7 +87,7 @@ def _doc_rows(d: np.ndarray, ppd: int, run: int) -> dict[str, np.ndarray]:
 
 
 def _table(r: dict, ppd: int, run: int, t_base: int) -> pa.Table:
-    from padoc_ray.pipeline.rows import PAGE_SCHEMA
+    from padoc_ray.output.rows import PAGE_SCHEMA
 
     doc, page, status = r["doc"], r["page"], r["status"]
     n = len(doc)
@@ -147,7 +147,7 @@ def _build_chunk(args) -> list[tuple[str, int]]:
 def build(scratch: str, pages: int, ppd: int = 10, rows_per_file: int = 1000, workers: int = 2, log=print) -> str:
     """The synthetic output for (pages, ppd, rows_per_file), built once; returns its folder."""
     from padoc_ray.pipeline.commits import write_commit
-    from padoc_ray.pipeline.storage import StorageConfig
+    from padoc_ray.storage import StorageConfig
 
     out = scratch_dir(scratch, pages, ppd, rows_per_file)
     if os.path.exists(os.path.join(out, "BUILT")):
@@ -181,9 +181,10 @@ def build(scratch: str, pages: int, ppd: int = 10, rows_per_file: int = 1000, wo
 
 def measure(folder: str, pages: int, ppd: int) -> dict:
     """The driver's bookkeeping over ``folder`` (run in a fresh process): seconds and peak RSS."""
+    from padoc_ray.output import reader
     from padoc_ray.pipeline import columns, job, ledger
     from padoc_ray.pipeline.config import BatchConfig
-    from padoc_ray.pipeline.storage import StorageConfig
+    from padoc_ray.storage import StorageConfig
 
     t0 = time.perf_counter()
     listed = listing(pages, ppd)
@@ -195,13 +196,13 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
     with open(os.path.join(folder, "pages", LEFTOVER), "wb") as f:
         f.write(b"PAR1 torn")
     footers = []
-    check = job._is_parquet
-    job._is_parquet = lambda fs, path: (footers.append(path), check(fs, path))[1]  # count the footer reads
+    check = reader.is_parquet
+    reader.is_parquet = lambda fs, path: (footers.append(path), check(fs, path))[1]  # count the footer reads
     cfg = BatchConfig(input="synthetic", output=folder, model="padoc", run_id=BENCH_RUN)
     pages_uri, st = os.path.join(folder, "pages"), StorageConfig()
     # planning: what _run_locked does before the pipeline
     t1 = time.perf_counter()
-    fs, files, _ = job._page_files(pages_uri, st, cleanup_for_run=BENCH_RUN)
+    fs, files, _ = job.page_files_for_run(pages_uri, st, cleanup_for_run=BENCH_RUN)
     t_proof = time.perf_counter() - t1
     book = job.scan_pages(fs, files, listed.column("uri"), BENCH_RUN)
     t_scan = time.perf_counter() - t1 - t_proof
@@ -211,7 +212,7 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
     rss_plan = _peak_rss()
     # the documents table: what _run_locked does after the pipeline (list again, add the new files)
     t2 = time.perf_counter()
-    fs, now, _ = job._page_files(pages_uri, st, trust_run=BENCH_RUN)
+    fs, now, _ = job.page_files_for_run(pages_uri, st, trust_run=BENCH_RUN)
     seen = set(files)
     book = job.scan_pages(fs, [f for f in now if f not in seen], listed.column("uri"), BENCH_RUN, book=book)
     book.facts = ledger.analyze(book, ranges=cfg.pages, max_pages=cfg.max_pages_per_doc)

@@ -181,7 +181,7 @@ def _http(model: str, gt: str, items: list[Item], concurrencies, n: int, host_cf
 def run(model: str, gt: str, pdfs: Sequence[str], concurrencies: Sequence[int] = (1, 8, 32), requests: int = 64,
         warmup: int = 4, out_dir: str | None = None, log=print) -> dict:
     from padoc_ray.host import HostConfig
-    from padoc_ray.local import load_truth
+    from padoc_ray.groundtruth import load_truth
 
     items = _items(pdfs)
     truth = load_truth(gt)

@@ -65,8 +65,8 @@ def noop_pipeline(paths: list[str], model: str, dpi: float, out: str, *, pages_i
 
 def steady_rate(pages_dir: str, lo: float = 0.25, hi: float = 0.90) -> float | None:
     """Pages per second between the ``lo`` and ``hi`` quantiles of the rows' ``processed_at``."""
-    from padoc_ray.pipeline.job import read_pages
-    from padoc_ray.pipeline.storage import StorageConfig
+    from padoc_ray.output.reader import read_rows as read_pages
+    from padoc_ray.storage import StorageConfig
 
     t = read_pages(pages_dir, StorageConfig(), columns=["page_index", "processed_at"])
     ts = sorted(r["processed_at"] for r in t.to_pylist() if r["page_index"] >= 0)

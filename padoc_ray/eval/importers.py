@@ -107,7 +107,7 @@ def parse_compare(text: str) -> tuple[str, str | None, str]:
 
 # ---- files, local or s3:// -------------------------------------------------------------------------
 def _fs(path: str, storage):
-    from padoc_ray.pipeline.storage import filesystem
+    from padoc_ray.storage import filesystem
 
     return filesystem(path, storage)
 
@@ -123,7 +123,7 @@ def _files(path: str, storage) -> list[str]:
     """Every file at or below ``path`` (URIs, sorted)."""
     import pyarrow.fs as pafs
 
-    from padoc_ray.pipeline.storage import to_uri
+    from padoc_ray.storage import to_uri
 
     fs, p = _fs(path, storage)
     info = fs.get_file_info(p)
@@ -136,7 +136,7 @@ def _files(path: str, storage) -> list[str]:
 
 
 def _read(uri: str, storage) -> bytes:
-    from padoc_ray.pipeline.storage import read_bytes
+    from padoc_ray.storage import read_bytes
 
     return read_bytes(uri, storage)
 
@@ -149,7 +149,7 @@ def detect_format(path: str, storage) -> str:
     """Which importer reads ``path`` (see the module docstring); raises :class:`PredictionSetError`."""
     import pyarrow.fs as pafs
 
-    from padoc_ray.pipeline.storage import join
+    from padoc_ray.storage import join
 
     fs, p = _fs(path, storage)
     if fs.get_file_info(p).type == pafs.FileType.NotFound:

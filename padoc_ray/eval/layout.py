@@ -30,7 +30,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from padoc_ray.eval.batch_rows import PageIndex, RowsInputError, match_rows, pdf_source, read_page_rows, row_label
+from padoc_ray.groundtruth import TruthIndex, match_rows, pdf_source, row_label
+from padoc_ray.output.reader import RowsInputError, read_rows
+from padoc_ray.output.rows import page_from_row
 from padoc_ray.eval.pageiou import (
     CLASSES, MODES, REPORT_CLASSES, Aggregator, ClassSummary, LayoutBox, PageIoUConfig, PageResult, Problem,
     evaluate_page, iter_scores, mode_key,
@@ -172,15 +174,15 @@ def load_ground_truth(path: str, fix_swapped: bool = True) -> Side:
 
 def _read_parquet_rows(path: str) -> list[dict]:
     try:
-        return read_page_rows(path, ["source_uri", "page_index", "status", "regions", "processed_at", "error_code"],
-                              required=["source_uri", "regions"])
+        return read_rows(path, None, ["source_uri", "page_index", "status", "regions", "processed_at", "error_code"],
+                         required=["source_uri", "regions"], must_exist=True).to_pylist()
     except RowsInputError as e:
         raise LayoutInputError(str(e)) from None
 
 
 def load_parquet_predictions(path: str, gt: Side) -> Side:
     rows = _read_parquet_rows(path)
-    m = match_rows(rows, PageIndex((key, page.source) for key, page in gt.pages.items()))
+    m = match_rows(rows, TruthIndex((key, page.source) for key, page in gt.pages.items()))
     out = Side()
     for row in m.document_errors:
         code = row.get("error_code") or row.get("status")
@@ -194,16 +196,11 @@ def load_parquet_predictions(path: str, gt: Side) -> Side:
                                                                     "processed_at")))
     chosen = m.rows
     for key, row in chosen.items():
-        boxes = []
-        for i, reg in enumerate(row.get("regions") or []):
-            bbox = reg.get("bbox") if isinstance(reg, dict) else None
-            try:
-                if not isinstance(bbox, (list, tuple)) or len(bbox) != 4:
-                    raise TypeError
-                boxes.append(LayoutBox(reg.get("category"), *(float(v) for v in bbox)))
-            except (TypeError, ValueError):
-                msg = f"region bbox missing or malformed: {bbox!r:.60}"
-                out.problems.append((key, Problem("pred", "bad_box", msg, i)))
+        def bad(i, _reg, msg, key=key):
+            out.problems.append((key, Problem("pred", "bad_box", msg, i)))
+
+        page = page_from_row(row, on_bad_region=bad)  # the one row -> Page converter
+        boxes = [LayoutBox(r.category, *r.box.as_tuple()) for r in page.regions]
         status = row.get("status")
         if status is not None and status != "ok":
             out.problems.append((key, Problem("page", "pred_status", f"prediction status {status!r}")))

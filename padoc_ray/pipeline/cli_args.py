@@ -10,7 +10,7 @@ from padoc_ray.host import HostConfig
 from padoc_ray.pdf import RenderConfig
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
-from padoc_ray.pipeline.storage import StorageConfig
+from padoc_ray.storage import StorageConfig
 from padoc_ray.raster import ENCODINGS, RendererConfig
 from padoc_ray.scheduler import SchedulerConfig
 
@@ -184,7 +184,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     import os
 
     from padoc_ray.pipeline.job import run_batch
-    from padoc_ray.pipeline.storage import InputError
+    from padoc_ray.storage import InputError
 
     try:
         cfg = config_from_args(args)
@@ -273,7 +273,7 @@ def reannotate_from_args(args: argparse.Namespace) -> int:
     from padoc_ray.eval.agreement import AgreementConfig
     from padoc_ray.eval.importers import PredictionSetError
     from padoc_ray.pipeline.reannotate import ReannotateConfig, run_reannotate
-    from padoc_ray.pipeline.storage import InputError
+    from padoc_ray.storage import InputError
 
     try:
         cfg = ReannotateConfig(

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from padoc_ray.pipeline.storage import StorageConfig, filesystem, is_s3
+from padoc_ray.storage import StorageConfig, filesystem, is_s3
 
 logger = logging.getLogger(__name__)
 

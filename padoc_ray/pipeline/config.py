@@ -10,7 +10,7 @@ from typing import Mapping
 from padoc_ray.host import HostConfig
 from padoc_ray.pdf import RenderConfig
 from padoc_ray.pipeline.limits import InputLimits
-from padoc_ray.pipeline.storage import StorageConfig, output_inside_input
+from padoc_ray.storage import StorageConfig, output_inside_input
 from padoc_ray.raster import ENCODINGS, RendererConfig
 
 

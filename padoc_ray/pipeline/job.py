@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -28,115 +27,53 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from padoc_ray.pipeline import columns, commits, ledger, limits, rows
+from padoc_ray.output import reader, rows
+from padoc_ray.pipeline import columns, commits, ledger, limits
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.lock import OutputLock
-from padoc_ray.pipeline.storage import StorageConfig, filesystem, is_s3, join, list_inputs, write_bytes
+from padoc_ray.storage import StorageConfig, filesystem, is_s3, join, list_inputs, write_bytes
 
 logger = logging.getLogger(__name__)
 
 KEY_COLUMNS = ["source_uri", "doc_id", "page_index", "page_count", "status", "error_code", "run_id",
                "output_tokens", "valid", "processed_at"]
-#: how often a storage error while reading pages/ is tried (then the read fails; never a deletion)
-READ_ATTEMPTS = 4
-#: files a run writes under pages/: ``<run_id>_<write uuid>_<task>-<i>.parquet`` (Ray Data, named by
-#: the run in :func:`_pipeline`) and ``<run_id>_listing.parquet`` (the driver's own rows)
-RUN_FILE = re.compile(r"^(?P<run>[A-Za-z0-9-]+)_(?:[0-9a-f]{32}_\d{6}(?:-\d+)?|listing)\.parquet$")
-
-
-def _footer(fs: pafs.FileSystem, path: str) -> bytes:
-    """The tail of a file that holds its Parquet footer (metadata, its length, the magic). Only
-    storage errors (OSError) come out of here; what the bytes mean is judged apart from reading."""
-    with fs.open_input_file(path) as fh:
-        size = fh.size()
-        n = min(size, 1 << 16)
-        tail = fh.read_at(n, size - n) if n else b""
-        if len(tail) >= 8 and tail[-4:] == b"PAR1":
-            need = int.from_bytes(tail[-8:-4], "little") + 8
-            if n < need <= size:
-                tail = fh.read_at(need, size - need)
-        return tail
-
-
-def _is_parquet(fs: pafs.FileSystem, path: str) -> bool | None:
-    """True: a readable Parquet file; False: not one (torn by a killed writer, or still being
-    written); None: it vanished. A storage error is retried, then raised."""
-    for attempt in range(READ_ATTEMPTS):
-        try:
-            tail = _footer(fs, path)
-            break
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            if attempt == READ_ATTEMPTS - 1:
-                raise OSError(f"cannot read {path} after {READ_ATTEMPTS} attempts: {e}") from e
-            logger.warning("reading %s failed (%s); retrying", path, e)
-            time.sleep(0.5 * 2 ** attempt)
-    try:
-        pq.read_metadata(pa.BufferReader(tail))
-        return True
-    except Exception:  # noqa: BLE001 - whatever the parser says, these bytes are not a Parquet file
-        return False
 
 
 def _leftover(name: str, age_s: float | None, run_id: str, grace_s: float) -> bool:
     """Whether an unreadable file under pages/ may be removed by run ``run_id``, which holds the
     output's lock: never its own; an earlier run's at once (that run is over); a file of unknown
     origin only when older than ``grace_s``."""
-    m = RUN_FILE.match(name)
+    m = reader.RUN_FILE.match(name)
     if m is not None:
         return m["run"] != run_id
     return age_s is not None and age_s > grace_s
 
 
-def _page_files(pages_uri: str, storage: StorageConfig, *, cleanup_for_run: str | None = None,
-                grace_s: float = 3600.0, trust_run: str | None = None):
-    """(filesystem, complete Parquet files under pages/, [(name, size)] of those proven here).
-
-    A file a commit record names with its size is complete without a read (:mod:`commits`); so
-    are the files of ``trust_run`` (the live run, once its pipeline returned). Any other file has
-    its footer read (:func:`_is_parquet`); unreadable ones are skipped, and deleted when
-    ``cleanup_for_run`` holds the lock and :func:`_leftover` allows it. A storage error is retried
-    and then raised, never a reason to delete."""
-    fs, path = filesystem(pages_uri, storage)
-    info = fs.get_file_info(path)
-    if info.type == pafs.FileType.NotFound:
-        return fs, [], []
-    files = [f for f in fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-             if f.type == pafs.FileType.File and f.path.endswith(".parquet")]
-    root = path.rstrip("/") + "/"
-    names = [f.path[len(root):] if f.path.startswith(root) else f.base_name for f in files]
-    committed = commits.committed_mask(names, [f.size for f in files], commits.read_committed(pages_uri, storage))
-    good, proven = [], []
+def page_files_for_run(pages_uri: str, storage: StorageConfig, *, cleanup_for_run: str | None = None,
+                       grace_s: float = 3600.0, trust_run: str | None = None):
+    """(filesystem, complete Parquet files under pages/, [(name, size)] of those proven here): the
+    driver's view of :func:`padoc_ray.output.reader.page_files`. With ``cleanup_for_run`` (the run
+    holding the output's lock; only the driver passes it) the unreadable files :func:`_leftover`
+    allows are deleted; the others are skipped. A storage error is retried and then raised, never
+    a reason to delete."""
+    found = reader.page_files(pages_uri, storage, trust_run=trust_run)
     now = datetime.now(timezone.utc)
-    for f, name, known in zip(files, names, committed):
-        if known:
-            good.append(f.path)
-            continue
-        m = RUN_FILE.match(f.base_name)
-        ok = True if (trust_run is not None and m is not None and m["run"] == trust_run) else _is_parquet(fs, f.path)
-        if ok:
-            good.append(f.path)
-            proven.append((name, f.size))
-            continue
-        if ok is None:
-            continue
+    for f in found.unreadable:
         age = (now - f.mtime.astimezone(timezone.utc)).total_seconds() if f.mtime is not None else None
         if cleanup_for_run is not None and _leftover(f.base_name, age, cleanup_for_run, grace_s):
             logger.warning("removing unreadable leftover %s", f.path)
-            fs.delete_file(f.path)
+            found.fs.delete_file(f.path)
         else:
             logger.warning("skipping unreadable %s (a leftover of a killed run, or being written)", f.path)
-    return fs, good, proven
+    return found.fs, found.good, found.proven
 
 
 def read_pages(pages_uri: str, storage: StorageConfig, columns=KEY_COLUMNS, *, cleanup_for_run: str | None = None,
                grace_s: float = 3600.0) -> pa.Table:
-    """Every page row written so far (all runs). Unreadable files (torn by a killed run, or being
-    written by a live one) are skipped. Read-only unless ``cleanup_for_run`` names the run holding
-    the output's lock (only the batch driver): then the unreadable files :func:`_leftover` allows
-    are deleted. A storage error is retried and then raised, never a reason to delete."""
-    fs, good, _ = _page_files(pages_uri, storage, cleanup_for_run=cleanup_for_run, grace_s=grace_s)
+    """The driver's read of every page row written so far (all runs), after removing the leftovers
+    ``cleanup_for_run`` may remove (see :func:`page_files_for_run`). Everyone else reads with
+    :func:`padoc_ray.output.reader.read_rows`, which never deletes."""
+    fs, good, _ = page_files_for_run(pages_uri, storage, cleanup_for_run=cleanup_for_run, grace_s=grace_s)
     if not good:
         return rows.PAGE_SCHEMA.empty_table().select(columns)
     return pads.dataset(good, schema=rows.PAGE_SCHEMA, filesystem=fs, format="parquet").to_table(columns=columns)
@@ -234,7 +171,7 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
         os.makedirs(path, exist_ok=True)
     # Writing Parquet is light; Ray Data's default of 1 CPU per write task would reserve a whole core
     # on a small node and starve rasterization (its budget is taken from the same pool).
-    # files are named by the run (RUN_FILE), so a later run can tell a killed run's torn file
+    # files are named by the run (reader.RUN_FILE), so a later run can tell a killed run's torn file
     ds.write_parquet(path, filesystem=fs, min_rows_per_file=cfg.rows_per_file,
                      filename_provider=FilenameProvider(dataset_uuid=cfg.run_id, file_format="parquet"),
                      ray_remote_args={"num_cpus": cfg.writer_cpus})
@@ -257,7 +194,7 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
     listed = ledger.listing_table(list_inputs(cfg.input, cfg.storage, cfg.manifest_allow))
     sizes = listed.column("size").to_numpy()
     pages_uri = join(cfg.output, "pages")
-    fs, files, proven = _page_files(pages_uri, cfg.storage, cleanup_for_run=cfg.run_id, grace_s=cfg.leftover_grace_s)
+    fs, files, proven = page_files_for_run(pages_uri, cfg.storage, cleanup_for_run=cfg.run_id, grace_s=cfg.leftover_grace_s)
     commits.write_commit(pages_uri, cfg.storage, cfg.run_id, [n for n, _ in proven], [s for _, s in proven])
     book = scan_pages(fs, files, listed.column("uri"), cfg.run_id)
     todo, complete = ledger.plan(book, sizes, cfg.limits, cfg.pages, cfg.max_pages_per_doc)
@@ -275,7 +212,7 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
         _pipeline(work, cfg, model_id)
     wall = time.perf_counter() - t0
     if work or refused:  # add the files written since: this run's are complete now (the write returned)
-        fs, now, mine = _page_files(pages_uri, cfg.storage, trust_run=cfg.run_id)
+        fs, now, mine = page_files_for_run(pages_uri, cfg.storage, trust_run=cfg.run_id)
         proven = sorted(set(proven) | set(mine))
         commits.write_commit(pages_uri, cfg.storage, cfg.run_id, [n for n, _ in proven], [s for _, s in proven])
         seen = set(files)

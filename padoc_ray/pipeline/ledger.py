@@ -7,7 +7,7 @@ time as an int32 offset, page count, status and error codes, doc_id position: 16
 URIs stay in per-batch Arrow dictionaries until mapped to input numbers, doc_ids go to a compact
 store (:mod:`~padoc_ray.pipeline.docids`), and the decisions are sorts and segment reductions over
 those columns, a bounded number of rows at a time. :func:`analyze` gives both the plan and the documents table; the rules
-are those of :func:`padoc_ray.pipeline.rows.current_rows`, :func:`~padoc_ray.pipeline.rows.documents_table`
+are those of :func:`padoc_ray.output.rows.current_rows`, :func:`~padoc_ray.output.rows.documents_table`
 and :func:`padoc_ray.pipeline.job.plan`, which use the same code on in-memory tables.
 
 Knows nothing of where files live (the caller feeds record batches). Pure: pyarrow and numpy only.
@@ -447,7 +447,7 @@ def plan(book: Ledger, sizes: np.ndarray, cfg_limits: limits.InputLimits, ranges
 
 def document_batches(book: Ledger, f: Facts, chunk: int = 1 << 20) -> Iterable[pa.RecordBatch]:
     """The documents table (rows.DOCUMENT_SCHEMA), one input per row in listing order, in batches."""
-    from padoc_ray.pipeline.rows import DOCUMENT_SCHEMA, SKIPPED_CODES
+    from padoc_ray.output.rows import DOCUMENT_SCHEMA, SKIPPED_CODES
 
     codes = book.codes
     extra = ["ok", "partial", "failed", "incomplete", "missing", "skipped"]
@@ -482,7 +482,7 @@ def document_batches(book: Ledger, f: Facts, chunk: int = 1 << 20) -> Iterable[p
 def documents(book: Ledger, ranges, max_pages, *, current: bool = True) -> pa.Table:
     f = book.facts if (current and book.facts is not None) else analyze(book, ranges=ranges, max_pages=max_pages,
                                                                           current=current)
-    from padoc_ray.pipeline.rows import DOCUMENT_SCHEMA
+    from padoc_ray.output.rows import DOCUMENT_SCHEMA
 
     return pa.Table.from_batches(list(document_batches(book, f)), schema=DOCUMENT_SCHEMA)
 

@@ -28,7 +28,7 @@ LISTING_CODES = frozenset({MISSING_FILE, DISALLOWED_URI, FILE_TOO_LARGE})
 #: document-level codes a rerun always tries again (the listing's are decided again)
 RETRIED_CODES = LISTING_CODES | {READ_FAILED}
 
-#: listing sizes that are not sizes (see padoc_ray.pipeline.storage.MISSING / DISALLOWED)
+#: listing sizes that are not sizes (see padoc_ray.storage.MISSING / DISALLOWED)
 _MISSING, _DISALLOWED = -1, -2
 
 

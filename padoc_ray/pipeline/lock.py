@@ -24,7 +24,7 @@ import time
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 
-from padoc_ray.pipeline.storage import InputError, StorageConfig, is_s3, join, s3_client, split_s3
+from padoc_ray.storage import InputError, StorageConfig, is_s3, join, s3_client, split_s3
 
 logger = logging.getLogger(__name__)
 

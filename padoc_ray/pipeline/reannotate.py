@@ -42,10 +42,13 @@ import pyarrow as pa
 
 from padoc_ray.eval.agreement import AgreementConfig, compare_pages, difficulty
 from padoc_ray.eval.consensus import build_consensus, default_min_agree
-from padoc_ray.pipeline import rows
+from padoc_ray.groundtruth import GroundTruthError, parse_truth, source_for
+from padoc_ray.output import rows
+from padoc_ray.output.reader import read_rows
+from padoc_ray.output.rows import page_from_row
 from padoc_ray.pipeline.config import BatchConfig
-from padoc_ray.pipeline.storage import StorageConfig, filesystem, is_s3, join, list_inputs, read_bytes, write_bytes
-from padoc_ray.protocol.page import Box, Page, PageFormatError, Region, page_from_omnidocbench, page_to_omnidocbench
+from padoc_ray.protocol.page import Page, page_to_omnidocbench
+from padoc_ray.storage import StorageConfig, filesystem, is_s3, join, list_inputs, read_bytes, write_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -186,30 +189,24 @@ class Sources:
 
 
 def load_ground_truth(cfg: ReannotateConfig, sources: Sources | None = None) -> list[PageSlot]:
-    """Ground-truth pages with their source files; malformed or unplaceable pages carry a problem."""
+    """Ground-truth pages with their source files (:mod:`padoc_ray.groundtruth`'s one matching
+    rule); malformed or unplaceable pages carry a problem."""
     sources = sources or Sources(cfg.source, cfg.batch.storage)
-    objs = json.loads(read_bytes(cfg.gt, cfg.batch.storage).decode("utf-8"))
-    if not isinstance(objs, list):
-        raise ValueError(f"{cfg.gt}: expected a JSON list of pages (OmniDocBench format)")
-    files = sources.by_name
+    try:
+        entries = parse_truth(read_bytes(cfg.gt, cfg.batch.storage), cfg.gt)
+    except GroundTruthError as e:
+        raise ValueError(str(e)) from None
     out = []
-    for n, o in enumerate(objs):
-        info = o.get("page_info") if isinstance(o, dict) else None
-        name = str((info or {}).get("image_path") or f"<page {n}>")
-        try:
-            page = page_from_omnidocbench(o)
-        except PageFormatError as e:
-            out.append(PageSlot(name, None, -1, None, ("invalid_ground_truth", str(e))))
+    for t in entries:
+        if t.page is None:
+            out.append(PageSlot(t.name, None, -1, None, ("invalid_ground_truth", t.error)))
             continue
-        pdf = os.path.basename(str(info.get("source_pdf") or ""))
-        img = os.path.basename(name)
-        if pdf and pdf in files:
-            out.append(PageSlot(name, files[pdf], int(info.get("page_no") or 0), page))
-        elif img in files:
-            out.append(PageSlot(name, files[img], 0, page))
+        found = source_for(t.name, t.source, sources.by_name)
+        if found is not None:
+            out.append(PageSlot(t.name, found[0], found[1], t.page))
         else:
-            want = " or ".join(x for x in (pdf, img) if x)
-            out.append(PageSlot(name, None, -1, page, ("source_missing", f"{want} not found under {cfg.source}")))
+            want = " or ".join(x for x in (t.source[0] if t.source else "", t.name) if x)
+            out.append(PageSlot(t.name, None, -1, t.page, ("source_missing", f"{want} not found under {cfg.source}")))
     return out
 
 
@@ -246,21 +243,13 @@ def source_pages(sources: Sources, sets: dict) -> list[PageSlot]:
 
 def prediction_pages(output: str, storage: StorageConfig) -> dict[tuple[str, int], tuple[str, Page | None, int | None]]:
     """(source file name, page_index) -> (status, page, document page count) from a batch output's rows."""
-    from padoc_ray.pipeline.job import read_pages
-
-    t = read_pages(join(output, "pages"), storage, columns=["source_uri", "page_index", "page_count", "status",
-                                                        "image_width", "image_height", "regions", "processed_at"])
+    t = read_rows(join(output, "pages"), storage, ["source_uri", "page_index", "page_count", "status", "image_width",
+                                                  "image_height", "regions", "processed_at"])
     out: dict[tuple[str, int], tuple[str, Page | None, int | None]] = {}
     for r in sorted(t.to_pylist(), key=lambda r: r["processed_at"]):  # the newest row wins
         if r["page_index"] < 0:
             continue
-        regions = []
-        for k, reg in enumerate(r["regions"] or []):
-            b = reg.get("bbox") or [0, 0, 0, 0]
-            regions.append(Region(category=reg["category"], box=Box(*map(float, b)), content=reg.get("content"),
-                                  content_format=reg.get("content_format") or "text", order=reg.get("order", k)))
-        page = Page(width=r["image_width"] or 0, height=r["image_height"] or 0, regions=tuple(regions),
-                    page_no=r["page_index"]) if r["status"] == "ok" else None
+        page = page_from_row(r, on_bad_region=lambda *_: None) if r["status"] == "ok" else None
         out[(os.path.basename(r["source_uri"]), r["page_index"])] = (r["status"], page, r["page_count"])
     return out
 

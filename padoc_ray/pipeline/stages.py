@@ -24,10 +24,10 @@ import pyarrow as pa
 
 from padoc_ray import metrics
 from padoc_ray.pdf import doc_id_of
-from padoc_ray.pipeline import rows
+from padoc_ray.output import rows
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import listing_refusal, page_cap_error
-from padoc_ray.pipeline.storage import read_bytes
+from padoc_ray.storage import read_bytes
 from padoc_ray.raster import DocFailed, Opened, PageFailed, renderer_for
 
 logger = logging.getLogger(__name__)
@@ -136,8 +136,8 @@ class EngineStage:
             if self.host is not None:
                 return
             from padoc_ray.host import PageHost
-            from padoc_ray.local import truth_from_json
-            from padoc_ray.pipeline.storage import local_model_dir
+            from padoc_ray.groundtruth import truth_from_json
+            from padoc_ray.storage import local_model_dir
 
             truth = truth_from_json(read_bytes(self.cfg.replay_gt, self.cfg.storage)) if self.cfg.replay_gt else {}
             host = PageHost(local_model_dir(self.cfg.model, self.cfg.storage), self.cfg.host, truth=truth)

@@ -36,8 +36,8 @@ from ray.serve.exceptions import BackPressureError, RequestCancelledError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from padoc_ray.pdf import PdfError, doc_id_of
-from padoc_ray.pipeline import rows
-from padoc_ray.pipeline.storage import normalize_uri, read_bytes, s3_key_is_plain, under_prefix
+from padoc_ray.output import rows
+from padoc_ray.storage import normalize_uri, read_bytes, s3_key_is_plain, under_prefix
 from padoc_ray.serve import config as serve_config
 from padoc_ray.serve.config import ServeConfig
 from padoc_ray.serve.documents import (
@@ -131,8 +131,8 @@ class EngineReplica:
 
     async def __init__(self, cfg: ServeConfig):
         from padoc_ray.host import PageHost
-        from padoc_ray.local import truth_from_json
-        from padoc_ray.pipeline.storage import local_model_dir
+        from padoc_ray.groundtruth import truth_from_json
+        from padoc_ray.storage import local_model_dir
 
         truth = truth_from_json(read_bytes(cfg.replay_gt, cfg.storage)) if cfg.replay_gt else {}
         self.host = await PageHost(local_model_dir(cfg.model, cfg.storage), cfg.host, truth=truth).start()

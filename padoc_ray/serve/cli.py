@@ -85,7 +85,7 @@ def add_parser(sub) -> None:
 
 def config_from_args(args: argparse.Namespace):
     from padoc_ray.host import HostConfig
-    from padoc_ray.pipeline.storage import StorageConfig
+    from padoc_ray.storage import StorageConfig
     from padoc_ray.scheduler import SchedulerConfig
     from padoc_ray.serve.config import TOKEN_ENV, ServeConfig, token_digest
 
@@ -122,7 +122,7 @@ def _wait_ready(url: str, timeout_s: float, stop: threading.Event) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from padoc_ray.pipeline.storage import is_s3
+    from padoc_ray.storage import is_s3
 
     if args.replay and not is_s3(args.replay) and not os.path.isfile(args.replay):
         _die(f"--replay: {args.replay} does not exist")

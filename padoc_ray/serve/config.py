@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from padoc_ray.host import HostConfig
 from padoc_ray.pdf import RenderConfig
-from padoc_ray.pipeline.storage import StorageConfig
+from padoc_ray.storage import StorageConfig
 from padoc_ray.raster import ENCODINGS, RendererConfig
 
 TOKEN_ENV = "PADOC_RAY_API_TOKEN"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from padoc_ray.pdf import PdfError
-from padoc_ray.pipeline import rows
+from padoc_ray.output import rows
 from padoc_ray.raster import DocFailed, IsolatedRenderer, Opened, PageFailed, RendererConfig
 
 #: document-level codes that mean "too much", answered 413 (the rest of the document codes: 422)

@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from padoc_ray.pipeline import rows
-from padoc_ray.pipeline.storage import StorageConfig, filesystem, is_s3, join, write_bytes
+from padoc_ray.output import rows
+from padoc_ray.storage import StorageConfig, filesystem, is_s3, join, write_bytes
 
 _ID = re.compile(r"^[0-9a-f]{32}$")
 FINAL = frozenset({"done", "cancelled", "failed"})

@@ -31,13 +31,13 @@ This module knows nothing of attention kernels, optimizers or Ray.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from padoc_ray.protocol import Box, Page, PageFormatError, Region, SerializeError, page_from_omnidocbench, serialize_padoc
+from padoc_ray.protocol import Page, PageFormatError, SerializeError, page_from_omnidocbench, serialize_padoc
 
 from .tree import TreeLayout
 
@@ -153,7 +153,7 @@ class ImageRef:
         from PIL import Image, UnidentifiedImageError
 
         from padoc_ray.pdf import PdfError, RenderConfig, open_pdf, render_page
-        from padoc_ray.pipeline.storage import read_bytes
+        from padoc_ray.storage import read_bytes
 
         try:
             data = read_bytes(self.uri)
@@ -201,18 +201,18 @@ def pages_from_omnidocbench(gt_path: str, images_dir: str, spec=None, *, drop_ig
     A page that cannot be read, or whose image file is missing, is skipped with a reason.
     Raises ``ValueError`` when the file itself is not a JSON list of pages.
     """
-    with open(gt_path, encoding="utf-8") as f:
-        try:
-            objs = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{gt_path} is not valid JSON: {e}") from None
-    if not isinstance(objs, list):
-        raise ValueError(f"{gt_path} must hold a JSON list of OmniDocBench pages, got {type(objs).__name__}")
+    from padoc_ray.groundtruth import GroundTruthError, parse_truth
+
+    try:
+        with open(gt_path, "rb") as f:
+            entries = parse_truth(f.read(), gt_path)
+    except GroundTruthError as e:
+        raise ValueError(str(e)) from None
     refs, skipped = [], []
-    for i, obj in enumerate(objs):
-        name = f"{os.path.basename(gt_path)}[{i}]"
-        try:
-            page = page_from_omnidocbench(obj, spec, drop_ignored=drop_ignored)
+    for t in entries:
+        name = f"{os.path.basename(gt_path)}[{t.index}]"
+        try:  # again with the checkpoint's spec and the caller's choice of ignored regions
+            page = page_from_omnidocbench(t.obj, spec, drop_ignored=drop_ignored)
         except PageFormatError as e:
             skipped.append(Skipped(name, BAD_ANNOTATION, str(e)))
             continue
@@ -235,11 +235,11 @@ def pages_from_omnidocbench(gt_path: str, images_dir: str, spec=None, *, drop_ig
 def pages_from_batch_output(path: str) -> tuple[list[PageRef], list[Skipped]]:
     """Pages of padoc-ray batch output (``OUTPUT/pages/*.parquet`` or a folder/file of it) whose
     status is ``ok``; images are re-rendered from ``source_uri`` (PDF page or image file)."""
-    import pyarrow.dataset as pads
+    from padoc_ray.output.reader import read_rows
+    from padoc_ray.output.rows import RowFormatError, page_from_row
 
-    root = os.path.join(path, "pages") if os.path.isdir(os.path.join(path, "pages")) else path
     cols = ["source_uri", "page_index", "status", "regions", "image_width", "image_height"]
-    rows = pads.dataset(root, format="parquet").to_table(columns=cols).to_pylist()
+    rows = read_rows(path, columns=cols, must_exist=True).to_pylist()
     refs, skipped = [], []
     for r in rows:
         name = f"{r['source_uri']}#{r['page_index']}"
@@ -247,14 +247,10 @@ def pages_from_batch_output(path: str) -> tuple[list[PageRef], list[Skipped]]:
             skipped.append(Skipped(name, BAD_ANNOTATION, f"status {r['status']}"))
             continue
         try:
-            regs = sorted(r["regions"] or [], key=lambda g: g["order"])
-            regions = tuple(
-                Region(category=g["category"], box=Box(*(float(v) for v in g["bbox"])),
-                       content=g["content"], content_format=g["content_format"] or "text")
-                for g in regs)
-            page = Page(width=int(r["image_width"] or 1), height=int(r["image_height"] or 1), regions=regions,
-                        page_no=int(r["page_index"]))
-        except (TypeError, ValueError, KeyError) as e:
+            page = page_from_row(r)
+            page = dataclasses.replace(page, width=page.width or 1, height=page.height or 1,
+                                       regions=tuple(dataclasses.replace(g, order=None) for g in page.regions))
+        except RowFormatError as e:
             skipped.append(Skipped(name, BAD_ANNOTATION, str(e)))
             continue
         refs.append(PageRef(page, ImageRef(r["source_uri"], int(r["page_index"])), name))
@@ -319,7 +315,7 @@ class Packer:
     def __init__(self, model_dir: str, cfg: PackingConfig = PackingConfig(), *, rope_index: Callable | None = None):
         from transformers import AutoConfig, AutoImageProcessor
 
-        from padoc_ray.hf_tokenizer import ModelProtocol
+        from padoc_ray.checkpoint.tokenizer import ModelProtocol
 
         self.cfg = cfg
         self.proto = ModelProtocol(model_dir)

@@ -21,7 +21,7 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from padoc_ray.eval.batch_rows import pdf_source
+from padoc_ray.groundtruth import pdf_source
 from padoc_ray.eval.e2e.match import TEXT_CATEGORIES
 from padoc_ray.protocol.spec import DEFAULT_CATEGORIES
 

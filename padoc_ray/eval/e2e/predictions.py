@@ -18,7 +18,8 @@ from __future__ import annotations
 import glob
 import os
 
-from padoc_ray.eval.batch_rows import PageIndex, RowsInputError, match_rows, read_page_rows, row_label
+from padoc_ray.groundtruth import TruthIndex, match_rows, row_label
+from padoc_ray.output.reader import RowsInputError, read_rows
 from padoc_ray.eval.e2e.gt import E2EInputError, GtPage, Problem
 
 
@@ -62,14 +63,14 @@ def load_markdown_dir(folder: str, pages: list[GtPage]) -> tuple[dict[str, str |
 
 def read_parquet_rows(path: str) -> list[dict]:
     try:
-        return read_page_rows(path, ["source_uri", "page_index", "markdown", "status", "error_code", "processed_at"],
-                              required=["source_uri", "markdown"])
+        return read_rows(path, None, ["source_uri", "page_index", "markdown", "status", "error_code", "processed_at"],
+                         required=["source_uri", "markdown"], must_exist=True).to_pylist()
     except RowsInputError as e:
         raise E2EInputError(str(e)) from None
 
 
 def rows_to_markdown(rows: list[dict], pages: list[GtPage]) -> tuple[dict[str, str | None], list[Problem]]:
-    m = match_rows(rows, PageIndex((p.name, p.source) for p in pages))
+    m = match_rows(rows, TruthIndex((p.name, p.source) for p in pages))
     problems: list[Problem] = []
     for row in m.document_errors:
         problems.append(Problem(row_label(row), "extra_prediction",

@@ -1,22 +1,20 @@
-"""Parse pages on one local engine, without Ray: what ``parse-page`` runs.
+"""Local files (PDFs and page images) as pages for one :class:`~padoc_ray.host.PageHost`, without Ray.
 
-Renders PDF pages (or takes images) and runs them on a :class:`~padoc_ray.host.PageHost`.
-Optional teacher forcing from OmniDocBench ground truth (``--replay``, loaded by
-:func:`load_truth`) makes a random-weight model produce real-length, correct outputs.
+:func:`load_pages` renders PDF pages (or takes images as one-page documents); :func:`parse_local`
+runs them on a started host. What ``parse-page``, ``demo`` and the serving benchmarks feed an
+engine; teacher-forcing truth comes from :func:`padoc_ray.groundtruth.load_truth`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
-import json
 import os
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from padoc_ray.host import HostPage, PageHost
 from padoc_ray.pdf import PdfError, RenderConfig, doc_id_of, iter_pages, open_pdf
-from padoc_ray.protocol import Page, page_from_omnidocbench
 from padoc_ray.scheduler import PageRecord
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
@@ -28,28 +26,6 @@ class LocalPage:
     page_index: int
     page: HostPage | None
     error: PdfError | None = None
-
-
-def load_truth(gt_path: str | None) -> dict[tuple[str, int], Page]:
-    """Ground truth keyed by (source PDF name, page_no) and by (image name, 0)."""
-    if not gt_path:
-        return {}
-    with open(gt_path, "rb") as f:
-        return truth_from_json(f.read())
-
-
-def truth_from_json(data: bytes) -> dict[tuple[str, int], Page]:
-    objs = json.loads(data.decode("utf-8"))
-    out = {}
-    for o in objs:
-        page = page_from_omnidocbench(o)
-        info = o.get("page_info", {})
-        if info.get("source_pdf"):  # a page of a PDF: (file name, 0-based page_no)
-            out[(os.path.basename(info["source_pdf"]), int(info.get("page_no", 0) or 0))] = page
-        if info.get("image_path"):  # the page image itself is a one-page document; OmniDocBench's
-            # page_no is then the page's number in a PDF we do not have, so it is not part of the key
-            out.setdefault((os.path.basename(info["image_path"]), 0), page)
-    return out
 
 
 def load_pages(paths: Sequence[str], *, render: RenderConfig = RenderConfig(),

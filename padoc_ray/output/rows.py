@@ -3,18 +3,19 @@
 A page row is written for every selected page of every input, whatever happened to it; a document
 that cannot be opened at all (not a PDF, empty, encrypted, corrupt, no pages) gets one row with
 ``page_index = -1`` carrying its error, so every input is accounted for in ``pages/``. The
-``documents/`` table is derived from ``pages/``. Pure: pyarrow only (no ray, vllm or torch).
+``documents/`` table is derived from ``pages/``; :func:`page_from_row` reads a row back as a protocol
+``Page``. Pure: pyarrow only (no ray, vllm or torch).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from padoc_ray.protocol import to_markdown
+from padoc_ray.protocol import Box, Page, Region, to_markdown
 
 REGION_TYPE = pa.struct([
     ("order", pa.int32()),  # reading-order position, 0-based
@@ -198,3 +199,43 @@ def current_rows(table: pa.Table) -> pa.Table:
     page = columns.ints(table.column("page_index"), -1, np.int32)
     t = columns.ints(pc.cast(table.column("processed_at"), pa.int64()), -1, np.int64)
     return table.filter(pa.array(ledger.current_mask(u, page, t)))
+
+
+class RowFormatError(ValueError):
+    """A page row whose regions cannot be read back (a missing or malformed box)."""
+
+
+def region_box(reg: Mapping) -> Box:
+    """A region struct's normalized box; :class:`RowFormatError` when missing or malformed."""
+    bbox = reg.get("bbox") if isinstance(reg, Mapping) else None
+    try:
+        if not isinstance(bbox, (list, tuple)) or len(bbox) != 4:
+            raise TypeError
+        return Box(*(float(v) for v in bbox))
+    except (TypeError, ValueError):
+        raise RowFormatError(f"region bbox missing or malformed: {bbox!r:.60}") from None
+
+
+def page_from_row(row: Mapping, *, on_bad_region: Callable[[int, Mapping, str], None] | None = None) -> Page:
+    """A page row (its ``regions``, ``image_width``/``image_height``, ``page_index``) as a protocol
+    :class:`Page`, regions in reading order. The one converter from the row schema: readers of
+    outputs (``show``, ``reannotate``, the evaluators, the trainer) all go through it.
+
+    A region whose box is missing or malformed raises :class:`RowFormatError`, or, with
+    ``on_bad_region``, is reported to it as (position, region, message) and left out."""
+    regs = [r for r in (row.get("regions") or []) if isinstance(r, Mapping)]
+    regs = sorted(enumerate(regs), key=lambda kr: (kr[1].get("order") is None, kr[1].get("order") or 0, kr[0]))
+    regions = []
+    for k, reg in regs:
+        try:
+            box = region_box(reg)
+        except RowFormatError as e:
+            if on_bad_region is None:
+                raise
+            on_bad_region(k, reg, str(e))
+            continue
+        regions.append(Region(category=reg.get("category"), box=box, content=reg.get("content"),
+                              content_format=reg.get("content_format") or "text",
+                              order=reg["order"] if reg.get("order") is not None else k))
+    return Page(width=int(row.get("image_width") or 0), height=int(row.get("image_height") or 0),
+                regions=tuple(regions), page_no=int(row.get("page_index") or 0))

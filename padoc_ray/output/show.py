@@ -41,12 +41,12 @@ def find_row(output: str, doc: str, page: int, storage=None) -> dict:
     """The page row of ``doc`` (a doc_id, a unique doc_id prefix, or a source file name) and ``page``."""
     import pyarrow.compute as pc
 
-    from padoc_ray.pipeline.job import read_pages
-    from padoc_ray.pipeline.storage import StorageConfig, join
+    from padoc_ray.output.reader import read_rows
+    from padoc_ray.storage import StorageConfig, join
 
     cols = ["doc_id", "source_uri", "page_index", "status", "error_code", "image_width", "image_height",
             "regions", "run_id", "processed_at"]
-    t = read_pages(join(output, "pages"), storage or StorageConfig(), columns=cols)
+    t = read_rows(join(output, "pages"), storage or StorageConfig(), cols)
     if t.num_rows == 0:
         raise ShowError(f"no page rows under {join(output, 'pages')} (is this a padoc-ray batch output?)")
     ids = t.column("doc_id").to_pylist()
@@ -66,25 +66,17 @@ def find_row(output: str, doc: str, page: int, storage=None) -> dict:
 
 
 def row_boxes(row: dict) -> list[Box]:
-    out = []
-    for i, r in enumerate(row.get("regions") or []):
-        b = r.get("bbox")
-        if not b or len(b) != 4:
-            continue
-        out.append(Box(r["category"], *map(float, b), order=r.get("order", i)))
-    return out
+    from padoc_ray.output.rows import page_from_row
+
+    page = page_from_row(row, on_bad_region=lambda *_: None)  # a box that cannot be drawn is left out
+    return [Box(r.category, *r.box.as_tuple(), order=r.order) for r in page.regions]
 
 
-def truth_boxes(gt_path: str, source_uri: str, page_index: int) -> list[Box] | None:
-    """Ground-truth boxes for a page, matched by (file name, page_no) or the `<pdf>_<page>` image name."""
-    from padoc_ray.local import load_truth
+def truth_boxes(gt_path: str, source_uri: str, page_index: int, storage=None) -> list[Box] | None:
+    """Ground-truth boxes for a page, matched by :mod:`padoc_ray.groundtruth`'s one rule."""
+    from padoc_ray.groundtruth import load_truth
 
-    truth = load_truth(gt_path)
-    name = os.path.basename(source_uri)
-    page = truth.get((name, page_index))
-    if page is None:
-        stem = f"{name}_{page_index}"
-        page = next((p for (n, _), p in truth.items() if os.path.splitext(n)[0] == stem), None)
+    page = load_truth(gt_path, storage).get((os.path.basename(source_uri), page_index))
     if page is None:
         return None
     return [Box(r.category, *r.box.as_tuple(), order=i) for i, r in enumerate(page.regions)]
@@ -92,7 +84,7 @@ def truth_boxes(gt_path: str, source_uri: str, page_index: int) -> list[Box] | N
 
 def render_source(row: dict, storage=None):
     from padoc_ray.pdf import PdfError, RenderConfig, open_document, render_page
-    from padoc_ray.pipeline.storage import StorageConfig, read_bytes
+    from padoc_ray.storage import StorageConfig, read_bytes
 
     try:
         data = read_bytes(row["source_uri"], storage or StorageConfig())
@@ -165,7 +157,7 @@ def show_page(output: str, doc: str, page: int, out_path: str, *, gt: str | None
                               f"({os.path.basename(row['source_uri'])} p{page})")]
     truth = None
     if gt:
-        truth = truth_boxes(gt, row["source_uri"], page)
+        truth = truth_boxes(gt, row["source_uri"], page, storage)
         if truth is None:
             raise ShowError(f"no ground-truth page for {os.path.basename(row['source_uri'])} page {page} in {gt}")
         panels.append(draw(img, truth, f"ground truth: {len(truth)} regions"))

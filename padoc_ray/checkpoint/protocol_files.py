@@ -2,7 +2,7 @@
 template with the page prompts, ``padoc_protocol.json``.
 
 One code path for both checkpoint makers: the tiny builder (:mod:`.tiny`) and ``init-model``
-(:mod:`.init_model`) extend a tokenizer with :func:`add_protocol_tokens` and write the PaDoc files
+(:mod:`.init`) extend a tokenizer with :func:`add_protocol_tokens` and write the PaDoc files
 with :func:`save_tokenizer_files`, so a checkpoint made from a real base holds exactly what the tiny
 one holds.
 """

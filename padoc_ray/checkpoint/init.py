@@ -225,7 +225,7 @@ def build(base_dir: str, out_dir: str, spec: ProtocolSpec, info: BaseInfo, *, ba
 def check_checkpoint(out_dir: str, spec: ProtocolSpec, n_tokens: int, rows: int) -> None:
     """Cheap structural checks of a written checkpoint (no engine): the protocol resolves, prompts
     hold one image placeholder, every token id has an embedding row."""
-    from padoc_ray.hf_tokenizer import ModelProtocol
+    from padoc_ray.checkpoint.tokenizer import ModelProtocol
 
     proto = ModelProtocol(out_dir)  # every protocol token one id, distinct; one image pad per prompt
     if len(proto.tokenizer.hf) != n_tokens:
@@ -250,7 +250,7 @@ def verify_in_vllm(model_dir: str, *, preset: str = "auto", timeout_s: float = 6
 
     from padoc_ray.engine.config import engine_preset
     from padoc_ray.engine.interface import GenRequest
-    from padoc_ray.hf_tokenizer import ModelProtocol
+    from padoc_ray.checkpoint.tokenizer import ModelProtocol
 
     proto = ModelProtocol(model_dir)
     v = proto.vocab
@@ -299,7 +299,7 @@ def init_model(base: str, out: str, *, spec: ProtocolSpec | None = None, force: 
 
     Raises :class:`InitModelError` for a refused base or output, :class:`VerifyError` when vLLM
     cannot run the result (nothing is left at ``out`` then)."""
-    from padoc_ray.pipeline.storage import StorageConfig, is_s3, local_model_dir
+    from padoc_ray.storage import StorageConfig, is_s3, local_model_dir
 
     spec = spec or ProtocolSpec()
     out = os.path.abspath(out)
