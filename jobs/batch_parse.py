@@ -6,19 +6,17 @@
 Same flags as ``padoc-ray parse`` (run ``python jobs/batch_parse.py --help``).
 """
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the working dir's package
 
-from padoc_ray.pipeline.cli_args import DESCRIPTION, add_batch_args, run_from_args  # noqa: E402
+from padoc_ray.cli.batch import DESCRIPTION, add_batch_args, run_from_args  # noqa: E402
+from padoc_ray.cli.common import job_main  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="batch_parse.py", description=DESCRIPTION)
-    add_batch_args(p)
-    return run_from_args(p.parse_args(argv))
+    return job_main("batch_parse.py", DESCRIPTION, add_batch_args, run_from_args, argv)
 
 
 if __name__ == "__main__":

@@ -7,19 +7,17 @@
 Same flags as ``padoc-ray reannotate`` (run ``python jobs/reannotate.py --help``).
 """
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the working dir's package
 
-from padoc_ray.pipeline.cli_args import REANNOTATE_DESCRIPTION, add_reannotate_args, reannotate_from_args  # noqa: E402
+from padoc_ray.cli.batch import REANNOTATE_DESCRIPTION, add_reannotate_args, reannotate_from_args  # noqa: E402
+from padoc_ray.cli.common import job_main  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="reannotate.py", description=REANNOTATE_DESCRIPTION)
-    add_reannotate_args(p)
-    return reannotate_from_args(p.parse_args(argv))
+    return job_main("reannotate.py", REANNOTATE_DESCRIPTION, add_reannotate_args, reannotate_from_args, argv)
 
 
 if __name__ == "__main__":

@@ -7,24 +7,17 @@
 Same flags as ``padoc-ray train`` (run ``python jobs/train.py --help``).
 """
 
-import argparse
-import logging
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the working dir's package
 
-from padoc_ray.trainer.cli import DESCRIPTION, add_train_args, run_from_args  # noqa: E402
+from padoc_ray.cli.train import DESCRIPTION, add_train_args, run_from_args  # noqa: E402
+from padoc_ray.cli.common import job_main  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="train.py", description=DESCRIPTION)
-    add_train_args(p)
-    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_from_args(args)
+    return job_main("train.py", DESCRIPTION, add_train_args, run_from_args, argv)
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def model_protocol(tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def loop_thread():
-    from padoc_ray.utils.aio import LoopThread
+    from tests.aio import LoopThread
 
     lt = LoopThread("test-engine-loop")
     yield lt

@@ -329,7 +329,7 @@ def test_qwen3vl_hook_errors(tiny_model):
 
 # ---- the benchmark ----------------------------------------------------------------------------------
 def test_random_tree_shape():
-    from padoc_ray.trainer.bench_attention import random_tree
+    from padoc_ray.bench.attention import random_tree
 
     rng = random.Random(1)
     for s in (40, 2048, 16384):

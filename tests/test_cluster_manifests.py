@@ -252,7 +252,7 @@ def test_rayjob_flags_are_the_batch_jobs():
     GPUs per actor as a GPU pod has and no more engine actors than GPU pods."""
     import argparse
 
-    from padoc_ray.pipeline.cli_args import add_batch_args, config_from_args
+    from padoc_ray.cli.batch import add_batch_args, config_from_args
 
     argv, _ = rayjob_entrypoint()
     assert argv[:2] == ["python", f"{APP_DIR}/jobs/batch_parse.py"]

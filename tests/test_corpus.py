@@ -16,7 +16,7 @@ import pypdfium2 as pdfium  # noqa: E402
 import reportlab  # noqa: E402,F401
 
 from padoc_ray.corpus import generate as gen  # noqa: E402
-from padoc_ray.corpus.cli import register  # noqa: E402
+from padoc_ray.cli.corpus import register  # noqa: E402
 from padoc_ray.corpus.generate import GenerateConfig, generate_corpus  # noqa: E402
 from padoc_ray.corpus.profiles import PROFILES  # noqa: E402
 from padoc_ray.corpus.verify import verify_corpus  # noqa: E402
@@ -77,6 +77,16 @@ def test_verify_cli_reports_skipped_scans(corpora, capsys):
     out = capsys.readouterr().out
     n_scanned = sum(1 for g in gt if g["page_info"]["scanned"])
     assert f"{n_scanned} scanned pages skipped (no text layer)" in out and out.strip().endswith("OK")
+
+
+def test_the_bundled_examples_are_verified_by_the_corpus_verifier():
+    """examples/*.pdf are fixed files; their ground truth is checked by the one verifier."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ex = os.path.join(root, "examples")
+    rep = verify_corpus(ex, os.path.join(ex, "ground_truth.json"), ex)
+    pdfs = sorted(f for f in os.listdir(ex) if f.endswith(".pdf"))
+    assert rep.ok and len(rep.pages) == sum(len(pdfium.PdfDocument(os.path.join(ex, f))) for f in pdfs) == 5
+    assert {p.source for p in rep.pages} == set(pdfs) and all(p.coverage == 1.0 for p in rep.pages)
 
 
 def test_verify_catches_wrong_ground_truth(corpora, tmp_path):

@@ -411,6 +411,6 @@ def test_e2e_package_imports_no_heavy_frameworks():
     code = ("import sys\nclass B:\n    def find_spec(self, name, path=None, target=None):\n"
             "        if name.split('.')[0] in {'ray', 'vllm', 'torch', 'transformers', 'pyarrow'}:\n"
             "            raise ImportError(name)\nsys.meta_path.insert(0, B())\n"
-            "import padoc_ray.eval.e2e, padoc_ray.eval.e2e_cli\nprint('ok')")
+            "import padoc_ray.eval.e2e, padoc_ray.cli.evaluate\nprint('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

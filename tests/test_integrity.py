@@ -483,7 +483,8 @@ def test_resume_and_leftover_cleanup_on_an_s3_output(s3, tiny_model_dir, tmp_pat
 # ---- exit codes and configuration checks of the batch commands -----------------------------------------------
 def _patched_no_work(monkeypatch):
     """The pipeline "loses" its work (writes nothing) and no Ray starts: what exit code 1 is for."""
-    from padoc_ray.pipeline import cli_args, job
+    from padoc_ray.cli import batch as cli_args
+    from padoc_ray.pipeline import job
 
     monkeypatch.setattr(job, "_pipeline", lambda work, cfg, model_id: None)
     monkeypatch.setattr(cli_args, "_init_ray", lambda args: None)
@@ -491,7 +492,7 @@ def _patched_no_work(monkeypatch):
 
 def test_parse_exits_1_when_an_input_is_not_accounted_for_and_2_on_bad_arguments(tmp_path, monkeypatch, capsys):
     from padoc_ray.cli import build_parser
-    from padoc_ray.pipeline.cli_args import run_from_args
+    from padoc_ray.cli.batch import run_from_args
 
     _patched_no_work(monkeypatch)
     inp = tmp_path / "in"
@@ -515,8 +516,9 @@ def test_parse_exits_1_when_an_input_is_not_accounted_for_and_2_on_bad_arguments
 
 
 def test_reannotate_exit_codes(tmp_path, monkeypatch, capsys):
-    from padoc_ray.cli import EXAMPLES_DIR, build_parser
-    from padoc_ray.pipeline.cli_args import reannotate_from_args
+    from padoc_ray.cli import build_parser
+    from padoc_ray.cli.common import EXAMPLES_DIR
+    from padoc_ray.cli.batch import reannotate_from_args
 
     _patched_no_work(monkeypatch)
     parser = build_parser()
@@ -570,7 +572,7 @@ def test_batch_config_refuses_each_bad_field(field, value, message, tmp_path):
 
 
 def test_the_s3_endpoint_comes_from_the_flag_else_the_environment(monkeypatch):
-    from padoc_ray.pipeline.cli_args import config_from_args
+    from padoc_ray.cli.batch import config_from_args
 
     from padoc_ray.cli import build_parser
 

@@ -134,7 +134,7 @@ def test_engine_resources_flag_reaches_the_config_and_bad_requests_are_refused(c
     CPU/GPU/memory, amounts <= 0 and non-objects are refused with a message naming the problem."""
     import argparse
 
-    from padoc_ray.pipeline.cli_args import add_batch_args, config_from_args
+    from padoc_ray.cli.batch import add_batch_args, config_from_args
 
     p = argparse.ArgumentParser()
     add_batch_args(p)

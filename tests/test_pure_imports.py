@@ -1,5 +1,8 @@
 """The pure core imports no ray, vllm, torch or transformers: proven by importing it with those blocked."""
 
+import ast
+import os
+import pkgutil
 import subprocess
 import sys
 
@@ -20,17 +23,52 @@ assert not loaded, loaded
 print("ok")
 """
 
-PURE = [
-    "padoc_ray.protocol",
-    "padoc_ray.protocol.bytes_tokenizer",
-    "padoc_ray.scheduler",
-    "padoc_ray.engine",
-    "padoc_ray.engine.interface",
-    "padoc_ray.engine.config",
-    "padoc_ray.eval.agreement",
-    "padoc_ray.eval.consensus",
-    "padoc_ray.eval.importers",
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: the pure core (README "Repository layout"): whole packages, every module in them, and single modules
+PURE_PACKAGES = ["padoc_ray.protocol", "padoc_ray.scheduler", "padoc_ray.eval.e2e"]
+PURE_MODULES = [
+    "padoc_ray.engine", "padoc_ray.engine.interface", "padoc_ray.engine.config", "padoc_ray.engine.fake",
+    "padoc_ray.engine.faults",
+    "padoc_ray.eval.pageiou", "padoc_ray.eval.agreement", "padoc_ray.eval.consensus", "padoc_ray.eval.importers",
+    "padoc_ray.trainer.tree", "padoc_ray.groundtruth",
 ]
+#: pure at import; may look for torch when asked (engine.config: is there a GPU?)
+IMPORT_ONLY = {"padoc_ray.engine.config"}
+#: never imported by the pure core, not even inside a function (pyarrow may be, lazily, for file I/O)
+HEAVY = {"ray", "vllm", "torch", "transformers", "tokenizers"}
+
+
+def pure_modules() -> list[str]:
+    out = []
+    for pkg in PURE_PACKAGES:
+        folder = os.path.join(ROOT, *pkg.split("."))
+        out.append(pkg)
+        out += [f"{pkg}.{m.name}" for m in pkgutil.walk_packages([folder]) if not m.ispkg]
+    return out + PURE_MODULES
+
+
+def _source(mod: str) -> str:
+    path = os.path.join(ROOT, *mod.split("."))
+    return path + "/__init__.py" if os.path.isdir(path) else path + ".py"
+
+
+PURE = pure_modules()
+
+
+def test_pure_core_never_imports_heavy_packages_even_lazily():
+    """A static check of every import statement, at module level or inside functions."""
+    assert "padoc_ray.eval.pageiou" in PURE and "padoc_ray.trainer.tree" in PURE and "padoc_ray.protocol.codec" in PURE
+    bad = []
+    for mod in PURE:
+        if mod in IMPORT_ONLY:
+            continue
+        tree = ast.parse(open(_source(mod), encoding="utf-8").read())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            bad += [f"{mod}: {n}" for n in names if n.split(".")[0] in HEAVY]
+    assert not bad, bad
 
 
 def test_pure_modules_import_with_heavy_packages_blocked():

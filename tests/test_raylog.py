@@ -8,7 +8,7 @@ import sys
 SCRIPT = r"""
 import os, re, sys
 sys.path.insert(0, {root!r})
-from padoc_ray.utils.raylog import KNOWN_NOISE, filter_stderr
+from padoc_ray.ray_init import KNOWN_NOISE, filter_stderr
 filter_stderr(KNOWN_NOISE)
 noise = (b"[2026-11-30 13:30:38,464 E 4837 4837] core_worker.cc:2465: Actor with class name: "
          b"'MapWorker(MapBatches(EngineStage))' and ID: '05526d12666b1398123af84801000000' has constructor "

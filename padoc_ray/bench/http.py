@@ -126,7 +126,7 @@ def _http(model: str, gt: str, items: list[Item], concurrencies, n: int, host_cf
 
     from padoc_ray.serve.app import build_app
     from padoc_ray.serve.config import ServeConfig, token_digest
-    from padoc_ray.utils.raylog import init_ray
+    from padoc_ray.ray_init import init_ray
 
     token = uuid.uuid4().hex
     port = _free_port()

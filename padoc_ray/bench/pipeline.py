@@ -36,7 +36,7 @@ def noop_pipeline(paths: list[str], model: str, dpi: float, out: str, *, pages_i
     from padoc_ray.pdf import RenderConfig
     from padoc_ray.pipeline.config import BatchConfig
     from padoc_ray.pipeline.job import run_batch
-    from padoc_ray.utils.raylog import init_ray
+    from padoc_ray.ray_init import init_ray
 
     manifest = os.path.join(out, "inputs.txt")
     with open(manifest, "w") as f:

@@ -371,7 +371,7 @@ def init_ray(address: str | None) -> None:
     """Join the cluster at ``address`` (or RAY_ADDRESS), else start a fresh local one. Token
     authentication is left as Ray sets it (on for a new local cluster; joining a cluster needs its
     token, e.g. RAY_AUTH_MODE=token with ~/.ray/auth_token): never turned off here."""
-    from padoc_ray.utils.raylog import init_ray as start
+    from padoc_ray.ray_init import init_ray as start
 
     start(address or os.environ.get("RAY_ADDRESS") or "local", verbose=True, filter_noise=False)
 

@@ -19,7 +19,6 @@ import glob
 import os
 
 from padoc_ray.groundtruth import TruthIndex, match_rows, row_label
-from padoc_ray.output.reader import RowsInputError, read_rows
 from padoc_ray.eval.e2e.gt import E2EInputError, GtPage, Problem
 
 
@@ -62,6 +61,8 @@ def load_markdown_dir(folder: str, pages: list[GtPage]) -> tuple[dict[str, str |
 # Parquet
 
 def read_parquet_rows(path: str) -> list[dict]:
+    from padoc_ray.output.reader import RowsInputError, read_rows
+
     try:
         return read_rows(path, None, ["source_uri", "page_index", "markdown", "status", "error_code", "processed_at"],
                          required=["source_uri", "markdown"], must_exist=True).to_pylist()

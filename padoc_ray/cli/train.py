@@ -1,6 +1,6 @@
 """Command-line flags of training, shared by ``padoc-ray train`` and ``jobs/train.py``.
 
-``add_parser(sub)`` adds ``train`` to the ``padoc-ray`` subcommands; ``add_train_args(p)`` adds
+``register(sub)`` adds ``train`` to the ``padoc-ray`` subcommands; ``add_train_args(p)`` adds
 the flags to any parser; ``run_from_args(args)`` validates, runs and returns an exit code (0 done,
 1 the run failed, 2 bad usage or inputs; user errors are one line on stderr, no traceback).
 """
@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from padoc_ray.utils.argtypes import positive
+from padoc_ray.cli.common import add_command, positive
 
 DESCRIPTION = """\
 Train a PaDoc checkpoint on annotated pages with ancestor attention: each page becomes one packed
@@ -72,8 +72,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="Ray cluster address (default: RAY_ADDRESS, else a local cluster started for this run)")
 
 
-def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("train", help="train a checkpoint with ancestor attention on Ray Train (FSDP2)",
+def register(sub) -> argparse.ArgumentParser:
+    p = add_command(sub, "train", help="train a checkpoint with ancestor attention on Ray Train (FSDP2)",
                        description=DESCRIPTION + " Same flags as jobs/train.py.")
     add_train_args(p)
     p.set_defaults(func=run_from_args)
@@ -86,7 +86,7 @@ def _error(msg: str, code: int = 2) -> int:
 
 
 def config_from_args(args: argparse.Namespace):
-    from .ray_train import TrainJobConfig
+    from padoc_ray.trainer.ray_train import TrainJobConfig
 
     return TrainJobConfig(
         model=args.model, out=args.out, steps=args.steps, gt=args.gt, images=args.images,
@@ -99,7 +99,7 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    from .ray_train import TrainInputError, check_inputs, run_training
+    from padoc_ray.trainer.ray_train import TrainInputError, check_inputs, run_training
 
     try:
         cfg = config_from_args(args)

@@ -1,9 +1,12 @@
-"""`padoc-ray eval e2e`: OmniDocBench v1.6 end-to-end metrics of predicted Markdown.
+"""``eval layout`` (PageIoU, paper App. B) and ``eval e2e`` (OmniDocBench v1.6 end-to-end metrics).
 
-Argument parsing and printing only; the protocol lives in :mod:`padoc_ray.eval.e2e`.
+Argument parsing and printing only: the metrics live in :mod:`padoc_ray.eval` (``pageiou``,
+``layout``, ``e2e``).
 """
 
 from __future__ import annotations
+
+from padoc_ray.cli.common import add_command, group_help
 
 import json
 import math
@@ -11,7 +14,92 @@ import os
 import sys
 import time
 
-DESCRIPTION = (
+LAYOUT_DESCRIPTION = (
+    "Score predicted layouts against OmniDocBench ground truth with PageIoU (paper App. B): coverage-based "
+    "IoU, F1, precision and recall per class (text, image, table, formula, full page; Overall = mean of the "
+    "first four), page-level macro averages, in all four protocols (binary|countable x acceptable|"
+    "ignore_acceptable; countable/acceptable is the headline). PRED is OmniDocBench JSON or padoc-ray batch "
+    "Parquet (an output folder with pages/*.parquet, or a .parquet file). Prints a Markdown table, writes "
+    "OUT.json and a per-page CSV beside it (OUT.pages.csv), and summarizes input problems on stderr. Exit 0 "
+    "when the evaluation ran (bad pages are reported, not fatal), 2 on usage errors.")
+
+
+def _err(msg: str) -> int:
+    print(f"padoc-ray: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _pred_map(text: str):
+    from padoc_ray.eval.pageiou import PRED_MAPPINGS
+
+    if text in PRED_MAPPINGS:
+        return text
+    with open(text, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError("a --pred-map file must hold a JSON object: category -> list of classes")
+    return data
+
+
+def cmd_eval_layout(args) -> int:
+    from padoc_ray.eval import layout as L
+    from padoc_ray.eval.pageiou import PageIoUConfig
+
+    try:
+        pm = _pred_map(args.pred_map)
+    except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        return _err(f"--pred-map {args.pred_map}: {e}")
+    try:
+        cfg = PageIoUConfig(backend=args.backend, grid=args.grid, pred_map=pm)
+    except ValueError as e:
+        return _err(str(e))
+    out_dir = os.path.dirname(os.path.abspath(args.json))
+    if not os.path.isdir(out_dir):
+        return _err(f"folder for --json does not exist: {out_dir}")
+    try:
+        gt = L.load_ground_truth(args.gt, fix_swapped=not args.keep_page_size)
+        pred = L.load_predictions(args.pred, gt, fix_swapped=not args.keep_page_size)
+    except L.LayoutInputError as e:
+        return _err(str(e))
+    t = time.perf_counter()
+    rep = L.evaluate_layout(gt, pred, cfg)
+    took = time.perf_counter() - t
+    csv_path = L.pages_csv_path(args.json)
+    with open(args.json, "w", encoding="utf-8") as f:
+        json.dump(L.report_json(rep), f, indent=2)
+    L.write_pages_csv(rep, csv_path)
+    print(L.format_markdown(rep))
+    print(L.problems_summary(rep), file=sys.stderr)
+    print(f"scored {rep.counts['evaluated']} pages in {took:.2f}s; wrote {args.json} and {csv_path}", file=sys.stderr)
+    return 0
+
+
+def _register_layout(esub) -> None:
+    p = add_command(esub, "layout", help="PageIoU layout metrics (paper App. B) against OmniDocBench ground truth",
+                        description=LAYOUT_DESCRIPTION)
+    p.add_argument("--gt", required=True, metavar="GT.json", help="OmniDocBench ground-truth JSON (a list of pages)")
+    p.add_argument("--pred", required=True, metavar="PRED",
+                   help="predictions: OmniDocBench JSON, a padoc-ray batch output folder, or a .parquet file")
+    p.add_argument("--json", required=True, metavar="OUT.json",
+                   help="write the summary here ({'<count>/<category>': {'<class>': {iou, f1, precision, recall}}} "
+                        "plus support, pages, problems, config); the per-page CSV goes beside it")
+    p.add_argument("--backend", choices=("exact", "raster"), default="exact",
+                   help="exact: coordinate-compressed exact areas (what results use); raster: a GRID x GRID "
+                        "pixel cross-check (default exact)")
+    p.add_argument("--grid", type=int, default=1000, help="raster backend: cells per side (default 1000)")
+    p.add_argument("--pred-map", default="soft", metavar="soft|include|FILE.json",
+                   help="how predicted categories map to classes: soft (include or acceptable category of the "
+                        "class; default), include (include categories only), or a JSON file "
+                        "{category: [classes]} for another parser's labels")
+    p.add_argument("--keep-page-size", action="store_true",
+                   help="trust page_info width/height even where the boxes only fit them exchanged (by default such "
+                        "pages, e.g. 10 of the 18 OmniDocBench demo pages, use the exchanged size; reported as "
+                        "swapped_size)")
+    p.set_defaults(func=cmd_eval_layout)
+
+
+# ---- eval e2e ------------------------------------------------------------------------------------
+E2E_DESCRIPTION = (
     "Score predicted Markdown against OmniDocBench ground truth with the OmniDocBench v1.6 end-to-end protocol: "
     "Text Edit, Formula Edit (CDM itself needs a TeX toolchain: pass a CDM computed elsewhere with --cdm or "
     "--cdm-file, otherwise Overall uses (1 - Formula Edit) x 100 and is flagged as a proxy), Table TEDS and "
@@ -22,11 +110,6 @@ DESCRIPTION = (
     "OUT.json, a per-page CSV beside it (OUT.pages.csv) and the matched formula pairs (OUT.formulas.json, for an "
     "external CDM run); input problems are reported per page and summarized on stderr. Exit 0 when the "
     "evaluation ran (bad pages are reported, not fatal), 2 on usage errors.")
-
-
-def _err(msg: str) -> int:
-    print(f"padoc-ray: error: {msg}", file=sys.stderr)
-    return 2
 
 
 def read_cdm_file(path: str) -> float:
@@ -110,7 +193,7 @@ def _percent(text: str) -> float:
     return v
 
 
-def add_parser(esub) -> None:
+def _register_e2e(esub) -> None:
     import argparse
 
     def percent(text: str) -> float:
@@ -119,7 +202,7 @@ def add_parser(esub) -> None:
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
 
-    p = esub.add_parser("e2e", description=DESCRIPTION,
+    p = add_command(esub, "e2e", description=E2E_DESCRIPTION,
                         help="OmniDocBench v1.6 end-to-end metrics (Text/Formula Edit, TEDS, Read Order, Overall)")
     p.add_argument("--gt", required=True, metavar="GT.json", help="OmniDocBench ground-truth JSON (a list of pages)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -136,3 +219,13 @@ def add_parser(esub) -> None:
                           "upstream evaluator's *_metric_result.json or *_run_summary.json")
     p.add_argument("--label", default="this run", help="row label of the printed table (default: %(default)s)")
     p.set_defaults(func=cmd_eval_e2e)
+
+
+def register(sub) -> None:
+    ev = add_command(sub, "eval", help="evaluate predictions against OmniDocBench-format ground truth",
+                        description="Evaluate parser output. `layout`: PageIoU (paper App. B). "
+                                    "`e2e`: OmniDocBench v1.6 end-to-end metrics.")
+    esub = ev.add_subparsers(dest="eval_command", metavar="EVAL")
+    _register_layout(esub)
+    _register_e2e(esub)
+    group_help(ev)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
+from padoc_ray.cli.common import add_command, start_ray
 from padoc_ray.host import HostConfig
 from padoc_ray.pdf import RenderConfig
 from padoc_ray.pipeline.config import BatchConfig
@@ -52,7 +52,7 @@ def _resources(text: str) -> dict[str, float]:
 def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
     """The batch job's flags; ``job_io=False`` leaves out --input, --output and --mode (for jobs that
     derive them, like re-annotation)."""
-    from padoc_ray.cli import parse_page_ranges
+    from padoc_ray.cli.common import page_ranges as parse_page_ranges
 
     io = p.add_argument_group("input and output")
     if job_io:
@@ -138,7 +138,6 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
                    help="page rows per Parquet file; progress is saved file by file (default 64)")
     p.add_argument("--address", default=None,
                    help="Ray cluster address (default: RAY_ADDRESS, else a local cluster started for this run)")
-    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
 
 
 def config_from_args(args: argparse.Namespace) -> BatchConfig:
@@ -169,13 +168,7 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
 def _init_ray(args: argparse.Namespace) -> None:
     """Join the cluster that --address or RAY_ADDRESS names, else start a fresh local one for this
     run (never whatever `ray start` last recorded on the machine). Token authentication stays on."""
-    import os
-
-    from padoc_ray.utils.raylog import init_ray
-
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    init_ray(args.address or os.environ.get("RAY_ADDRESS") or "local", verbose=args.verbose)
+    start_ray(args.address, verbose=getattr(args, "verbose", False))
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -294,3 +287,15 @@ def reannotate_from_args(args: argparse.Namespace) -> int:
     print(f"consensus: {summary['consensus_json']}; agreement: {summary['agreement_parquet']}; "
           f"summary: {os.path.join(cfg.output, 'reannotate_summary.json')}")
     return 0 if all(r["all_inputs_accounted"] for r in summary["runs"].values()) else 1
+
+
+def register(sub) -> None:
+    bp = add_command(sub, "parse", help="the batch job: PDFs -> Ray Data -> engine actors -> Parquet",
+                     description=DESCRIPTION + " Same flags as jobs/batch_parse.py; runs on a local Ray "
+                                               "cluster unless --address or RAY_ADDRESS says otherwise.")
+    add_batch_args(bp)
+    bp.set_defaults(func=run_from_args)
+    ra = add_command(sub, "reannotate", help="offline corpus re-annotation: parse an annotated corpus again, compare, "
+                                            "score agreement", description=REANNOTATE_DESCRIPTION)
+    add_reannotate_args(ra)
+    ra.set_defaults(func=reannotate_from_args)

@@ -15,25 +15,22 @@ period can be missed). A run whose estimated memory exceeds ``--memory-budget-gi
 attempted and is recorded as ``{"error": ...}``, as is any run that fails (e.g. flex backward on
 CPU, where the forward alone is still timed and checked).
 
-This module imports torch and padoc_ray.trainer only (no ray, no vllm), so it also runs standalone:
-``python -m padoc_ray.trainer.bench_attention --help``.
+This module imports torch and padoc_ray.trainer only (no ray, no vllm); ``gpu_attention_check.sh``
+beside it runs it on a CUDA machine with ray and vllm imports blocked.
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import gc
-import json
 import os
 import random
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
-from .tree import TreeLayout
+from padoc_ray.trainer.tree import TreeLayout
 
 GIB = 1 << 30
 
@@ -55,7 +52,7 @@ class AttentionBenchConfig:
     seed: int = 0
 
     def __post_init__(self):
-        from .attention import BACKENDS
+        from padoc_ray.trainer.attention import BACKENDS
 
         if not self.lengths or any(s < 2 * self.branches + 2 for s in self.lengths):
             raise ValueError(f"every length must be at least 2 * branches + 2 = {2 * self.branches + 2}")
@@ -192,7 +189,7 @@ def _sync(device: str) -> None:
 def _step(backend: str, x: _Inputs, cfg: AttentionBenchConfig, backward: bool = True):
     import torch
 
-    from .attention import tree_attention
+    from padoc_ray.trainer.attention import tree_attention
 
     for t in (x.q, x.k, x.v):
         t.grad = None
@@ -214,7 +211,7 @@ def _timed(fn, device: str) -> float:
 
 def _setup_seconds(backend: str, layout: TreeLayout, device: str) -> float:
     """Time to build the per-layout structure from scratch (caches cleared)."""
-    from . import attention as A
+    from padoc_ray.trainer import attention as A
 
     if backend == "dense":
         A._dense_mask_cached.cache_clear()
@@ -252,7 +249,7 @@ def _diffs(res, ref) -> dict:
 
 def bench_one(backend: str, x: _Inputs, cfg: AttentionBenchConfig) -> dict:
     """Measure one backend on one tree; failures become ``{"error": reason}``."""
-    from .attention import FlexBackwardUnsupported, tree_varlen_kernel
+    from padoc_ray.trainer.attention import FlexBackwardUnsupported, tree_varlen_kernel
 
     rec: dict = {}
     if backend == "tree_varlen":
@@ -344,87 +341,3 @@ def format_table(results: dict) -> str:
                          f"{num('max_abs_diff_out', '.1e'):>10}{num('max_abs_diff_grad', '.1e'):>10}  "
                          f"{r.get('error', r.get('kernel', ''))[:90]}")
     return "\n".join(lines)
-
-
-# ---- command line -------------------------------------------------------------------------------
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError("lengths must be positive integers")
-    return vals
-
-
-def _str_list(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    d = AttentionBenchConfig()
-    p.add_argument("--lengths", type=_int_list, default=d.lengths,
-                   help="comma list of total packed lengths S (default 2048,4096,8192,16384)")
-    p.add_argument("--branches", type=int, default=d.branches, help=f"branches per tree (default {d.branches})")
-    p.add_argument("--backends", type=_str_list, default=d.backends,
-                   help="comma list from dense,flex,tree_varlen (default: all)")
-    p.add_argument("--heads", type=int, default=d.heads, help=f"query heads (default {d.heads})")
-    p.add_argument("--kv-heads", type=int, default=d.kv_heads, help=f"key/value heads (default {d.kv_heads})")
-    p.add_argument("--head-dim", type=int, default=d.head_dim, help=f"head dimension (default {d.head_dim})")
-    p.add_argument("--repeats", type=int, default=d.repeats, help=f"timed runs, median kept (default {d.repeats})")
-    p.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed runs first (default {d.warmup})")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=d.device, help="default cpu")
-    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "float16"), default=None,
-                   help="default float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--memory-budget-gib", type=float, default=d.memory_budget_gib,
-                   help="skip a run whose estimated memory exceeds this (default 20, for a 24 GiB machine)")
-    p.add_argument("--no-flex-compile", action="store_true",
-                   help="run flex attention eagerly (slow; materializes the scores) instead of compiled")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of the trees and inputs (default 0)")
-    p.add_argument("--json", default=None, metavar="OUT.json", help="write the results here")
-    p.set_defaults(func=cmd_bench_attention)
-    return p
-
-
-def add_bench_parser(bsub) -> argparse.ArgumentParser:
-    p = bsub.add_parser(
-        "attention", help="ancestor attention backends (dense, flex, tree_varlen): time, memory, agreement",
-        description="Run each ancestor-attention backend forward+backward on a random packed tree per length "
-                    "(prefix about S/2, forks spread over it, the rest split among the branches) and report "
-                    "median seconds, peak memory and the largest difference from the dense reference. Runs "
-                    "that cannot happen (flex backward on CPU, over the memory budget) are recorded as errors.")
-    return configure_parser(p)
-
-
-def cmd_bench_attention(args) -> int:
-    try:
-        cfg = AttentionBenchConfig(
-            lengths=args.lengths, branches=args.branches, backends=args.backends, heads=args.heads,
-            kv_heads=args.kv_heads, head_dim=args.head_dim, repeats=args.repeats, warmup=args.warmup,
-            device=args.device, dtype=args.dtype, memory_budget_gib=args.memory_budget_gib,
-            flex_compile=not args.no_flex_compile, seed=args.seed)
-    except ValueError as e:
-        print(f"padoc-ray bench attention: error: {e}", file=sys.stderr)
-        return 2
-    try:
-        results = run_bench(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
-    except ValueError as e:
-        print(f"padoc-ray bench attention: error: {e}", file=sys.stderr)
-        return 2
-    print(format_table(results))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"wrote {args.json}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = configure_parser(argparse.ArgumentParser(prog="python -m padoc_ray.trainer.bench_attention",
-                                                 description=__doc__.split("\n\n")[0]))
-    args = p.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

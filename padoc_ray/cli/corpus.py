@@ -9,12 +9,14 @@ the other modules; this one only parses and prints.
 
 from __future__ import annotations
 
+from padoc_ray.cli.common import add_command, group_help
+
 import argparse
 import json
 import os
 import sys
 
-from .profiles import PROFILES
+from padoc_ray.corpus.profiles import PROFILES
 
 
 def _error(msg: str, code: int = 2) -> int:
@@ -33,7 +35,7 @@ def _positive_int(text: str, what: str) -> int:
 
 
 def cmd_generate(args) -> int:
-    from .generate import CorpusError, GenerateConfig, generate_corpus, print_progress
+    from padoc_ray.corpus.generate import CorpusError, GenerateConfig, generate_corpus, print_progress
 
     try:
         pages = _positive_int(args.pages, "--pages")
@@ -75,7 +77,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .verify import verify_corpus
+    from padoc_ray.corpus.verify import verify_corpus
 
     if not os.path.isdir(args.dir):
         return _error(f"corpus directory not found: {args.dir}")
@@ -109,7 +111,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_profile(args) -> int:
-    from .profile import format_report, profile_files
+    from padoc_ray.corpus.profile import format_report, profile_files
 
     paths = list(args.gt or []) + list(args.compare or [])
     if not paths:
@@ -135,14 +137,14 @@ def cmd_profile(args) -> int:
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add ``corpus`` (generate, verify, profile) to a ``padoc-ray`` subparsers object."""
-    c = subparsers.add_parser(
+    c = add_command(subparsers,
         "corpus", help="synthetic PDFs with exact ground truth: generate, verify, profile",
         description="Synthetic documents whose true layout and content are known: PDFs drawn with reportlab "
                     "(text, real tables with merged cells, mathtext formulas, matplotlib charts, headers, footers, "
                     "footnotes; some pages scanned or rotated) plus OmniDocBench-format ground truth.")
     sub = c.add_subparsers(dest="corpus_command", metavar="SUBCOMMAND")
 
-    g = sub.add_parser(
+    g = add_command(sub,
         "generate", help="write DIR/pdfs/*.pdf, DIR/gt.json and optionally DIR/images/",
         description="Generate PDFs and their OmniDocBench ground truth. GT boxes are pixels of each page as "
                     "pypdfium2 renders it by default (with /Rotate) at --dpi. The same seed gives byte-identical "
@@ -166,8 +168,8 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="replace the corpus in a non-empty DIR (pdfs/, images/, gt.json, manifest.json; nothing else)")
     g.set_defaults(func=cmd_generate)
 
-    v = sub.add_parser(
-        "verify", help="check gt.json against the PDFs' own text layer",
+    v = add_command(
+        sub, "verify", verbose=False, help="check gt.json against the PDFs' own text layer",
         description="Check that every text-layer box (pypdfium2) falls inside GT boxes (coverage per page >= "
                     "--min-coverage), that each text/table region's text equals the text layer inside its box "
                     "(whitespace removed), that page sizes match and that GT boxes do not overlap. Scanned pages "
@@ -181,7 +183,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     v.add_argument("-v", "--verbose", action="store_true", help="print every page, not only failing ones")
     v.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser(
+    p = add_command(sub,
         "profile", help="token-length profile of GT pages under a checkpoint's protocol",
         description="Regions per page, content tokens per region, layout tokens per page, sequential decode "
                     "steps per page (F_seq) and PaDoc decode depth (F_PaDoc): median, P90 and max, one column per "
@@ -195,5 +197,5 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="OUT", help="also write the full report as JSON")
     p.set_defaults(func=cmd_profile)
 
-    c.set_defaults(func=lambda a: (c.print_help(), 2)[1])
+    group_help(c)
     return c

@@ -5,13 +5,13 @@
 # so the run proves it does not need them). flash-attn is used by tree_varlen when importable,
 # otherwise torch's varlen_attn. Writes JSON and a log to $OUT (default out/gpu_attention, git-ignored).
 #
-#   bash bench/gpu_attention_check.sh            # from the repository root
-#   PYTHON=/path/to/python OUT=/tmp/att bash bench/gpu_attention_check.sh
+#   bash padoc_ray/bench/gpu_attention_check.sh            # from the repository root
+#   PYTHON=/path/to/python OUT=/tmp/att bash padoc_ray/bench/gpu_attention_check.sh
 #
 # Runs: (1) bfloat16, lengths 2048,4096,8192,16384, 8 branches, 16 q heads / 8 kv heads / dim 128;
 #       (2) float32 at 2048 and 8192, a tighter agreement check (tree_varlen then uses per-segment SDPA).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}"
 OUT="${OUT:-out/gpu_attention}"
 mkdir -p "$OUT"
@@ -34,7 +34,12 @@ import torch
 if not torch.cuda.is_available():
     sys.exit("no CUDA device visible to torch: this script is for GPU machines")
 from padoc_ray.trainer.attention import tree_varlen_kernel
-from padoc_ray.trainer.bench_attention import main
+from padoc_ray.cli import main as cli
+
+
+def main(argv):
+    return cli(["bench", "attention", *argv])
+
 
 print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, tree_varlen kernel (bf16): "
       f"{tree_varlen_kernel('cuda', torch.bfloat16)}", flush=True)

@@ -11,7 +11,7 @@ import time
 import urllib.error
 import urllib.request
 
-from padoc_ray.utils.argtypes import positive
+from padoc_ray.cli.common import add_command, positive
 
 DESCRIPTION = """Serve PaDoc parsing over HTTP on a local Ray cluster (Ray Serve): one engine replica
 hosting vLLM with the layout-fork scheduler, and a FastAPI ingress that renders uploads and answers
@@ -33,8 +33,8 @@ def _replicas(text: str) -> tuple[int, int]:
     return lo, hi
 
 
-def add_parser(sub) -> None:
-    s = sub.add_parser("serve", help="the online HTTP endpoint (Ray Serve) on a local Ray", description=DESCRIPTION,
+def register(sub) -> None:
+    s = add_command(sub, "serve", help="the online HTTP endpoint (Ray Serve) on a local Ray", description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--model", required=True, help="checkpoint directory (or s3:// URI) with padoc_protocol.json")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     from ray import serve
 
     from padoc_ray.serve.app import build_app
-    from padoc_ray.utils.raylog import init_ray
+    from padoc_ray.ray_init import init_ray
 
     init_ray("local", verbose=args.verbose, include_dashboard=False)
     import ray

@@ -1,0 +1,321 @@
+"""``bench ...``: every benchmark command; the measuring code lives in :mod:`padoc_ray.bench`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+
+from padoc_ray.cli.common import DEFAULT_MODEL, EXAMPLES_DIR, add_command, die, group_help, int_list, str_list
+
+
+def cmd_bench_replay(args) -> int:
+    from padoc_ray.bench.replay import bench_truth, format_table, load_bench_pages, run_bench
+    from padoc_ray.host import HostConfig, PageHost
+    from padoc_ray.scheduler import SchedulerConfig
+
+    for path, what in ((args.gt, "--gt"), (args.images, "--images"), (args.model, "--model")):
+        if not os.path.exists(path):
+            die(f"{what}: {path} does not exist")
+    try:
+        pages = load_bench_pages(args.gt, args.images, args.limit)
+    except (FileNotFoundError, ValueError) as e:
+        die(str(e))
+    modes = [m for m in args.modes.split(",") if m]
+    if not set(modes) <= {"fork", "sequential"}:
+        die("--modes takes fork and/or sequential")
+    overrides = {"scheduling_policy": "priority"} if args.layout_priority else {}
+    if args.max_num_seqs:
+        overrides["max_num_seqs"] = args.max_num_seqs
+    cfg = HostConfig(
+        engine_overrides=overrides, pages_in_flight=max(args.concurrency), max_live_branches=args.max_live_branches,
+        scheduler=SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
+                                  layout_priority=args.layout_priority, stream_branches=args.stream_branches))
+
+    async def go():
+        host = await PageHost(args.model, cfg, truth=bench_truth(pages)).start()
+        try:
+            return await run_bench(host, pages, args.concurrency, modes, args.out, warmup=args.warmup)
+        finally:
+            host.shutdown()
+
+    summary = asyncio.run(go())
+    print(format_table(summary))
+    print(f"wrote {os.path.join(args.out, 'summary.json')} and pages.jsonl")
+    return 0
+
+
+def _pdf_paths(spec: str) -> list[str]:
+    """PDFs of a folder (searched recursively) or a glob; exits with a clear error when there are none."""
+    import glob
+
+    paths = sorted(glob.glob(os.path.join(spec, "**", "*.pdf"), recursive=True)) if os.path.isdir(spec) \
+        else sorted(glob.glob(spec))
+    if not paths:
+        die(f"no PDFs at {spec}")
+    return paths
+
+
+def cmd_bench_raster(args) -> int:
+    from padoc_ray.bench.raster import run
+
+    res = run(_pdf_paths(args.input), args.dpi, args.workers, encoding=args.encoding)
+    print(json.dumps(res, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+
+def cmd_bench_pipeline(args) -> int:
+    from padoc_ray.bench.pipeline import run
+
+    paths = _pdf_paths(args.input)
+    if not os.path.exists(os.path.join(args.model, "padoc_protocol.json")):
+        die(f"{args.model} is not a padoc-ray checkpoint (no padoc_protocol.json)")
+    res = run([os.path.abspath(p) for p in paths], os.path.abspath(args.model), args.dpi, args.workers,
+              pages_in_flight=args.pages_in_flight, cpus_per_actor=args.cpus_per_actor, raster_cpus=args.raster_cpus)
+    raw, pipe = res["raw_raster"], res["noop_pipeline"]
+    print(f"raw raster stage ({args.workers} processes): {raw['before']['pages_per_s']} / {raw['after']['pages_per_s']} "
+          f"pages/s (before / after), mean {raw['mean_pages_per_s']}")
+    print(f"no-op pipeline: {pipe['pages']} pages in {pipe['seconds']} s (Ray start {pipe['ray_init_s']} s): "
+          f"{pipe['pages_per_s']} pages/s wall; the job alone (cluster up) {pipe['job_seconds']} s, "
+          f"{pipe['job_pages_per_s']} pages/s")
+    steady = f", {res['ratio_steady']:.0%} (steady: {pipe['steady_pages_per_s']} pages/s)" if res["ratio_steady"] else ""
+    print(f"pipeline / raw: {res['ratio_wall']:.0%} (wall), {res['ratio_job']:.0%} (job on a running cluster){steady}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+def cmd_bench_driver(args) -> int:
+    from padoc_ray.bench.driver import run
+
+    if args.pages < args.pages_per_doc or args.pages_per_doc < 1 or args.rows_per_file < 1:
+        die("--pages must be >= --pages-per-doc >= 1 and --rows-per-file >= 1")
+    res = run(args.pages, args.pages_per_doc, args.rows_per_file, args.scratch, args.workers)
+    b = res["breakdown"]
+    print(f"{res['page_rows']} page rows, {res['inputs']} inputs, {res['files']} files: plan {b['plan_s']} s "
+          f"+ documents table {b['documents_s']} s = {res['seconds']} s; peak RSS "
+          f"{res['peak_rss_bytes'] / 2**30:.2f} GiB; footers read {res['footers_read']}; load {res['load_avg']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+def cmd_bench_http(args) -> int:
+    from padoc_ray.bench.http import format_table, run
+
+    for path, what in ((args.gt, "--gt"), (args.model, "--model")):
+        if not os.path.exists(path):
+            die(f"{what}: {path} does not exist")
+    try:
+        report = run(os.path.abspath(args.model), os.path.abspath(args.gt), _pdf_paths(args.input), args.concurrency,
+                     requests=args.requests, warmup=args.warmup, out_dir=args.out)
+    except ValueError as e:
+        die(str(e))
+    print(format_table(report))
+    if args.out:
+        print(f"wrote {os.path.join(args.out, 'http_bench.json')}")
+    return 0
+
+
+
+def cmd_bench_pageiou(args) -> int:
+    from padoc_ray.bench.pageiou import run
+    from padoc_ray.eval.layout import LayoutInputError
+
+    try:
+        res = run(pages=args.pages, boxes=args.boxes, seed=args.seed, gt=args.gt, grid=args.grid,
+                  raster_pages=args.raster_pages, min_seconds=args.min_seconds)
+    except LayoutInputError as e:
+        die(str(e))
+    print("| set | pages | boxes/page | exact pages/s | raster pages/s | exact/raster | max metric diff "
+          "| max area diff |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in res:
+        print(f"| {r['set']} | {r['pages']} | {r['boxes_per_page']} | {r['exact_pages_per_s']:.1f} | "
+              f"{r['raster_pages_per_s']:.2f} | {r['speedup']:.0f}x | {r['max_metric_diff']:.2e} "
+              f"| {r['max_area_diff']:.2e} |")
+    print(f"(raster timed on the first {args.raster_pages} pages of each set, grid {args.grid}; "
+          "one process, all four protocols and five classes per page; diffs are the largest per-page differences "
+          "between the backends, areas as fractions of the page)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+
+
+def _attention_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from padoc_ray.bench.attention import AttentionBenchConfig
+
+    d = AttentionBenchConfig()
+    p.add_argument("--lengths", type=int_list, default=d.lengths,
+                   help="comma list of total packed lengths S (default 2048,4096,8192,16384)")
+    p.add_argument("--branches", type=int, default=d.branches, help=f"branches per tree (default {d.branches})")
+    p.add_argument("--backends", type=str_list, default=d.backends,
+                   help="comma list from dense,flex,tree_varlen (default: all)")
+    p.add_argument("--heads", type=int, default=d.heads, help=f"query heads (default {d.heads})")
+    p.add_argument("--kv-heads", type=int, default=d.kv_heads, help=f"key/value heads (default {d.kv_heads})")
+    p.add_argument("--head-dim", type=int, default=d.head_dim, help=f"head dimension (default {d.head_dim})")
+    p.add_argument("--repeats", type=int, default=d.repeats, help=f"timed runs, median kept (default {d.repeats})")
+    p.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed runs first (default {d.warmup})")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=d.device, help="default cpu")
+    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "float16"), default=None,
+                   help="default float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--memory-budget-gib", type=float, default=d.memory_budget_gib,
+                   help="skip a run whose estimated memory exceeds this (default 20, for a 24 GiB machine)")
+    p.add_argument("--no-flex-compile", action="store_true",
+                   help="run flex attention eagerly (slow; materializes the scores) instead of compiled")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the trees and inputs (default 0)")
+    p.add_argument("--json", default=None, metavar="OUT.json", help="write the results here")
+    p.set_defaults(func=cmd_bench_attention)
+    return p
+
+
+def cmd_bench_attention(args) -> int:
+    import sys
+
+    from padoc_ray.bench.attention import AttentionBenchConfig, format_table, run_bench
+
+    try:
+        cfg = AttentionBenchConfig(
+            lengths=args.lengths, branches=args.branches, backends=args.backends, heads=args.heads,
+            kv_heads=args.kv_heads, head_dim=args.head_dim, repeats=args.repeats, warmup=args.warmup,
+            device=args.device, dtype=args.dtype, memory_budget_gib=args.memory_budget_gib,
+            flex_compile=not args.no_flex_compile, seed=args.seed)
+    except ValueError as e:
+        print(f"padoc-ray bench attention: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        results = run_bench(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+    except ValueError as e:
+        print(f"padoc-ray bench attention: error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def register(sub) -> None:
+    bench = add_command(sub, "bench", help="benchmarks (replay: fork vs sequential serving)",
+                           description="Benchmarks whose figures go in reports, never in tests.")
+    bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
+    br = add_command(bsub, "replay", help="fork vs sequential on one engine, teacher-forced with ground truth",
+                         description="Replay OmniDocBench-format pages on one engine, fork vs sequential, at each "
+                                     "concurrency (closed loop), teacher-forced so a random-weight model does a "
+                                     "trained model's work. Writes OUT/summary.json and OUT/pages.jsonl and prints "
+                                     "a table.")
+    br.add_argument("--gt", required=True, help="OmniDocBench-format ground-truth JSON")
+    br.add_argument("--images", required=True, help="folder holding each page's image_path")
+    br.add_argument("--model", required=True, help="checkpoint directory")
+    br.add_argument("--concurrency", type=int_list, default=[1, 4, 16], help="comma list (default 1,4,16)")
+    br.add_argument("--modes", default="fork,sequential", help="comma list (default fork,sequential)")
+    br.add_argument("--out", required=True, help="output folder")
+    br.add_argument("--limit", type=int, default=None, help="use only the first N pages")
+    br.add_argument("--warmup", type=int, default=2, help="untimed warm-up pages per mode (default 2)")
+    br.add_argument("--max-tokens", type=int, default=8192, help="generated tokens per stream (default 8192)")
+    br.add_argument("--max-branches", type=int, default=255, help="branches per page (default 255)")
+    br.add_argument("--max-num-seqs", type=int, default=None, help="engine max_num_seqs (default: 384)")
+    br.add_argument("--layout-priority", action="store_true",
+                    help="run layout streams ahead of branches (vLLM priority scheduling)")
+    br.add_argument("--max-live-branches", type=int, default=None,
+                    help="cap on content branches live in the engine at once, over all pages (default: none)")
+    br.add_argument("--stream-branches", action="store_true",
+                    help="stream branch tokens (the runaway guard can stop a branch early) instead of taking each "
+                         "branch's output once at its end (the default)")
+    br.set_defaults(func=cmd_bench_replay)
+    bra = add_command(bsub, "raster", help="rasterization pages/s: padoc-ray's raster stage vs pdftoppm",
+                          description="Rasterize the same PDFs at the same DPI with pypdfium2 (render only), with "
+                                      "the batch job's raster stage (isolated renderer process + page encoding, and the "
+                                      "same in process, to show the cost of isolation), render + PNG in process, and "
+                                      "pdftoppm (poppler), each with 1 and N processes, and print pages/s.")
+    bra.add_argument("--input", required=True, help="folder (searched recursively) or glob of PDFs")
+    bra.add_argument("--dpi", type=float, default=144, help="resolution for every tool (default 144)")
+    bra.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
+    bra.add_argument("--encoding", choices=("zstd", "png", "ppm"), default="zstd",
+                     help="page encoding of the raster stage variants (default zstd, the batch job's default)")
+    bra.add_argument("--json", default=None, help="also write the results here")
+    bra.set_defaults(func=cmd_bench_raster)
+    p = add_command(bsub, "pageiou", help="PageIoU pages/s: exact (coordinate compression) vs raster backend",
+                        description="Time PageIoU's exact backend against the raster cross-check on random "
+                                    "layouts and, with --gt, on a jittered copy of a ground-truth file, and report "
+                                    "pages/s (all modes and classes of a page per evaluation) and the largest "
+                                    "per-page metric difference between the backends.")
+    p.add_argument("--pages", type=int, default=200, help="random pages (default 200)")
+    p.add_argument("--boxes", type=int, default=30, help="ground-truth boxes per random page (default 30)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--gt", default=None, metavar="GT.json", help="also bench on this OmniDocBench ground truth")
+    p.add_argument("--grid", type=int, default=1000, help="raster grid (default 1000)")
+    p.add_argument("--raster-pages", type=int, default=10, help="pages per set the raster backend is timed on "
+                                                                "(it is slow; default 10)")
+    p.add_argument("--min-seconds", type=float, default=1.0, help="time each backend at least this long (default 1)")
+    p.add_argument("--json", default=None, help="also write the results here")
+    p.set_defaults(func=cmd_bench_pageiou)
+    p = add_command(bsub,
+        "attention", help="ancestor attention backends (dense, flex, tree_varlen): time, memory, agreement",
+        description="Run each ancestor-attention backend forward+backward on a random packed tree per length "
+                    "(prefix about S/2, forks spread over it, the rest split among the branches) and report "
+                    "median seconds, peak memory and the largest difference from the dense reference. Runs "
+                    "that cannot happen (flex backward on CPU, over the memory budget) are recorded as errors.")
+    _attention_args(p)
+    bpi = add_command(bsub, "pipeline", help="batch-job overhead: no-op engine pipeline vs raw rasterization",
+                          description="Run the raster stage's work (render + zstd page encoding) in a plain process pool, then the "
+                                      "whole batch job on a local Ray with the no-op engine, then the raw side again; "
+                                      "print pages/s of both and the ratio (wall with local Ray start, and the job alone on the "
+                                      "running cluster). The no-op actor stands for a GPU engine, so by default it "
+                                      "reserves no CPU (--cpus-per-actor 0).")
+    bpi.add_argument("--input", required=True, help="folder (searched recursively) or glob of PDFs")
+    bpi.add_argument("--model", required=True, help="checkpoint directory (only its protocol and tokenizer are used)")
+    bpi.add_argument("--dpi", type=float, default=144, help="resolution (default 144)")
+    bpi.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="raw-side processes (default: all cores)")
+    bpi.add_argument("--pages-in-flight", type=int, default=64, help="pages in flight in the actor (default 64)")
+    bpi.add_argument("--cpus-per-actor", type=float, default=0.0, help="CPUs reserved by the no-op actor (default 0)")
+    bpi.add_argument("--raster-cpus", type=float, default=0.25, help="CPUs per raster task (default 0.25, as the batch job)")
+    bpi.add_argument("--json", default=None, help="also write the results here")
+    bpi.set_defaults(func=cmd_bench_pipeline)
+    bd = add_command(bsub, "driver", help="the batch driver's bookkeeping (plan + documents table) over N page rows",
+                         description="Build a synthetic batch-job output once (pages/ as many Parquet files in the "
+                                     "job's schema and naming, written by two runs, with document errors, retries, "
+                                     "incomplete and missing inputs and an unreadable leftover mixed in, plus the "
+                                     "runs' commit records), cached in --scratch; then, in a fresh process, time what "
+                                     "the driver does around a run: prove the files complete, scan the key columns, "
+                                     "plan, list again and add the files written since (none: no pipeline runs), "
+                                     "and write documents/documents.parquet. Prints and writes seconds, peak RSS "
+                                     "(the fresh process's) and a breakdown. Building 100M rows takes ~15 min on 2 "
+                                     "cores and 2.4 GiB of files (~2.9 GiB of disk in 4 KiB blocks).")
+    bd.add_argument("--pages", type=int, required=True, help="page rows to synthesize, e.g. 1000000")
+    bd.add_argument("--pages-per-doc", type=int, default=10, help="pages per input document (default 10)")
+    bd.add_argument("--rows-per-file", type=int, default=1000,
+                    help="page rows per Parquet file (default 1000; the job writes at least --rows-per-file 64)")
+    bd.add_argument("--scratch", default=os.path.join(tempfile.gettempdir(), "padoc-bench-driver"),
+                    help="where synthetic outputs are built and kept, one folder per size (default: "
+                         "$TMPDIR/padoc-bench-driver; 100M rows: 2.4 GiB of files, ~2.9 GiB of disk)")
+    bd.add_argument("--workers", type=int, default=2, help="processes building the synthetic output (default 2)")
+    bd.add_argument("--json", default=None, help="also write the results here")
+    bd.set_defaults(func=cmd_bench_driver)
+    bh = add_command(bsub, "http", help="the Serve endpoint's overhead: HTTP clients vs the engine host directly",
+                         description="Send the same one-page requests (teacher-forced) to a PageHost directly and to "
+                                     "the Serve endpoint (padoc-ray serve's application on a local Ray) over HTTP, in "
+                                     "closed loops at each concurrency, one side after the other; print pages/s and "
+                                     "P50/P95 latency of both and HTTP pages/s as a fraction of direct.")
+    bh.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint directory (default {DEFAULT_MODEL})")
+    bh.add_argument("--input", default=EXAMPLES_DIR, help="folder or glob of PDFs (default: the bundled examples)")
+    bh.add_argument("--gt", default=os.path.join(EXAMPLES_DIR, "ground_truth.json"),
+                    help="ground truth covering every page of --input (default: the examples')")
+    bh.add_argument("--concurrency", type=int_list, default=[1, 8, 32], help="clients, e.g. 1,8,32 (default)")
+    bh.add_argument("--requests", type=int, default=64, help="one-page requests per concurrency and side (default 64)")
+    bh.add_argument("--warmup", type=int, default=4, help="untimed requests per side first (default 4)")
+    bh.add_argument("--out", default=None, help="folder for http_bench.json")
+    bh.set_defaults(func=cmd_bench_http)
+    group_help(bench)

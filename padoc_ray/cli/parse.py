@@ -1,0 +1,204 @@
+"""``parse-page`` (one local engine, no Ray), ``demo`` and ``parse`` (the batch job)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+from padoc_ray.cli.common import add_command, DEFAULT_MODEL, EXAMPLES_DIR, die
+
+
+def _scheduler_cfg(args):
+    from padoc_ray.scheduler import SchedulerConfig
+
+    return SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches, deadline_s=args.deadline)
+
+
+def _add_generation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=("fork", "sequential"), default="fork",
+                   help="fork: layout stream + concurrent content branches (PaDoc); sequential: one "
+                        "interleaved stream (the paper's baseline). Default: fork")
+    p.add_argument("--max-tokens", type=int, default=8192, help="generated tokens per stream (default 8192)")
+    p.add_argument("--max-branches", type=int, default=255, help="content branches per page (default 255)")
+    p.add_argument("--deadline", type=float, default=None, help="seconds per page before it is cut (default: none)")
+    p.add_argument("--longest-side", type=int, default=1600, help="render PDF pages to this many pixels (default 1600)")
+    p.add_argument("--dpi", type=float, default=None, help="render PDF pages at this DPI instead of --longest-side")
+
+
+def _run_local(model: str, paths: list[str], args, *, pages=None, gt: str | None = None, concurrency: int = 4):
+    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.host import HostConfig, PageHost
+    from padoc_ray.groundtruth import load_truth
+    from padoc_ray.inputs import load_pages, parse_local
+    from padoc_ray.pdf import RenderConfig
+    from padoc_ray.protocol import ProtocolError
+
+    try:
+        proto = ModelProtocol(model)
+    except (ProtocolError, OSError) as e:
+        die(f"cannot load model {model}: {e}")
+    render = RenderConfig(longest_side=args.longest_side, dpi=args.dpi)
+    items = load_pages(paths, render=render, pages=pages)
+
+    if not any(it.page is not None for it in items):
+        return items, [None] * len(items)
+    cfg = HostConfig(mode=args.mode, scheduler=_scheduler_cfg(args), pages_in_flight=concurrency)
+
+    async def go():
+        host = await PageHost(model, cfg, truth=load_truth(gt), proto=proto).start()
+        try:
+            return await parse_local(host, items)
+        finally:
+            host.shutdown()
+
+    return items, asyncio.run(go())
+
+
+def cmd_parse_page(args) -> int:
+    from padoc_ray.protocol import to_json, to_markdown
+
+    if not os.path.exists(args.input):
+        die(f"no such file: {args.input}")
+    if not os.path.isdir(args.model):
+        die(f"model directory not found: {args.model} (build one with: padoc-ray build-tiny-model {args.model})")
+    pages = [args.page - 1] if args.page else None
+    items, recs = _run_local(args.model, [args.input], args, pages=pages, gt=args.replay, concurrency=1)
+    if not items:
+        die(f"page {args.page} does not exist in {args.input}")
+    rc = 0
+    for it, rec in zip(items, recs):
+        if rec is None:
+            print(f"padoc-ray: {it.source}: {it.error.code}: {it.error.message}", file=sys.stderr)
+            rc = 1
+            continue
+        if args.format == "json":
+            obj = json.loads(to_json(rec.page))
+            obj.update(status=rec.status, valid=rec.valid, message=rec.message, e2e_s=round(rec.e2e_s, 4),
+                       n_branches=rec.n_branches, f_seq=rec.f_seq, f_padoc=rec.f_padoc)
+            print(json.dumps(obj, ensure_ascii=False, indent=2))
+        else:
+            print(to_markdown(rec.page), end="")
+        print(f"[{it.source} page {it.page_index + 1}: status={rec.status} valid={rec.valid} "
+              f"regions={len(rec.page.regions)} branches={rec.n_branches} {rec.e2e_s:.2f}s "
+              f"F_seq={rec.f_seq} F_PaDoc={rec.f_padoc}]", file=sys.stderr)
+        rc = rc or (0 if rec.status == "ok" else 1)
+    return rc
+
+
+def cmd_demo(args) -> int:
+    import glob
+    import shutil
+
+    from padoc_ray.groundtruth import load_truth
+    from padoc_ray.host import HostConfig
+    from padoc_ray.output.reader import read_rows
+    from padoc_ray.pipeline.config import BatchConfig
+    from padoc_ray.pipeline.job import run_batch
+    from padoc_ray.protocol import quantized
+
+    paths = sorted(glob.glob(os.path.join(args.examples, "*.pdf")))
+    if not paths:
+        die(f"no PDFs in {args.examples}")
+    if not os.path.isdir(args.model):
+        die(f"model directory not found: {args.model} (build it with: padoc-ray build-tiny-model {args.model})")
+    gt = os.path.join(args.examples, "ground_truth.json")
+    replay = not args.no_replay and os.path.exists(gt)
+    print(f"padoc-ray demo: the batch job on {len(paths)} PDFs from {args.examples} on a local Ray cluster, "
+          f"model {args.model}, mode {args.mode}")
+    if replay:
+        print("  the tiny model has random weights: its outputs are teacher-forced from ground_truth.json so the\n"
+              "  real engine and scheduler do a trained model's work (use --no-replay to see raw generation)")
+    if os.path.exists(args.output):
+        if not os.path.isdir(args.output) or (os.listdir(args.output)
+                                               and not os.path.exists(os.path.join(args.output, DEMO_MARKER))):
+            die(f"--output {args.output} exists and is not a previous demo output (no {DEMO_MARKER}); the demo "
+                 f"replaces its output, so give a new or empty folder, or remove this one yourself")
+        shutil.rmtree(args.output)  # the demo always parses afresh (the batch job itself resumes)
+    os.makedirs(args.output)
+    open(os.path.join(args.output, DEMO_MARKER), "w").close()
+    import ray
+    import ray.data
+
+    from padoc_ray.ray_init import init_ray
+
+    init_ray("local", verbose=args.verbose)
+    ray.data.DataContext.get_current().enable_progress_bars = args.verbose
+    cfg = BatchConfig(input=os.path.join(args.examples, "*.pdf"), output=args.output, model=args.model,
+                      mode=args.mode, replay_gt=gt if replay else None,
+                      host=HostConfig(mode=args.mode, scheduler=_scheduler_cfg(args)))
+    summary = run_batch(cfg)
+    table = read_rows(args.output).to_pylist()
+    table.sort(key=lambda r: (r["source_uri"], r["page_index"]))
+    truth = load_truth(gt if replay else None)
+    vocab = _vocab(args.model)
+    print(f"\n{'document':<12} {'page':>4} {'status':<16} {'regions':>7} {'branches':>8} {'e2e s':>6} "
+          f"{'F_seq':>6} {'F_PaDoc':>7}  matches truth")
+    for r in table:
+        name = os.path.basename(r["source_uri"])
+        t = truth.get((name, r["page_index"]))
+        match = "-" if t is None else ("yes" if _row_matches(r, quantized(t, vocab)) else "NO")
+        print(f"{name:<12} {r['page_index'] + 1:>4} {r['status']:<16} {len(r['regions']):>7} {r['n_branches'] or 0:>8} "
+              f"{r['e2e_s'] or 0:>6.2f} {r['f_seq'] or 0:>6} {r['f_padoc'] or 0:>7}  {match}")
+    if table:
+        print(f"\n--- Markdown of {os.path.basename(table[0]['source_uri'])} page 1 ---\n{table[0]['markdown']}")
+    print(f"summary: {json.dumps({k: summary[k] for k in ('pages_written', 'page_status', 'document_status', 'wall_s', 'pages_per_s', 'all_inputs_accounted')})}")
+    print(f"output: {os.path.abspath(args.output)}/pages (Parquet, one row per page), documents/, summary.json")
+    ok = summary["all_inputs_accounted"] and (not replay or summary["page_status"] == {"ok": summary["pages_written"]})
+    return 0 if ok else 1
+
+
+#: marks a folder as a demo output, which the next demo may replace (it never deletes anything else)
+DEMO_MARKER = ".padoc-demo-output"
+
+
+def _row_matches(row: dict, truth) -> bool:
+    import math
+
+    if len(row["regions"]) != len(truth.regions):
+        return False
+    for r, t in zip(row["regions"], truth.regions):
+        if r["category"] != t.category or r["content"] != t.content:
+            return False
+        if any(not math.isclose(a, b, abs_tol=1e-6) for a, b in zip(r["bbox"], t.box.as_tuple())):
+            return False
+    return True
+
+
+def _vocab(model: str):
+    from padoc_ray.checkpoint.tokenizer import load_model_protocol
+
+    return load_model_protocol(model).vocab
+
+
+
+
+def register(sub) -> None:
+    pp = add_command(sub, "parse-page", help="parse one page of a PDF or one image with a local engine",
+                        description="Parse one PDF page (or an image) on a local vLLM engine, no Ray, and print "
+                                    "Markdown or JSON on stdout; a status line goes to stderr. Exit 1 if the page "
+                                    "did not parse cleanly.")
+    pp.add_argument("input", metavar="IMAGE_OR_PDF")
+    pp.add_argument("--model", required=True, help="checkpoint directory with padoc_protocol.json")
+    pp.add_argument("--page", type=int, default=None, help="1-based page of a PDF (default: every page)")
+    pp.add_argument("--format", choices=("markdown", "json"), default="markdown", help="output format (default markdown)")
+    pp.add_argument("--replay", metavar="GT.json", default=None,
+                    help="teacher-force the model with this OmniDocBench ground truth (matched by file name and page)")
+    _add_generation_args(pp)
+    pp.set_defaults(func=cmd_parse_page)
+
+    d = add_command(sub, "demo", help="run the batch job on the bundled sample PDFs with the tiny model",
+                       description="Run the batch job (Ray Data, local Ray cluster, one engine actor) on "
+                                   "examples/*.pdf with the tiny model, write Parquet, and print a summary. "
+                                   "The tiny model has random weights, so by default its outputs are teacher-forced "
+                                   "from examples/ground_truth.json.")
+    d.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint directory (default {DEFAULT_MODEL})")
+    d.add_argument("--examples", default=EXAMPLES_DIR, help="folder of PDFs (default: the bundled examples)")
+    d.add_argument("--no-replay", action="store_true", help="let the model generate freely (noise for the tiny model)")
+    d.add_argument("--output", default=os.path.join(os.path.dirname(EXAMPLES_DIR), "out", "demo"),
+                   help="output folder (default out/demo); replaced when it is a previous demo output, refused when it "
+                        "is any other non-empty folder")
+    _add_generation_args(d)
+    d.set_defaults(func=cmd_demo)

@@ -1,1 +1,0 @@
-"""Small shared helpers with no padoc-specific knowledge."""
