@@ -1,4 +1,4 @@
 """Evaluation: PageIoU layout metrics (paper App. B) and OmniDocBench v1.6 end-to-end metrics.
 
-The metric code is pure Python/numpy (no ray, vllm or torch); the CLI glue lives in ``cli.py``.
+The metric code is pure Python/numpy (no ray, vllm or torch); its command-line glue lives in :mod:`padoc_ray.cli.evaluate`.
 """

@@ -1,2 +1,3 @@
-"""Online parsing on Ray Serve: ``padoc-ray serve`` (:mod:`.cli`), the application (:mod:`.app`),
-its configuration (:mod:`.config`), document handling (:mod:`.documents`) and async jobs (:mod:`.jobs`)."""
+"""Online parsing on Ray Serve: the application (:mod:`.app`), its configuration (:mod:`.config`),
+document handling (:mod:`.documents`) and async jobs (:mod:`.jobs`). ``padoc-ray serve`` lives in
+:mod:`padoc_ray.cli.serve`."""
