@@ -264,39 +264,9 @@ def _int_list(text: str) -> list[int]:
 
 
 def cmd_bench_replay(args) -> int:
-    from padoc_ray.bench.replay import bench_truth, format_table, load_bench_pages, run_bench
-    from padoc_ray.host import HostConfig, PageHost
-    from padoc_ray.scheduler import SchedulerConfig
+    from padoc_ray.bench.serve_cli import cmd_bench_replay
 
-    for path, what in ((args.gt, "--gt"), (args.images, "--images"), (args.model, "--model")):
-        if not os.path.exists(path):
-            _die(f"{what}: {path} does not exist")
-    try:
-        pages = load_bench_pages(args.gt, args.images, args.limit)
-    except (FileNotFoundError, ValueError) as e:
-        _die(str(e))
-    modes = [m for m in args.modes.split(",") if m]
-    if not set(modes) <= {"fork", "sequential"}:
-        _die("--modes takes fork and/or sequential")
-    overrides = {"scheduling_policy": "priority"} if args.layout_priority else {}
-    if args.max_num_seqs:
-        overrides["max_num_seqs"] = args.max_num_seqs
-    cfg = HostConfig(
-        engine_overrides=overrides, pages_in_flight=max(args.concurrency), max_live_branches=args.max_live_branches,
-        scheduler=SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
-                                  layout_priority=args.layout_priority, stream_branches=args.stream_branches))
-
-    async def go():
-        host = await PageHost(args.model, cfg, truth=bench_truth(pages)).start()
-        try:
-            return await run_bench(host, pages, args.concurrency, modes, args.out, warmup=args.warmup)
-        finally:
-            host.shutdown()
-
-    summary = asyncio.run(go())
-    print(format_table(summary))
-    print(f"wrote {os.path.join(args.out, 'summary.json')} and pages.jsonl")
-    return 0
+    return cmd_bench_replay(args)
 
 
 def _pdf_paths(spec: str) -> list[str]:
@@ -505,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_parser(sub)
     __import__("padoc_ray.trainer.cli", fromlist=["add_parser"]).add_parser(sub)
 
-    bench = sub.add_parser("bench", help="benchmarks (replay: fork vs sequential serving)",
+    bench = sub.add_parser("bench", help="benchmarks (serve: fork vs sequential serving at C=16..256)",
                            description="Benchmarks whose figures go in reports, never in tests.")
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
     br = bsub.add_parser("replay", help="fork vs sequential on one engine, teacher-forced with ground truth",
@@ -544,6 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="page encoding of the raster stage variants (default zstd, the batch job's default)")
     bra.add_argument("--json", default=None, help="also write the results here")
     bra.set_defaults(func=cmd_bench_raster)
+    __import__("padoc_ray.bench.serve_cli", fromlist=["add_bench_parser"]).add_bench_parser(bsub)
     __import__("padoc_ray.eval.layout_cli", fromlist=["add_bench_parser"]).add_bench_parser(bsub)
     __import__("padoc_ray.trainer.bench_attention", fromlist=["add_bench_parser"]).add_bench_parser(bsub)
     bpi = bsub.add_parser("pipeline", help="batch-job overhead: no-op engine pipeline vs raw rasterization",
