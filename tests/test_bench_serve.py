@@ -8,8 +8,17 @@ import os
 
 import pytest
 
-from padoc_ray.bench.serve_report import (add_pairs, format_markdown, legacy_summary, mode_row, paired_speedup,
-                                          peak_rate, quantile, spread_samples, step_figures)
+from padoc_ray.bench.serve_report import (
+    add_pairs,
+    format_markdown,
+    legacy_summary,
+    mode_row,
+    paired_speedup,
+    peak_rate,
+    quantile,
+    spread_samples,
+    step_figures,
+)
 
 from .conftest import ROOT, require_demo_data
 from .test_commands import cli_logged
@@ -116,7 +125,8 @@ def test_bad_input_is_refused_with_exit_2(tmp_path, capsys):
     assert code == 2 and "comma-separated integers" in err
     code, err = _bench(capsys, "--gt", gt, "--images", images, "--concurrency", "0,4", *base)
     assert code == 2 and "positive integers" in err
-    bad = json.load(open(gt))[:2]
+    with open(gt) as f:
+        bad = json.load(f)[:2]
     bad[1]["page_info"]["image_path"] = "no-such-page.jpg"
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     code, err = _bench(capsys, "--gt", str(tmp_path / "bad.json"), "--images", images, *base)
@@ -133,7 +143,8 @@ def test_bad_input_is_refused_with_exit_2(tmp_path, capsys):
 @pytest.mark.slow
 def test_bench_serve_runs_the_tiny_engine_and_writes_the_report(tiny_model_dir, tmp_path):
     demo = require_demo_data()
-    pages = json.load(open(os.path.join(demo, "OmniDocBench_demo.json")))
+    with open(os.path.join(demo, "OmniDocBench_demo.json")) as f:
+        pages = json.load(f)
 
     def size(o):
         return sum(len(str(e.get("text") or e.get("html") or e.get("latex") or "")) for e in o["layout_dets"])
@@ -143,12 +154,12 @@ def test_bench_serve_runs_the_tiny_engine_and_writes_the_report(tiny_model_dir, 
     (tmp_path / "b.json").write_text(json.dumps(short[3:]))
     images = os.path.join(demo, "images")
     out = tmp_path / "bench"
-    rc, stdout, stderr = cli_logged(tmp_path, "serve", "bench", "serve", "--gt", str(tmp_path / "a.json"),
+    rc, _, stderr = cli_logged(tmp_path, "serve", "bench", "serve", "--gt", str(tmp_path / "a.json"),
                                     "--images", images, "--gt", str(tmp_path / "b.json"), "--images", images,
                                     "--model", tiny_model_dir, "--concurrency", "2,4", "--warmup", "1",
                                     "--out", str(out))
     assert rc == 0, stderr[-4000:]
-    report = json.load(open(out / "report.json"))
+    report = json.loads((out / "report.json").read_text())
     assert report["pages"]["used"] == 4 and report["pages"]["requested"] == 384
     assert [s["count"] for s in report["pages"]["sets"]] == [3, 1]
     assert report["pages"]["names"] == [o["page_info"]["image_path"] for o in short]
@@ -164,7 +175,7 @@ def test_bench_serve_runs_the_tiny_engine_and_writes_the_report(tiny_model_dir, 
             assert r["paired_pages"] == 4 and r["paired_median_speedup"] > 0
             assert 0 < r["median_step_reduction"] < 1 and r["median_f_padoc"] < r["median_f_seq"]
             assert r["prefix_cache_hit_rate"] > 0.5  # branches reuse their page's image + layout prefix
-    recs = [json.loads(ln) for ln in open(out / "pages.jsonl")]
+    recs = [json.loads(ln) for ln in (out / "pages.jsonl").read_text().splitlines()]
     assert len(recs) == 2 * 2 * 4 and all(r["equals_truth"] for r in recs)
     md = (out / "report.md").read_text()
     assert "## Table 3 analogue" in md and "| valid pages/s | fork |" in md and "| P95 e2e s | sequential |" in md

@@ -23,15 +23,24 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
-from padoc_ray.bench.serve_report import (add_pairs, format_markdown, legacy_summary, mode_row, plot_report,
-                                          quantile)
+from padoc_ray.bench.serve_report import add_pairs, format_markdown, legacy_summary, mode_row, plot_report, quantile
 from padoc_ray.protocol import Page, page_from_omnidocbench, quantized
 
-__all__ = ["ServeBenchConfig", "BenchPage", "PageSetError", "load_page_sets", "bench_truth", "host_config",
-           "run_bench", "run", "quantile", "legacy_summary"]
+__all__ = [
+    "BenchPage",
+    "PageSetError",
+    "ServeBenchConfig",
+    "bench_truth",
+    "host_config",
+    "legacy_summary",
+    "load_page_sets",
+    "quantile",
+    "run",
+    "run_bench",
+]
 
 TARGETS = ("direct", "http")
 
@@ -104,7 +113,7 @@ def load_page_sets(sets: Sequence[tuple[str, str]], limit: int | None = None) ->
                 break
             try:
                 truth = page_from_omnidocbench(obj)
-            except Exception as e:  # noqa: BLE001 - any malformed entry: say which
+            except Exception as e:
                 raise PageSetError(f"--gt {gt}: page {i} is not OmniDocBench format ({type(e).__name__}: {e})") from None
             name = os.path.basename(truth.image_path or "")
             path = os.path.join(images, name)

@@ -75,12 +75,13 @@ def cmd_bench_serve(args) -> int:
     except ValueError as e:
         _die(str(e))
     host_cfg = _host_cfg(args, max(cfg.concurrency))
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731 - stdout: the final summary
+    log = lambda m: print(m, file=sys.stderr, flush=True)
     try:
         report = run(list(zip(args.gt, args.images)), os.path.abspath(args.model), cfg, host_cfg, args.out, log=log)
     except PageSetError as e:
         _die(str(e))
-    print(open(os.path.join(args.out, "report.md")).read())
+    with open(os.path.join(args.out, "report.md"), encoding="utf-8") as f:
+        print(f.read())
     print(f"wrote {args.out}/report.json, report.md, pages.jsonl and {', '.join(report['plots']) or 'no plots'}")
     return 0
 

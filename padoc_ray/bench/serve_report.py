@@ -17,7 +17,7 @@ Knows nothing of engines, hosts or HTTP; imports matplotlib only to draw.
 from __future__ import annotations
 
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 MODES_ORDER = ("fork", "sequential")
 
