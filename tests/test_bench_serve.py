@@ -21,7 +21,6 @@ from padoc_ray.bench.serve_report import (
 )
 
 from .conftest import ROOT, require_demo_data
-from .test_commands import cli_logged
 
 
 def rec(page, e2e, valid=True, status="ok", t0=0.0, out=100, f_seq=100, f_padoc=40, prompt=50, cached=25):
@@ -141,7 +140,13 @@ def test_bad_input_is_refused_with_exit_2(tmp_path, capsys):
 # ---- one real run ------------------------------------------------------------------------------------------------
 @pytest.mark.engine
 @pytest.mark.slow
-def test_bench_serve_runs_the_tiny_engine_and_writes_the_report(tiny_model_dir, tmp_path):
+def test_bench_serve_runs_the_tiny_engine_and_writes_the_report(cpu_engine, tiny_model_dir, model_protocol,
+                                                               loop_thread, tmp_path, capsys):
+    """The benchmark on the session's engine (no engine start of its own: `bench replay`'s test in
+    test_commands runs the same code from the command line, engine and all)."""
+    from padoc_ray.bench.serve import DirectTarget, ServeBenchConfig, bench_truth, load_page_sets, run_bench
+    from padoc_ray.host import HostConfig, PageHost
+
     demo = require_demo_data()
     with open(os.path.join(demo, "OmniDocBench_demo.json")) as f:
         pages = json.load(f)
@@ -153,24 +158,31 @@ def test_bench_serve_runs_the_tiny_engine_and_writes_the_report(tiny_model_dir, 
     (tmp_path / "a.json").write_text(json.dumps(short[:3]))
     (tmp_path / "b.json").write_text(json.dumps(short[3:]))
     images = os.path.join(demo, "images")
+    cfg = ServeBenchConfig(concurrency=(2, 4), warmup=1)
+    bench_pages, sets = load_page_sets([(str(tmp_path / "a.json"), images), (str(tmp_path / "b.json"), images)],
+                                       cfg.pages)
     out = tmp_path / "bench"
-    rc, _, stderr = cli_logged(tmp_path, "serve", "bench", "serve", "--gt", str(tmp_path / "a.json"),
-                                    "--images", images, "--gt", str(tmp_path / "b.json"), "--images", images,
-                                    "--model", tiny_model_dir, "--concurrency", "2,4", "--warmup", "1",
-                                    "--out", str(out))
-    assert rc == 0, stderr[-4000:]
+
+    async def go():
+        host = await PageHost(tiny_model_dir, HostConfig(pages_in_flight=4), truth=bench_truth(bench_pages),
+                              engine=cpu_engine, proto=model_protocol).start()
+        header = {"config": {"model": tiny_model_dir},
+                  "pages": {"requested": cfg.pages, "used": len(bench_pages), "sets": sets}}
+        return await run_bench(DirectTarget(host), bench_pages, cfg, str(out), header=header)
+
+    loop_thread.run(go(), timeout=600)
     report = json.loads((out / "report.json").read_text())
     assert report["pages"]["used"] == 4 and report["pages"]["requested"] == 384
     assert [s["count"] for s in report["pages"]["sets"]] == [3, 1]
-    assert report["pages"]["names"] == [o["page_info"]["image_path"] for o in short]
+    assert [p.name for p in bench_pages] == [o["page_info"]["image_path"] for o in short]
     rows = {(r["mode"], r["concurrency"]): r for r in report["rows"]}
     assert set(rows) == {(m, c) for m in ("fork", "sequential") for c in (2, 4)}
-    for (mode, c), r in rows.items():
+    for (mode, _c), r in rows.items():
         assert r["pages"] == 4 == sum(r["statuses"].values()) == r["valid_pages"] + r["invalid_pages"]
         assert r["valid_pages"] == 4 and r["statuses"] == {"ok": 4}  # teacher-forced: every page valid
         assert r["valid_pages_per_s"] > 0 and r["p95_e2e_s"] >= r["p50_e2e_s"] > 0
         assert r["peak_output_tokens_per_s"] >= r["mean_output_tokens_per_s"] * 0.5 > 0
-        assert r["token_rate_source"] == "engine_counter"
+        assert r["token_rate_source"] == "engine_counter" and r["prefix_cache_source"] == "engine_counter"
         if mode == "fork":
             assert r["paired_pages"] == 4 and r["paired_median_speedup"] > 0
             assert 0 < r["median_step_reduction"] < 1 and r["median_f_padoc"] < r["median_f_seq"]
@@ -184,4 +196,4 @@ def test_bench_serve_runs_the_tiny_engine_and_writes_the_report(tiny_model_dir, 
     for name in report["plots"]:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
-    assert "bench serve" in stderr  # the progress bar
+    assert "bench serve" in capsys.readouterr().err  # the progress bar
