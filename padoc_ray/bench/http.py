@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import contextlib
 import json
 import os
 import socket
@@ -23,7 +24,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from padoc_ray.bench.replay import quantile
+from padoc_ray.bench.serve_report import quantile
 
 
 @dataclass
@@ -120,8 +121,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _http(model: str, gt: str, items: list[Item], concurrencies, n: int, host_cfg, warmup: int, log) -> dict:
-    import requests
+@contextlib.contextmanager
+def local_service(model: str, gt: str, host_cfg, ready_timeout_s: float = 900, **serve_kw):
+    """The Serve application (``padoc-ray serve``'s) on a fresh local Ray, teacher-forced with ``gt``,
+    on 127.0.0.1: yields (url, bearer token) once ``/readyz`` answers; shuts Serve and Ray down
+    after. ``serve_kw``: other :class:`~padoc_ray.serve.config.ServeConfig` fields."""
     from ray import serve
 
     from padoc_ray.serve.app import build_app
@@ -134,12 +138,11 @@ def _http(model: str, gt: str, items: list[Item], concurrencies, n: int, host_cf
     init_ray("local", include_dashboard=False)
     import ray
 
-    out = {}
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        cfg = ServeConfig(model=model, replay_gt=gt, host=host_cfg, token_sha256=token_digest(token))
+        cfg = ServeConfig(model=model, replay_gt=gt, host=host_cfg, token_sha256=token_digest(token), **serve_kw)
         serve.run(build_app(cfg), name="padoc", route_prefix="/", blocking=False)
-        end = time.monotonic() + 900
+        end = time.monotonic() + ready_timeout_s
         while True:
             try:
                 with urllib.request.urlopen(url + "/readyz", timeout=30) as r:
@@ -150,6 +153,17 @@ def _http(model: str, gt: str, items: list[Item], concurrencies, n: int, host_cf
             if time.monotonic() > end:
                 raise RuntimeError("the service did not become ready")
             time.sleep(1)
+        yield url, token
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _http(model: str, gt: str, items: list[Item], concurrencies, n: int, host_cfg, warmup: int, log) -> dict:
+    import requests
+
+    out = {}
+    with local_service(model, gt, host_cfg) as (url, token):
         headers = {"Authorization": f"Bearer {token}"}
         local = __import__("threading").local()
 
@@ -172,9 +186,6 @@ def _http(model: str, gt: str, items: list[Item], concurrencies, n: int, host_cf
             out[str(c)] = _summary([r[0] for r in res], time.perf_counter() - t0, sum(r[1] for r in res))
             log(f"{'http':<18} C={c:<3} {out[str(c)]['pages_per_s']:.2f} pages/s  p50 {out[str(c)]['p50_s']:.3f}s  "
                 f"p95 {out[str(c)]['p95_s']:.3f}s")
-    finally:
-        serve.shutdown()
-        ray.shutdown()
     return out
 
 

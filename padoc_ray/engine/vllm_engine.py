@@ -149,6 +149,13 @@ class VllmEngine:
                 out[m.name.split(":", 1)[1]] = out.get(m.name, 0) + m.value
         return out
 
+    def generation_tokens(self) -> float:
+        """vLLM's generated-token counter since start (monotonic; the serving benchmark samples it)."""
+        from vllm.v1.metrics.reader import Counter, get_metrics_snapshot
+
+        return float(sum(m.value for m in get_metrics_snapshot()
+                         if isinstance(m, Counter) and m.name == "vllm:generation_tokens"))
+
     def shutdown(self) -> None:
         llm, self.llm = self.llm, None
         if llm is not None:

@@ -1,0 +1,416 @@
+"""The serving benchmark (`padoc-ray bench serve`; `bench replay` is its short form): fork vs
+sequential on one engine, on one fixed page set, in closed loops keeping C pages in flight.
+
+Pages come from OmniDocBench-format ground truth (the demo pages, synthetic corpus pages, ...):
+each page image is one request, teacher-forced with its truth so a random-weight model does a
+trained model's work with real document lengths (a real checkpoint runs the same way; truth is
+then only the page set). For each concurrency C and mode, every page runs once through C workers
+(a worker takes the next page as soon as its previous one finishes), after ``warmup`` untimed
+pages per mode. Targets: a :class:`~padoc_ray.host.PageHost` in this process (``direct``), or the
+Serve application on a local Ray over HTTP (``http``: the same pages, so the HTTP cost shows).
+
+Measured here: per page, its status, validity and latency (from sending it to its record); per run,
+the wall time and the engine's generation-token counter every 0.2 s (direct only). The figures and
+report files are made by :mod:`padoc_ray.bench.serve_report`. Holds no engine or scheduler code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from padoc_ray.bench.serve_report import add_pairs, format_markdown, legacy_summary, mode_row, plot_report, quantile
+from padoc_ray.groundtruth import GroundTruthError, Truth, parse_truth
+from padoc_ray.protocol import Page, quantized
+
+__all__ = [
+    "BenchPage",
+    "PageSetError",
+    "ServeBenchConfig",
+    "bench_truth",
+    "host_config",
+    "legacy_summary",
+    "load_page_sets",
+    "quantile",
+    "run",
+    "run_bench",
+]
+
+TARGETS = ("direct", "http")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeBenchConfig:
+    """One benchmark run. Defaults: the paper's serving benchmark (Table 3, Appendix E.3)."""
+
+    concurrency: tuple[int, ...] = (16, 32, 64, 128, 256)  #: closed-loop levels (pages in flight)
+    pages: int | None = 384  #: use the first N pages of the set (the paper's subset size); None: all
+    modes: tuple[str, ...] = ("fork", "sequential")
+    warmup: int = 2  #: untimed pages per mode before the timed runs (the paper: two warm-up requests)
+    target: str = "direct"  #: "direct" (a PageHost here) or "http" (the Serve endpoint on a local Ray)
+    sample_interval_s: float = 0.2  #: how often the engine's generation-token counter is read
+    peak_window_s: float = 10.0  #: window of the peak output-token rate
+    http_timeout_s: float = 3600.0  #: per HTTP request (client and service)
+
+    def __post_init__(self) -> None:
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise ValueError("concurrency levels must be positive integers")
+        if self.pages is not None and self.pages < 1:
+            raise ValueError("pages must be >= 1")
+        if not self.modes or not set(self.modes) <= {"fork", "sequential"}:
+            raise ValueError("modes are fork and/or sequential")
+        if self.warmup < 0:
+            raise ValueError("warmup must be >= 0")
+        if self.target not in TARGETS:
+            raise ValueError(f"target must be one of {', '.join(TARGETS)}")
+        if self.sample_interval_s <= 0 or self.peak_window_s <= 0 or self.http_timeout_s <= 0:
+            raise ValueError("sample_interval_s, peak_window_s and http_timeout_s must be > 0")
+
+
+# ---- the page set -----------------------------------------------------------------------------------------
+class PageSetError(ValueError):
+    """A page set that cannot be used (missing file, bad JSON, duplicate page names)."""
+
+
+@dataclass
+class BenchPage:
+    name: str  #: the page image's file name: its replay truth's key and its upload name
+    data: bytes  #: the image file's bytes (decoded per request, as a server would)
+    doc_id: str
+    truth: Page
+    gt: str  #: the ground-truth file it came from
+
+
+def load_page_sets(sets: Sequence[tuple[str, str]], limit: int | None = None) -> tuple[list[BenchPage], list[dict]]:
+    """Pages of (GT.json, images folder) pairs in order, at most ``limit`` in all; and per set
+    ``{"gt", "images", "count"}`` (pages used from it). Raises :class:`PageSetError`."""
+    from padoc_ray.pdf import doc_id_of
+
+    pages: list[BenchPage] = []
+    info: list[dict] = []
+    seen: dict[str, str] = {}
+    for gt, images in sets:
+        if not os.path.isfile(gt):
+            raise PageSetError(f"--gt {gt}: no such file")
+        if not os.path.isdir(images):
+            raise PageSetError(f"--images {images}: no such folder")
+        try:
+            with open(gt, "rb") as f:
+                entries = parse_truth(f.read(), f"--gt {gt}")
+        except (OSError, GroundTruthError) as e:
+            raise PageSetError(str(e)) from None
+        n = 0
+        for t in entries:
+            if limit is not None and len(pages) >= limit:
+                break
+            if t.page is None:
+                raise PageSetError(f"--gt {gt}: page {t.index} is not OmniDocBench format ({t.error})")
+            truth = t.page
+            name = os.path.basename(truth.image_path or "")
+            path = os.path.join(images, name)
+            if not name or not os.path.isfile(path):
+                raise PageSetError(f"--gt {gt}: page {t.index}: image {path} not found (is --images right?)")
+            if name in seen:
+                raise PageSetError(f"page image name {name} is in both {seen[name]} and {gt} (the truth is matched "
+                                   f"by file name)")
+            seen[name] = gt
+            with open(path, "rb") as f:
+                data = f.read()
+            pages.append(BenchPage(name, data, doc_id_of(data), truth, gt))
+            n += 1
+        info.append({"gt": gt, "images": images, "count": n})
+    if not pages:
+        raise PageSetError("the page set is empty")
+    return pages, info
+
+
+def bench_truth(pages: Sequence[BenchPage]) -> Truth:
+    """The host's replay truth for the bench pages (each image is a one-page document)."""
+    return Truth.of_pages({p.name: p.truth for p in pages})
+
+
+def host_config(*, pages_in_flight: int, max_tokens: int | None = None, max_branches: int | None = None,
+                max_num_seqs: int | None = None, layout_priority: bool = False,
+                max_live_branches: int | None = None, stream_branches: bool = False):
+    """The benchmark's :class:`~padoc_ray.host.HostConfig` (None: the config dataclasses' defaults)."""
+    from padoc_ray.host import HostConfig
+    from padoc_ray.scheduler import SchedulerConfig
+
+    overrides: dict = {"scheduling_policy": "priority"} if layout_priority else {}
+    if max_num_seqs:
+        overrides["max_num_seqs"] = max_num_seqs
+    sched = {k: v for k, v in (("max_tokens", max_tokens), ("max_branches", max_branches)) if v is not None}
+    return HostConfig(engine_overrides=overrides, pages_in_flight=pages_in_flight, max_live_branches=max_live_branches,
+                      scheduler=SchedulerConfig(**sched, layout_priority=layout_priority,
+                                                stream_branches=stream_branches))
+
+
+def _decode(data: bytes):
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        return img.convert("RGB")
+
+
+# ---- targets ----------------------------------------------------------------------------------------------
+class DirectTarget:
+    """Pages straight into a started :class:`~padoc_ray.host.PageHost` (its truth: :func:`bench_truth`)."""
+
+    name = "direct"
+
+    def __init__(self, host):
+        self.host = host
+        self._truth: dict[str, Page] = {}
+
+    def counters(self) -> dict[str, float]:
+        get = getattr(self.host.engine, "prefix_cache_counters", None)
+        return get() if get else {}
+
+    def generation_tokens(self) -> float | None:
+        get = getattr(self.host.engine, "generation_tokens", None)
+        return get() if get else None
+
+    async def run(self, page: BenchPage, mode: str, tag: str, i: int) -> dict:
+        from padoc_ray.host import HostPage
+
+        img = await asyncio.to_thread(_decode, page.data)
+        t = time.perf_counter()
+        # the run's tag as tenant, the page's position as salt: no run profits from another run's cache
+        rec = await self.host.parse(HostPage(doc_id=page.doc_id, page_index=0, image=img, source_name=page.name,
+                                             mode=mode, tenant=tag, salt=str(i)))
+        e2e = time.perf_counter() - t
+        if page.name not in self._truth:
+            self._truth[page.name] = quantized(page.truth, self.host.proto.vocab)
+        return {"t_send": t, "e2e_s": e2e, "status": rec.status, "valid": rec.valid, "ttft_s": rec.ttft_s,
+                "output_tokens": rec.output_tokens, "prompt_tokens": rec.prompt_tokens,
+                "cached_tokens": rec.cached_tokens, "n_branches": rec.n_branches, "f_seq": rec.f_seq,
+                "f_padoc": rec.f_padoc, "equals_truth": rec.page.regions == self._truth[page.name].regions}
+
+
+class HttpTarget:
+    """Pages as one-image documents to ``POST /v1/parse`` (threads of blocking clients). A page's
+    latency is the client's: upload, rendering (the service shrinks images to its render size,
+    1600 px on the longest side by default), the engine, the JSON answer. The engine's counters are
+    out of reach, so token rates and the cache hit rate come from the pages' records."""
+
+    name = "http"
+
+    def __init__(self, url: str, token: str, threads: int, timeout_s: float):
+        import concurrent.futures as cf
+        import threading
+
+        self.url, self.token, self.timeout_s = url, token, timeout_s
+        self.pool = cf.ThreadPoolExecutor(threads, thread_name_prefix="bench-http")
+        self.local = threading.local()
+
+    def counters(self) -> dict[str, float]:
+        return {}
+
+    def generation_tokens(self) -> float | None:
+        return None
+
+    def _post(self, page: BenchPage, mode: str) -> dict:
+        import requests
+
+        s = getattr(self.local, "s", None) or requests.Session()
+        self.local.s = s
+        t = time.perf_counter()
+        try:
+            r = s.post(f"{self.url}/v1/parse", params={"mode": mode}, headers={"Authorization": f"Bearer {self.token}"},
+                       files={"file": (page.name, page.data, "application/octet-stream")}, timeout=self.timeout_s)
+            e2e = time.perf_counter() - t
+            row = r.json()["pages"][0] if r.status_code == 200 and r.json().get("pages") else None
+        except (requests.RequestException, ValueError) as e:
+            return {"t_send": t, "e2e_s": time.perf_counter() - t, "status": f"client_{type(e).__name__}",
+                    "valid": False}
+        if row is None:
+            return {"t_send": t, "e2e_s": e2e, "status": f"http_{r.status_code}", "valid": False}
+        out = {"t_send": t, "e2e_s": e2e, "status": row["status"], "valid": bool(row.get("valid")),
+               "equals_truth": None}
+        for k in ("ttft_s", "output_tokens", "prompt_tokens", "cached_tokens", "n_branches", "f_seq", "f_padoc"):
+            out[k] = row.get(k)
+        return out
+
+    async def run(self, page: BenchPage, mode: str, tag: str, i: int) -> dict:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self._post, page, mode)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ---- the closed loop --------------------------------------------------------------------------------------
+async def closed_loop(target, pages: Sequence[BenchPage], mode: str, concurrency: int, tag: str, *,
+                      sample_s: float | None = None, on_page: Callable[[], None] | None = None
+                      ) -> tuple[list[dict], float, list[tuple[float, float]]]:
+    """Every page once through ``concurrency`` workers. Returns (results in page order, wall
+    seconds, generation-token counter samples (seconds from the start, tokens) when readable)."""
+    results: list[dict | None] = [None] * len(pages)
+    samples: list[tuple[float, float]] = []
+    nxt = 0
+    t0 = time.perf_counter()
+
+    async def worker():
+        nonlocal nxt
+        while nxt < len(pages):
+            i = nxt
+            nxt += 1
+            p = pages[i]
+            r = await target.run(p, mode, tag, i)
+            r["t_start"] = round(r.pop("t_send") - t0, 4)
+            r["t_end"] = round(r["t_start"] + r["e2e_s"], 4)
+            results[i] = {"page": p.name, **r}
+            if on_page:
+                on_page()
+
+    async def sampler():
+        while True:
+            c = target.generation_tokens()
+            if c is None:
+                return
+            samples.append((time.perf_counter() - t0, c))
+            await asyncio.sleep(sample_s)
+
+    sam = asyncio.create_task(sampler()) if sample_s else None
+    try:
+        await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
+    finally:
+        if sam is not None:
+            sam.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sam
+    wall = time.perf_counter() - t0
+    if sam is not None and samples:
+        samples.append((wall, target.generation_tokens()))
+    return [r for r in results if r is not None], wall, samples
+
+
+def _progress(total: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # no bar, same figures
+        return None
+    return tqdm(total=total, file=sys.stderr, unit="page", dynamic_ncols=True, desc="bench serve")
+
+
+async def run_bench(target, pages: Sequence[BenchPage], cfg: ServeBenchConfig, out_dir: str, *,
+                    header: dict | None = None, log: Callable[[str], None] = print) -> dict:
+    """Warm-up, then every (C, mode) run; writes ``report.json``, ``report.md``, ``pages.jsonl``
+    and the PNG plots into ``out_dir``; returns the report."""
+    os.makedirs(out_dir, exist_ok=True)
+    for mode in cfg.modes:  # warm-up: not timed
+        await closed_loop(target, pages[:cfg.warmup], mode, 1, f"warm-{mode}")
+    bar = _progress(len(cfg.modes) * len(cfg.concurrency) * len(pages))
+    say = bar.write if bar is not None else log
+    rows: list[dict] = []
+    results: dict[tuple[str, int], list[dict]] = {}
+    try:
+        with open(os.path.join(out_dir, "pages.jsonl"), "w", encoding="utf-8") as pj:
+            for c in cfg.concurrency:
+                for mode in cfg.modes:
+                    if bar is not None:
+                        bar.set_postfix_str(f"C={c} {mode}")
+                    before = target.counters()
+                    recs, wall, samples = await closed_loop(target, pages, mode, c, f"c{c}-{mode}",
+                                                            sample_s=cfg.sample_interval_s,
+                                                            on_page=bar.update if bar is not None else None)
+                    after = target.counters()
+                    cache = {k: after.get(f"prefix_cache_{k}", 0) - before.get(f"prefix_cache_{k}", 0)
+                             for k in ("queries", "hits")} if after else None
+                    results[(mode, c)] = recs
+                    row = mode_row(recs, wall, mode, c, samples=samples, cache=cache, window_s=cfg.peak_window_s)
+                    rows.append(row)
+                    for r in recs:
+                        pj.write(json.dumps({"concurrency": c, "mode": mode, **r}) + "\n")
+                    say(f"C={c:<3} {mode:<10} {row['valid_pages_per_s']:.3f} valid pages/s  "
+                        f"p50 {row['p50_e2e_s'] or 0:.2f}s  p95 {row['p95_e2e_s'] or 0:.2f}s  "
+                        f"valid {row['valid_pages']}/{row['pages']}  {row['mean_output_tokens_per_s']:.0f} tok/s")
+    finally:
+        if bar is not None:
+            bar.close()
+    add_pairs(rows, results)
+    report = {**(header or {}), "config": {**(header or {}).get("config", {}), "target": cfg.target,
+                                           "concurrency": list(cfg.concurrency), "modes": list(cfg.modes),
+                                           "warmup": cfg.warmup, "peak_window_s": cfg.peak_window_s},
+              "rows": rows}
+    try:
+        report["plots"] = plot_report(report, out_dir)
+    except ImportError as e:  # matplotlib is an optional extra
+        report["plots"] = []
+        log(f"no plots: {e}")
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write(format_markdown(report))
+    return report
+
+
+# ---- one whole run --------------------------------------------------------------------------------------
+def _header(model: str, pages: Sequence[BenchPage], sets: list[dict], cfg: ServeBenchConfig, host_cfg) -> dict:
+    used = len(pages)
+    return {"config": {"model": model, "host": {"pages_in_flight": host_cfg.pages_in_flight,
+                                                "max_live_branches": host_cfg.max_live_branches,
+                                                "engine_overrides": dict(host_cfg.engine_overrides),
+                                                "max_tokens": host_cfg.scheduler.max_tokens,
+                                                "max_branches": host_cfg.scheduler.max_branches,
+                                                "layout_priority": host_cfg.scheduler.layout_priority,
+                                                "stream_branches": host_cfg.scheduler.stream_branches}},
+            "pages": {"requested": cfg.pages or used, "used": used, "sets": sets, "names": [p.name for p in pages]}}
+
+
+async def _run_direct(model: str, pages, cfg, host_cfg, out_dir, header, log) -> dict:
+    from padoc_ray.host import PageHost
+
+    host = await PageHost(model, host_cfg, truth=bench_truth(pages)).start()
+    try:
+        ec = getattr(host.engine, "cfg", None)
+        if ec is not None:
+            header["engine"] = (f"max_num_seqs {ec.max_num_seqs}, max_num_batched_tokens {ec.max_num_batched_tokens}, "
+                                f"dtype {ec.dtype}, scheduling {ec.scheduling_policy}")
+        return await run_bench(DirectTarget(host), pages, cfg, out_dir, header=header, log=log)
+    finally:
+        host.shutdown()
+        await asyncio.sleep(0.2)
+
+
+def _run_http(model: str, pages, cfg, host_cfg, out_dir, header, log) -> dict:
+    from padoc_ray.bench.http import local_service
+
+    objs = []
+    for gt in dict.fromkeys(p.gt for p in pages):
+        with open(gt, encoding="utf-8") as f:
+            objs += json.load(f)
+    c = max(cfg.concurrency)
+    with tempfile.TemporaryDirectory(prefix="padoc-bench-") as tmp:
+        merged = os.path.join(tmp, "gt.json")  # one replay truth for the service: every set's pages
+        with open(merged, "w", encoding="utf-8") as f:
+            json.dump(objs, f)
+        serve_kw = dict(engine_max_ongoing=c, engine_max_queued=max(256, c), ingress_max_ongoing=c,
+                        ingress_max_queued=max(64, c), request_timeout_s=cfg.http_timeout_s)
+        with local_service(model, merged, host_cfg, **serve_kw) as (url, token):
+            header["engine"] = f"Serve app at {url} (engine replica: the machine's preset)"
+            target = HttpTarget(url, token, c, cfg.http_timeout_s)
+            try:
+                return asyncio.run(run_bench(target, pages, cfg, out_dir, header=header, log=log))
+            finally:
+                target.close()
+
+
+def run(sets: Sequence[tuple[str, str]], model: str, cfg: ServeBenchConfig, host_cfg, out_dir: str,
+        log: Callable[[str], None] = print) -> dict:
+    """Load the page set and run the benchmark on ``cfg.target``; returns the report."""
+    pages, info = load_page_sets(sets, cfg.pages)
+    if cfg.pages and len(pages) < cfg.pages:
+        log(f"{len(pages)} pages in the set, fewer than the {cfg.pages} asked for: using all {len(pages)}")
+    header = _header(model, pages, info, cfg, host_cfg)
+    if cfg.target == "http":
+        return _run_http(model, pages, cfg, host_cfg, out_dir, header, log)
+    return asyncio.run(_run_direct(model, pages, cfg, host_cfg, out_dir, header, log))
