@@ -23,6 +23,7 @@ print("ok")
 PURE = [
     "padoc_ray.protocol",
     "padoc_ray.protocol.bytes_tokenizer",
+    "padoc_ray.protocol.grammar",
     "padoc_ray.scheduler",
     "padoc_ray.engine",
     "padoc_ray.engine.interface",

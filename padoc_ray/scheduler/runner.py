@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -182,6 +183,8 @@ class _Page:
     async def run(self) -> PageRecord:
         st = self.state
         main = self._request(f"{self.run_id}/main", st.prompt_ids, self.inp.forced_main, 0)
+        if self.cfg.constrain_layout and self.mode == "fork":  # the layout grammar (engine.layout_constraint)
+            main = dataclasses.replace(main, constrain_layout_regions=self.cfg.max_branches)
         self.tasks.append(asyncio.create_task(self._consume(main, None)))
         try:
             async with asyncio.timeout(self.cfg.deadline_s):
