@@ -93,7 +93,8 @@ def cmd_init_model(args) -> int:
 def _scheduler_cfg(args):
     from padoc_ray.scheduler import SchedulerConfig
 
-    return SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches, deadline_s=args.deadline)
+    return SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches, deadline_s=args.deadline,
+                           constrain_layout=args.constrain_layout)
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -103,8 +104,13 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=8192, help="generated tokens per stream (default 8192)")
     p.add_argument("--max-branches", type=int, default=255, help="content branches per page (default 255)")
     p.add_argument("--deadline", type=float, default=None, help="seconds per page before it is cut (default: none)")
+    _add_constrain_layout(p)
     p.add_argument("--longest-side", type=int, default=1600, help="render PDF pages to this many pixels (default 1600)")
     p.add_argument("--dpi", type=float, default=None, help="render PDF pages at this DPI instead of --longest-side")
+
+
+def _add_constrain_layout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--constrain-layout", action="store_true", help="keep each layout stream in the checkpoint's layout grammar (a logits mask: category, ordered box coordinates, region close; at most --max-branches regions), so no page ends malformed_layout; teacher-forced tokens still win (default: off)")
 
 
 def _run_local(model: str, paths: list[str], args, *, pages=None, gt: str | None = None, concurrency: int = 4):
@@ -284,7 +290,8 @@ def cmd_bench_replay(args) -> int:
     cfg = HostConfig(
         engine_overrides=overrides, pages_in_flight=max(args.concurrency), max_live_branches=args.max_live_branches,
         scheduler=SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
-                                  layout_priority=args.layout_priority, stream_branches=args.stream_branches))
+                                  layout_priority=args.layout_priority, stream_branches=args.stream_branches,
+                                  constrain_layout=args.constrain_layout))
 
     async def go():
         host = await PageHost(args.model, cfg, truth=bench_truth(pages)).start()
@@ -384,7 +391,8 @@ def cmd_bench_http(args) -> int:
             _die(f"{what}: {path} does not exist")
     try:
         report = run(os.path.abspath(args.model), os.path.abspath(args.gt), _pdf_paths(args.input), args.concurrency,
-                     requests=args.requests, warmup=args.warmup, out_dir=args.out)
+                     requests=args.requests, warmup=args.warmup, out_dir=args.out,
+                     constrain_layout=args.constrain_layout)
     except ValueError as e:
         _die(str(e))
     print(format_table(report))
@@ -531,6 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--stream-branches", action="store_true",
                     help="stream branch tokens (the runaway guard can stop a branch early) instead of taking each "
                          "branch's output once at its end (the default)")
+    _add_constrain_layout(br)
     br.set_defaults(func=cmd_bench_replay)
     bra = bsub.add_parser("raster", help="rasterization pages/s: padoc-ray's raster stage vs pdftoppm",
                           description="Rasterize the same PDFs at the same DPI with pypdfium2 (render only), with "
@@ -594,6 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--requests", type=int, default=64, help="one-page requests per concurrency and side (default 64)")
     bh.add_argument("--warmup", type=int, default=4, help="untimed requests per side first (default 4)")
     bh.add_argument("--out", default=None, help="folder for http_bench.json")
+    _add_constrain_layout(bh)
     bh.set_defaults(func=cmd_bench_http)
     bench.set_defaults(func=lambda a: (bench.print_help(), 2)[1])
     return p

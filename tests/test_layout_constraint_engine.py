@@ -134,3 +134,58 @@ def test_teacher_forced_pages_are_unchanged_by_the_constraint(demo_pages, cpu_en
     for a, b in zip(plain, constrained):
         assert a.status == b.status == "ok" and a.valid and b.valid
         assert a.page == b.page and a.main_tokens == b.main_tokens and a.branch_tokens == b.branch_tokens
+
+
+def test_processor_masks_rows_wherever_the_batch_moves_them(tiny_model_dir, model_protocol):
+    """The processor alone, on random logits: every row samples an allowed token, through batch moves,
+    a forced row and an unconstrained row."""
+    import types
+
+    import torch
+    from vllm import SamplingParams
+    from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+
+    from padoc_ray.engine.forcing import FORCED_TOKENS_KEY
+    from padoc_ray.engine.layout_constraint import CONSTRAIN_LAYOUT_KEY, LayoutGrammarProcessor
+    from padoc_ray.protocol import LayoutGrammar
+
+    v = model_protocol.vocab
+    cfg = types.SimpleNamespace(model_config=types.SimpleNamespace(model=tiny_model_dir, tokenizer=tiny_model_dir))
+    proc = LayoutGrammarProcessor(cfg, torch.device("cpu"), False)
+    width = 9216 + 64  # wider than the tokenizer, as padded LM heads are
+    forced = [v.region_open, 5, 6, 7]  # content ids where a category must stand: forcing wins
+    outs = [[] for _ in range(4)]
+    params = [SamplingParams(max_tokens=40, extra_args={CONSTRAIN_LAYOUT_KEY: 3}),
+              SamplingParams(max_tokens=40),  # unconstrained
+              SamplingParams(max_tokens=40, extra_args={CONSTRAIN_LAYOUT_KEY: 3, FORCED_TOKENS_KEY: forced}),
+              SamplingParams(max_tokens=15, extra_args={CONSTRAIN_LAYOUT_KEY: 255})]
+    proc.update_state(BatchUpdate(batch_size=4, removed=[], moved=[],
+                                  added=[(i, p, None, outs[i]) for i, p in enumerate(params)]))
+    order = [0, 1, 2, 3]  # batch row -> request
+    for step in range(40):
+        if step in (5, 17):  # the batch is condensed / reordered: rows 0 and 3 swap
+            proc.update_state(BatchUpdate(batch_size=4, removed=[], added=[],
+                                          moved=[(0, 3, MoveDirectionality.SWAP)]))
+            order[0], order[3] = order[3], order[0]
+        logits = torch.randn(4, width, generator=torch.Generator().manual_seed(step))
+        ref = logits.clone()
+        out = proc.apply(logits)
+        for row, req in enumerate(order):
+            o = outs[req]
+            if req == 2 and len(o) < len(forced):
+                tok = forced[len(o)]
+                assert torch.equal(out[row], ref[row])  # untouched: the forcing processor decides
+            else:
+                assert torch.isfinite(out[row]).any()
+                tok = int(out[row].argmax())
+            if req == 1:
+                assert torch.equal(out[row], ref[row])
+            if not (o and o[-1] == v.end_of_stream):
+                o.append(tok)
+    g = LayoutGrammar(v)
+    for req in (0, 3):
+        errs, regions = _errors(v, outs[req])
+        assert errs == [] and outs[req][-1] == v.end_of_stream
+        assert len(regions) <= 3 and len(outs[req]) <= params[req].max_tokens
+    cur = g.cursor()
+    assert [cur.advance(t) for t in outs[2][:2]] == [True, False]  # the forced off-grammar token went through

@@ -13,7 +13,8 @@ The grammar's tables come from the checkpoint's ``padoc_protocol.json`` and toke
 the engine process when the first constrained request arrives. Registered on every padoc-ray
 engine next to the forcing processor, as ``logits_processors=[..., LAYOUT_PROCESSOR]``; it costs
 nothing while no constrained request runs. The mask is built for all constrained rows at once
-(a few tensor operations per step, whatever the number of rows).
+over the protocol's own columns (a few tensor operations per step, whatever the number of rows;
+the only full-vocabulary pass sets the constrained rows to -inf).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class LayoutGrammarProcessor(LogitsProcessor):
         self._tokenizer = getattr(mc, "tokenizer", None)
         self.grammar: LayoutGrammar | None = None
         self.rows: dict[int, _Row] = {}
-        self._tables: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (vocab width, kind masks, bin of id)
+        self._tables: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # see _tables_for
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams):
@@ -102,19 +103,23 @@ class LayoutGrammarProcessor(LogitsProcessor):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         process_dict_updates(self.rows, batch_update, self._new_state)
 
-    def _tables_for(self, width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._tables is None or self._tables[0] != width:
+    def _tables_for(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Over the protocol's own columns only (a few hundred to a few thousand ids, whatever the
+        vocabulary): their ids, which kinds allow each, and each one's bin (-1: not a coordinate)."""
+        if self._tables is None or self._tables[0].device != device:
             g = self._grammar()
             v = g.vocab
-            masks = torch.zeros((len(Kind), width), dtype=torch.bool)
-            masks[Kind.OPEN_OR_END, [v.region_open, v.end_of_stream]] = True
-            masks[Kind.END, v.end_of_stream] = True
-            masks[Kind.CATEGORY, list(v.category_ids.values())] = True
-            masks[Kind.CLOSE, v.region_close] = True
-            bin_of = torch.full((width,), -1, dtype=torch.int32)
-            bin_of[list(v.coord_ids)] = torch.arange(g.bins, dtype=torch.int32)
-            self._tables = (width, masks.to(device), bin_of.to(device))
-        return self._tables[1], self._tables[2]
+            ids = [v.region_open, v.end_of_stream, v.region_close, *v.category_ids.values(), *v.coord_ids]
+            col = {t: i for i, t in enumerate(ids)}
+            masks = torch.zeros((len(Kind), len(ids)), dtype=torch.bool)
+            masks[Kind.OPEN_OR_END, [col[v.region_open], col[v.end_of_stream]]] = True
+            masks[Kind.END, col[v.end_of_stream]] = True
+            masks[Kind.CATEGORY, [col[t] for t in v.category_ids.values()]] = True
+            masks[Kind.CLOSE, col[v.region_close]] = True
+            bin_of = torch.full((len(ids),), -1, dtype=torch.int32)
+            bin_of[[col[t] for t in v.coord_ids]] = torch.arange(g.bins, dtype=torch.int32)
+            self._tables = (torch.tensor(ids, dtype=torch.long).to(device), masks.to(device), bin_of.to(device))
+        return self._tables
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.rows:
@@ -129,9 +134,12 @@ class LayoutGrammarProcessor(LogitsProcessor):
                 picked.append([row, int(a.kind), a.lo, a.hi])
         if not picked:
             return logits
-        masks, bin_of = self._tables_for(logits.shape[1], logits.device)
+        cols, masks, bin_of = self._tables_for(logits.device)
         p = torch.tensor(picked, dtype=torch.long, device=logits.device)
         rows, lo, hi = p[:, 0], p[:, 2:3].to(torch.int32), p[:, 3:4].to(torch.int32)
-        allow = masks[p[:, 1]] | ((bin_of >= lo) & (bin_of <= hi))  # (rows, vocab)
-        logits[rows] = logits[rows].masked_fill(~allow, float("-inf"))
+        allow = masks[p[:, 1]] | ((bin_of >= lo) & (bin_of <= hi))  # (rows, protocol columns)
+        at = (rows[:, None], cols[None, :])
+        kept = logits[at].masked_fill(~allow, float("-inf"))
+        logits.index_fill_(0, rows, float("-inf"))
+        logits[at] = kept
         return logits

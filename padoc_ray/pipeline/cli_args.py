@@ -93,6 +93,7 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
     gen.add_argument("--dpi", type=float, default=None, help="render at this DPI instead of --longest-side")
     gen.add_argument("--max-tokens", type=int, default=8192, help="generated tokens per stream (default 8192)")
     gen.add_argument("--max-branches", type=int, default=255, help="content branches per page (default 255)")
+    gen.add_argument("--constrain-layout", action="store_true", help="keep each layout stream in the checkpoint's layout grammar (a logits mask: category, ordered box coordinates, region close; at most --max-branches regions), so no page ends malformed_layout; teacher-forced tokens still win (default: off)")
     gen.add_argument("--replay", metavar="GT.json", default=None,
                      help="teacher-force the model with this OmniDocBench ground truth (pages matched by file name "
                           "and page_no; for random-weight demo models and benchmarks)")
@@ -153,7 +154,8 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
         host=HostConfig(engine=args.engine, engine_overrides=overrides, pages_in_flight=args.pages_in_flight,
                         max_live_branches=args.max_live_branches, mode=getattr(args, "mode", "fork"),
                         scheduler=SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
-                                                  deadline_s=args.page_deadline)),
+                                                  deadline_s=args.page_deadline,
+                                                  constrain_layout=args.constrain_layout)),
         storage=StorageConfig(endpoint=args.s3_endpoint), num_actors=args.actors,
         gpus_per_actor=args.gpus_per_actor, cpus_per_actor=args.cpus_per_actor,
         engine_resources=getattr(args, "engine_resources", {}),

@@ -53,6 +53,7 @@ def add_parser(sub) -> None:
                    help="default mode of requests that name none (default fork)")
     s.add_argument("--model-id", default=None, help="the model name clients send (default: the model folder's name)")
     s.add_argument("--max-branches", type=positive(int), default=255, help="content branches per page (default 255)")
+    s.add_argument("--constrain-layout", action="store_true", help="keep each layout stream in the checkpoint's layout grammar (a logits mask: category, ordered box coordinates, region close; at most --max-branches regions), so no page ends malformed_layout; teacher-forced tokens still win (default: off)")
     s.add_argument("--page-deadline", type=positive(float), default=None,
                    help="seconds per page before it is cut (default: none)")
     s.add_argument("--request-timeout", type=positive(float), default=600.0,
@@ -93,7 +94,7 @@ def config_from_args(args: argparse.Namespace):
         model=args.model, model_id=args.model_id, replay_gt=args.replay,
         host=HostConfig(engine=args.engine, mode=args.mode, pages_in_flight=args.pages_in_flight,
                         scheduler=SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
-                                                  deadline_s=args.page_deadline)),
+                                                  deadline_s=args.page_deadline, constrain_layout=args.constrain_layout)),
         max_upload_bytes=int(args.max_upload_mb * 2**20), max_pages=args.max_pages, max_job_pages=args.max_job_pages,
         request_timeout_s=args.request_timeout, allowed_s3=tuple(args.allow_s3), job_store=args.job_store,
         job_lease_s=args.job_lease, storage=StorageConfig(endpoint=args.s3_endpoint),
