@@ -6,7 +6,6 @@ import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from padoc_ray.protocol import LayoutGrammar, ProtocolSpec, StreamParser, Vocab, serialize_padoc
 from padoc_ray.protocol.bytes_tokenizer import ByteTokenizer

@@ -182,8 +182,8 @@ def run(model: str, gt: str, pdfs: Sequence[str], concurrencies: Sequence[int] =
         warmup: int = 4, out_dir: str | None = None, log=print, constrain_layout: bool = False) -> dict:
     """``constrain_layout``: keep layout streams in the layout grammar (SchedulerConfig.constrain_layout)."""
     from padoc_ray.host import HostConfig
-    from padoc_ray.scheduler import SchedulerConfig
     from padoc_ray.local import load_truth
+    from padoc_ray.scheduler import SchedulerConfig
 
     items = _items(pdfs)
     truth = load_truth(gt)

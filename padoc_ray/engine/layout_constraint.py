@@ -50,7 +50,7 @@ def load_grammar(model_dir: str, tokenizer_dir: str | None = None) -> LayoutGram
 class _Row:
     """One constrained request: its grammar cursor, its live output list, how much of it was fed."""
 
-    __slots__ = ("cursor", "out", "fed", "n_forced")
+    __slots__ = ("cursor", "fed", "n_forced", "out")
 
     def __init__(self, cursor: LayoutCursor, out: list[int], n_forced: int):
         self.cursor, self.out, self.fed, self.n_forced = cursor, out, 0, n_forced

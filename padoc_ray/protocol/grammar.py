@@ -65,7 +65,7 @@ class LayoutGrammar:
             (f == "category", -1 if f == "category" else pos[_PARTNER[f]], f in ("x2", "y2")) for f in fields
         )
 
-    def cursor(self, *, max_regions: int | None = None, max_tokens: int | None = None) -> "LayoutCursor":
+    def cursor(self, *, max_regions: int | None = None, max_tokens: int | None = None) -> LayoutCursor:
         """A fresh stream's state. ``max_regions``: regions at most (then only end-of-stream);
         ``max_tokens``: the stream's token budget, end-of-stream included."""
         if max_regions is not None and max_regions < 0:
@@ -93,7 +93,7 @@ class LayoutGrammar:
 class LayoutCursor:
     """One layout stream's position in the grammar."""
 
-    __slots__ = ("g", "max_regions", "max_tokens", "phase", "n_tokens", "n_regions", "_bins")
+    __slots__ = ("_bins", "g", "max_regions", "max_tokens", "n_regions", "n_tokens", "phase")
 
     def __init__(self, grammar: LayoutGrammar, max_regions: int | None, max_tokens: int | None):
         self.g = grammar
