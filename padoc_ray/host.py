@@ -37,7 +37,7 @@ from padoc_ray.engine.interface import EngineDeadError, GenRequest
 from padoc_ray.protocol import Page
 from padoc_ray.scheduler import PageInput, PageRecord, SchedulerConfig, replay_input, run_page
 from padoc_ray.scheduler.runner import branch_admission
-from padoc_ray.scheduler.state import MODES
+from padoc_ray.scheduler.state import DECODE_MODES
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class HostConfig:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.preset not in ("auto", "gpu", "cpu"):
             raise ValueError(f"preset must be auto, gpu or cpu, got {self.preset!r}")
-        if self.mode not in MODES:
+        if self.mode not in DECODE_MODES:
             raise ValueError(f"mode must be fork or sequential, got {self.mode!r}")
         if self.pages_in_flight < 1:
             raise ValueError("pages_in_flight must be >= 1")
@@ -211,7 +211,7 @@ class PageHost:
         mode = page.mode or self.cfg.mode
         page_id, cache_salt = page_identity(page.doc_id, page.page_index, page.tenant, page.salt)
         try:
-            if mode not in MODES:
+            if mode not in DECODE_MODES:
                 raise ValueError(f"mode must be fork or sequential, got {mode!r}")
             inp = self._input(page, page_id, cache_salt)
         except _Unreadable as e:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from padoc_ray.eval.pageiou import (
-    CATEGORY_MAPPING, CLASSES, KNOWN_CATEGORIES, MODES, Aggregator, LayoutBox, PageIoUConfig, PageResult, PageScore,
+    CATEGORY_MAPPING, CLASSES, KNOWN_CATEGORIES, SCORE_MODES, Aggregator, LayoutBox, PageIoUConfig, PageResult, PageScore,
     canonical_category, evaluate_page, page_iou, rho,
 )
 
@@ -137,11 +137,11 @@ def test_empty_pages_and_one_sided_pages():
     assert not any(res.support.values())
     assert all(s == PageScore(1.0, 1.0, 1.0, False) for per in res.scores.values() for s in per.values())
     gt_only = evaluate_page([("title", (0, 0, 1, 0.1))], [])
-    for m in MODES:
+    for m in SCORE_MODES:
         s = gt_only.scores[m]["text"]
         assert (s.iou, s.precision, s.recall, s.support) == (0.0, 1.0, 0.0, True)  # rho(0, 0) = 1 for precision
     pred_only = evaluate_page([], [("title", (0, 0, 1, 0.1))])
-    for m in MODES:
+    for m in SCORE_MODES:
         s = pred_only.scores[m]["text"]
         assert (s.iou, s.precision, s.recall, s.support) == (0.0, 0.0, 1.0, True)
     # only an acceptable ground-truth box and no prediction: support, but nothing to miss
@@ -197,7 +197,7 @@ def test_config_validation():
 
 def _result(**per_class: tuple[float, float, float] | None) -> PageResult:
     scores = {}
-    for m in MODES:
+    for m in SCORE_MODES:
         scores[m] = {q: PageScore(1.0, 1.0, 1.0, False) for q in CLASSES}
         for q, v in per_class.items():
             scores[m][q] = PageScore(v[0], v[1], v[2], True)
@@ -243,7 +243,7 @@ def test_raster_rounds_edges_to_the_nearest_grid_line():
 def _reference(gt, pred, n):
     """Brute force on an n x n grid of boxes aligned to it: the paper's equations cell by cell."""
     out = {}
-    for cm, km in MODES:
+    for cm, km in SCORE_MODES:
         for q in CLASSES:
             inc, acc = CATEGORY_MAPPING[q].include, CATEGORY_MAPPING[q].acceptable
             sums = [0.0] * 4
@@ -282,7 +282,7 @@ def test_exact_and_raster_agree_within_the_grid_resolution(gt, pred):
     grid = 200
     exact = evaluate_page(gt, pred)
     raster = evaluate_page(gt, pred, config=PageIoUConfig(backend="raster", grid=grid))
-    for m in MODES:
+    for m in SCORE_MODES:
         for q in CLASSES:
             e, r = exact.scores[m][q], raster.scores[m][q]
             assert e.support == r.support

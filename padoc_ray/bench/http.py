@@ -190,16 +190,19 @@ def _http(model: str, gt: str, items: list[Item], concurrencies, n: int, host_cf
 
 
 def run(model: str, gt: str, pdfs: Sequence[str], concurrencies: Sequence[int] = (1, 8, 32), requests: int = 64,
-        warmup: int = 4, out_dir: str | None = None, log=print) -> dict:
+        warmup: int = 4, out_dir: str | None = None, log=print, constrain_layout: bool = False) -> dict:
+    """``constrain_layout``: keep layout streams in the layout grammar (SchedulerConfig.constrain_layout)."""
     from padoc_ray.host import HostConfig
     from padoc_ray.groundtruth import load_truth
+    from padoc_ray.scheduler import SchedulerConfig
 
     items = _items(pdfs)
     truth = load_truth(gt)
     missing = [f"{it.name} page {it.page_index}" for it in items if (it.name, it.page_index) not in truth]
     if missing:
         raise ValueError(f"no ground truth for {', '.join(missing[:5])} (the benchmark is teacher-forced)")
-    host_cfg = HostConfig(pages_in_flight=max(32, max(concurrencies)))
+    host_cfg = HostConfig(pages_in_flight=max(32, max(concurrencies)),
+                          scheduler=SchedulerConfig(constrain_layout=constrain_layout))
     direct = asyncio.run(_direct(model, truth, items, concurrencies, requests, host_cfg, warmup, log))
     http = _http(model, gt, items, concurrencies, requests, host_cfg, warmup, log)
     report = {"model": model, "pages": len(items), "requests_per_level": requests, "concurrency": {}}

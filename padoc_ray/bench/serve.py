@@ -138,7 +138,7 @@ def bench_truth(pages: Sequence[BenchPage]) -> Truth:
 
 def host_config(*, pages_in_flight: int, max_tokens: int | None = None, max_branches: int | None = None,
                 max_num_seqs: int | None = None, layout_priority: bool = False,
-                max_live_branches: int | None = None, stream_branches: bool = False):
+                max_live_branches: int | None = None, stream_branches: bool = False, constrain_layout: bool = False):
     """The benchmark's :class:`~padoc_ray.host.HostConfig` (None: the config dataclasses' defaults)."""
     from padoc_ray.host import HostConfig
     from padoc_ray.scheduler import SchedulerConfig
@@ -149,7 +149,7 @@ def host_config(*, pages_in_flight: int, max_tokens: int | None = None, max_bran
     sched = {k: v for k, v in (("max_tokens", max_tokens), ("max_branches", max_branches)) if v is not None}
     return HostConfig(engine_overrides=overrides, pages_in_flight=pages_in_flight, max_live_branches=max_live_branches,
                       scheduler=SchedulerConfig(**sched, layout_priority=layout_priority,
-                                                stream_branches=stream_branches))
+                                                stream_branches=stream_branches, constrain_layout=constrain_layout))
 
 
 def _decode(data: bytes):

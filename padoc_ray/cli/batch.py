@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from padoc_ray.cli.common import add_command, start_ray
+from padoc_ray.cli.common import add_command, add_mode, add_render, add_stream_limits, start_ray
 from padoc_ray.host import HostConfig
 from padoc_ray.pdf import RenderConfig
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
-from padoc_ray.storage import StorageConfig
 from padoc_ray.raster import ENCODINGS, RendererConfig
 from padoc_ray.scheduler import SchedulerConfig
+from padoc_ray.storage import StorageConfig
 
 DESCRIPTION = """\
 Parse PDFs at scale: Ray Data lists the inputs, reads and rasterizes pages (pypdfium2) in CPU
@@ -76,8 +76,7 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
                          "from the standard AWS chain")
     gen = p.add_argument_group("parsing")
     if job_io:
-        gen.add_argument("--mode", choices=("fork", "sequential"), default="fork",
-                         help="fork: PaDoc layout stream + concurrent branches; sequential: the baseline (default fork)")
+        add_mode(gen)
     gen.add_argument("--pages", type=parse_page_ranges, default=None,
                      help="1-based page ranges to parse in every document, e.g. 1-3,7 (default: all)")
     gen.add_argument("--max-pages-per-doc", type=int, default=None, help="parse at most N pages per document")
@@ -89,10 +88,8 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
     gen.add_argument("--file-size-limit-mb", type=float, default=512, metavar="MB",
                      help="refuse input files larger than this, from the listing, without reading them, or when "
                           "read if a file grew past it (status file_too_large; 0: no limit; default 512)")
-    gen.add_argument("--longest-side", type=int, default=1600, help="render pages to this many pixels (default 1600)")
-    gen.add_argument("--dpi", type=float, default=None, help="render at this DPI instead of --longest-side")
-    gen.add_argument("--max-tokens", type=int, default=8192, help="generated tokens per stream (default 8192)")
-    gen.add_argument("--max-branches", type=int, default=255, help="content branches per page (default 255)")
+    add_render(gen)
+    add_stream_limits(gen)
     gen.add_argument("--replay", metavar="GT.json", default=None,
                      help="teacher-force the model with this OmniDocBench ground truth (pages matched by file name "
                           "and page_no; for random-weight demo models and benchmarks)")
@@ -152,7 +149,8 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
         host=HostConfig(engine=args.engine, engine_overrides=overrides, pages_in_flight=args.pages_in_flight,
                         max_live_branches=args.max_live_branches, mode=getattr(args, "mode", "fork"),
                         scheduler=SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
-                                                  deadline_s=args.page_deadline)),
+                                                  deadline_s=args.page_deadline,
+                                                  constrain_layout=args.constrain_layout)),
         storage=StorageConfig(endpoint=args.s3_endpoint), num_actors=args.actors,
         gpus_per_actor=args.gpus_per_actor, cpus_per_actor=args.cpus_per_actor,
         engine_resources=getattr(args, "engine_resources", {}),

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import json
 import os
+import sys
 import tempfile
 
-from padoc_ray.cli.common import DEFAULT_MODEL, EXAMPLES_DIR, add_command, die, group_help, int_list, str_list
+from padoc_ray.cli.common import (
+    DEFAULT_MODEL,
+    EXAMPLES_DIR,
+    add_command,
+    add_stream_limits,
+    die,
+    group_help,
+    int_list,
+    str_list,
+)
+from padoc_ray.scheduler.state import DECODE_MODES
 
 
 def _pdf_paths(spec: str) -> list[str]:
@@ -80,7 +90,8 @@ def cmd_bench_http(args) -> int:
             die(f"{what}: {path} does not exist")
     try:
         report = run(os.path.abspath(args.model), os.path.abspath(args.gt), _pdf_paths(args.input), args.concurrency,
-                     requests=args.requests, warmup=args.warmup, out_dir=args.out)
+                     requests=args.requests, warmup=args.warmup, out_dir=args.out,
+                     constrain_layout=args.constrain_layout)
     except ValueError as e:
         die(str(e))
     print(format_table(report))
@@ -173,20 +184,16 @@ def cmd_bench_attention(args) -> int:
 
 def _modes(text: str) -> tuple[str, ...]:
     modes = tuple(m for m in text.split(",") if m)
-    if not modes or not set(modes) <= {"fork", "sequential"}:
-        die("--modes takes fork and/or sequential")
+    if not modes or not set(modes) <= set(DECODE_MODES):
+        die(f"--modes takes {' and/or '.join(DECODE_MODES)}")
     return modes
 
 
 def add_host_args(p: argparse.ArgumentParser) -> None:
     """The engine host's knobs shared by `bench serve` and `bench replay` (defaults: the config dataclasses')."""
     from padoc_ray.engine.config import EngineConfig
-    from padoc_ray.scheduler import SchedulerConfig
 
-    p.add_argument("--max-tokens", type=int, default=SchedulerConfig.max_tokens,
-                   help=f"generated tokens per stream (default {SchedulerConfig.max_tokens})")
-    p.add_argument("--max-branches", type=int, default=SchedulerConfig.max_branches,
-                   help=f"branches per page (default {SchedulerConfig.max_branches})")
+    add_stream_limits(p)
     p.add_argument("--max-num-seqs", type=int, default=None,
                    help=f"engine max_num_seqs (default: the engine preset's, {EngineConfig.max_num_seqs})")
     p.add_argument("--layout-priority", action="store_true",
@@ -204,7 +211,8 @@ def _host_cfg(args, pages_in_flight: int):
     try:
         return host_config(pages_in_flight=pages_in_flight, max_tokens=args.max_tokens, max_branches=args.max_branches,
                            max_num_seqs=args.max_num_seqs, layout_priority=args.layout_priority,
-                           max_live_branches=args.max_live_branches, stream_branches=args.stream_branches)
+                           max_live_branches=args.max_live_branches, stream_branches=args.stream_branches,
+                           constrain_layout=args.constrain_layout)
     except ValueError as e:
         die(str(e))
 
@@ -274,7 +282,7 @@ def register(sub) -> None:
     br.add_argument("--images", required=True, help="folder holding each page's image_path")
     br.add_argument("--model", required=True, help="checkpoint directory")
     br.add_argument("--concurrency", type=int_list, default=[1, 4, 16], help="comma list (default 1,4,16)")
-    br.add_argument("--modes", default="fork,sequential", help="comma list (default fork,sequential)")
+    br.add_argument("--modes", default=",".join(DECODE_MODES), help=f"comma list (default {','.join(DECODE_MODES)})")
     br.add_argument("--out", required=True, help="output folder")
     br.add_argument("--limit", type=int, default=None, help="use only the first N pages")
     br.add_argument("--warmup", type=int, default=2, help="untimed warm-up pages per mode (default 2)")
@@ -388,5 +396,7 @@ def register(sub) -> None:
     bh.add_argument("--requests", type=int, default=64, help="one-page requests per concurrency and side (default 64)")
     bh.add_argument("--warmup", type=int, default=4, help="untimed requests per side first (default 4)")
     bh.add_argument("--out", default=None, help="folder for http_bench.json")
+    bh.add_argument("--constrain-layout", action="store_true",
+                    help="keep layout streams in the layout grammar (see parse --help; default: off)")
     bh.set_defaults(func=cmd_bench_http)
     group_help(bench)

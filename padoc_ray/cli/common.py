@@ -112,3 +112,36 @@ def job_main(prog: str, description: str, add_args, run, argv=None) -> int:
     args = p.parse_args(argv)
     setup_logging(args.verbose)
     return run(args)
+
+
+# ---- the generation flags every parsing surface shares (defaults: SchedulerConfig's, RenderConfig's) ------
+def add_mode(p, *, help_suffix: str = "") -> None:
+    from padoc_ray.scheduler.state import DECODE_MODES
+
+    p.add_argument("--mode", choices=DECODE_MODES, default=DECODE_MODES[0],
+                   help="fork: the PaDoc layout stream + concurrent content branches; sequential: one interleaved "
+                        f"stream (the paper's baseline). Default {DECODE_MODES[0]}{help_suffix}")
+
+
+def add_stream_limits(p, *, number=int) -> None:
+    """--max-tokens, --max-branches, --constrain-layout (``number``: the argparse type of the limits)."""
+    from padoc_ray.scheduler import SchedulerConfig
+
+    d = SchedulerConfig()
+    p.add_argument("--max-tokens", type=number, default=d.max_tokens,
+                   help=f"generated tokens per stream (default {d.max_tokens})")
+    p.add_argument("--max-branches", type=number, default=d.max_branches,
+                   help=f"content branches per page (default {d.max_branches})")
+    p.add_argument("--constrain-layout", action="store_true", default=d.constrain_layout,
+                   help="keep each layout stream in the checkpoint's layout grammar (a logits mask: category, ordered "
+                        "box coordinates, region close; at most --max-branches regions), so no page ends "
+                        "malformed_layout; teacher-forced tokens still win (default: off)")
+
+
+def add_render(p) -> None:
+    from padoc_ray.pdf import RenderConfig
+
+    d = RenderConfig()
+    p.add_argument("--longest-side", type=int, default=d.longest_side,
+                   help=f"render PDF pages to this many pixels (default {d.longest_side})")
+    p.add_argument("--dpi", type=float, default=None, help="render PDF pages at this DPI instead of --longest-side")

@@ -9,13 +9,12 @@ the other modules; this one only parses and prints.
 
 from __future__ import annotations
 
-from padoc_ray.cli.common import add_command, group_help
-
 import argparse
 import json
 import os
 import sys
 
+from padoc_ray.cli.common import add_command, group_help
 from padoc_ray.corpus.profiles import PROFILES
 
 

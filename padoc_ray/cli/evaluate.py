@@ -6,13 +6,13 @@ Argument parsing and printing only: the metrics live in :mod:`padoc_ray.eval` (`
 
 from __future__ import annotations
 
-from padoc_ray.cli.common import add_command, group_help
-
 import json
 import math
 import os
 import sys
 import time
+
+from padoc_ray.cli.common import add_command, group_help
 
 LAYOUT_DESCRIPTION = (
     "Score predicted layouts against OmniDocBench ground truth with PageIoU (paper App. B): coverage-based "

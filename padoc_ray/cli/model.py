@@ -32,8 +32,8 @@ def cmd_init_model(args) -> int:
     import time
 
     from padoc_ray.checkpoint.init import InitModelError, VerifyError, init_model
-    from padoc_ray.storage import StorageConfig
     from padoc_ray.protocol import ProtocolError, ProtocolSpec
+    from padoc_ray.storage import StorageConfig
 
     t = time.perf_counter()
     try:

@@ -8,30 +8,27 @@ import json
 import os
 import sys
 
-from padoc_ray.cli.common import add_command, DEFAULT_MODEL, EXAMPLES_DIR, die
+from padoc_ray.cli.common import DEFAULT_MODEL, EXAMPLES_DIR, add_command, add_mode, add_render, add_stream_limits, die
 
 
 def _scheduler_cfg(args):
     from padoc_ray.scheduler import SchedulerConfig
 
-    return SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches, deadline_s=args.deadline)
+    return SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches, deadline_s=args.deadline,
+                           constrain_layout=args.constrain_layout)
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", choices=("fork", "sequential"), default="fork",
-                   help="fork: layout stream + concurrent content branches (PaDoc); sequential: one "
-                        "interleaved stream (the paper's baseline). Default: fork")
-    p.add_argument("--max-tokens", type=int, default=8192, help="generated tokens per stream (default 8192)")
-    p.add_argument("--max-branches", type=int, default=255, help="content branches per page (default 255)")
+    add_mode(p)
+    add_stream_limits(p)
     p.add_argument("--deadline", type=float, default=None, help="seconds per page before it is cut (default: none)")
-    p.add_argument("--longest-side", type=int, default=1600, help="render PDF pages to this many pixels (default 1600)")
-    p.add_argument("--dpi", type=float, default=None, help="render PDF pages at this DPI instead of --longest-side")
+    add_render(p)
 
 
 def _run_local(model: str, paths: list[str], args, *, pages=None, gt: str | None = None, concurrency: int = 4):
     from padoc_ray.checkpoint.tokenizer import ModelProtocol
-    from padoc_ray.host import HostConfig, PageHost
     from padoc_ray.groundtruth import load_truth
+    from padoc_ray.host import HostConfig, PageHost
     from padoc_ray.inputs import load_pages, parse_local
     from padoc_ray.pdf import RenderConfig
     from padoc_ray.protocol import ProtocolError

@@ -11,7 +11,7 @@ import time
 import urllib.error
 import urllib.request
 
-from padoc_ray.cli.common import add_command, positive
+from padoc_ray.cli.common import add_command, add_mode, add_stream_limits, positive
 
 DESCRIPTION = """Serve PaDoc parsing over HTTP on a local Ray cluster (Ray Serve): one engine replica
 hosting vLLM with the layout-fork scheduler, and a FastAPI ingress that renders uploads and answers
@@ -42,17 +42,15 @@ def register(sub) -> None:
     s.add_argument("--replay", metavar="GT.json", default=None,
                    help="teacher-force the model with this OmniDocBench ground truth, matched by the upload's file "
                         "name and page (tiny-model demos and tests)")
-    s.add_argument("--max-tokens", type=positive(int), default=8192, help="generated tokens per stream (default 8192)")
+    add_stream_limits(s, number=positive(int))
     s.add_argument("--max-upload-mb", type=positive(float), default=50.0,
                    help="largest request body; bigger ones get 413 (default 50)")
     s.add_argument("--max-pages", type=positive(int), default=50,
                    help="pages one /v1/parse request may select; more get 413 (default 50; use /v1/jobs)")
     s.add_argument("--engine", choices=("vllm", "noop"), default="vllm",
                    help="vllm, or noop (no model: empty layouts; measures the HTTP layer). Default vllm")
-    s.add_argument("--mode", choices=("fork", "sequential"), default="fork",
-                   help="default mode of requests that name none (default fork)")
+    add_mode(s, help_suffix=" (for requests that name none)")
     s.add_argument("--model-id", default=None, help="the model name clients send (default: the model folder's name)")
-    s.add_argument("--max-branches", type=positive(int), default=255, help="content branches per page (default 255)")
     s.add_argument("--page-deadline", type=positive(float), default=None,
                    help="seconds per page before it is cut (default: none)")
     s.add_argument("--request-timeout", type=positive(float), default=600.0,
@@ -85,15 +83,15 @@ def register(sub) -> None:
 
 def config_from_args(args: argparse.Namespace):
     from padoc_ray.host import HostConfig
-    from padoc_ray.storage import StorageConfig
     from padoc_ray.scheduler import SchedulerConfig
     from padoc_ray.serve.config import TOKEN_ENV, ServeConfig, token_digest
+    from padoc_ray.storage import StorageConfig
 
     return ServeConfig(
         model=args.model, model_id=args.model_id, replay_gt=args.replay,
         host=HostConfig(engine=args.engine, mode=args.mode, pages_in_flight=args.pages_in_flight,
                         scheduler=SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
-                                                  deadline_s=args.page_deadline)),
+                                                  deadline_s=args.page_deadline, constrain_layout=args.constrain_layout)),
         max_upload_bytes=int(args.max_upload_mb * 2**20), max_pages=args.max_pages, max_job_pages=args.max_job_pages,
         request_timeout_s=args.request_timeout, allowed_s3=tuple(args.allow_s3), job_store=args.job_store,
         job_lease_s=args.job_lease, storage=StorageConfig(endpoint=args.s3_endpoint),
@@ -143,8 +141,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ray import serve
 
-    from padoc_ray.serve.app import build_app
     from padoc_ray.ray_init import init_ray
+    from padoc_ray.serve.app import build_app
 
     init_ray("local", verbose=args.verbose, include_dashboard=False)
     import ray

@@ -8,8 +8,8 @@ from padoc_ray.cli.common import add_command, die
 
 
 def cmd_show(args) -> int:
-    from padoc_ray.storage import StorageConfig
     from padoc_ray.output.show import ShowError, show_page
+    from padoc_ray.storage import StorageConfig
 
     if args.gt and not os.path.exists(args.gt):
         die(f"ground truth {args.gt} not found")

@@ -30,6 +30,9 @@ class GenRequest:
     cache_salt: str | None = None  # same for every request of a document: namespaces its cache
     stop_token_ids: Sequence[int] = ()
     forced_tokens: Sequence[int] | None = None  # teacher-forced replay (see engine.forcing)
+    #: keep this layout stream in the checkpoint's layout grammar with at most this many regions
+    #: (see engine.layout_constraint; forced tokens still win); None: unconstrained
+    constrain_layout_regions: int | None = None
     temperature: float = 0.0
     seed: int | None = None
     priority: int = 0  # lower runs first, under the priority scheduling policy

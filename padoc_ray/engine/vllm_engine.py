@@ -23,6 +23,7 @@ def _engine_args(cfg: EngineConfig):
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     from .forcing import FORCING_PROCESSOR
+    from .layout_constraint import LAYOUT_PROCESSOR
 
     kw = dict(
         model=cfg.model,
@@ -38,7 +39,7 @@ def _engine_args(cfg: EngineConfig):
         scheduling_policy=cfg.scheduling_policy,
         tensor_parallel_size=cfg.tensor_parallel_size,
         limit_mm_per_prompt={"image": 1, "video": 0},
-        logits_processors=[FORCING_PROCESSOR],
+        logits_processors=[FORCING_PROCESSOR, LAYOUT_PROCESSOR],
         disable_log_stats=False,
         skip_tokenizer_init=False,
     )
@@ -79,8 +80,11 @@ class VllmEngine:
         from vllm.sampling_params import RequestOutputKind
 
         from .forcing import FORCED_TOKENS_KEY
+        from .layout_constraint import CONSTRAIN_LAYOUT_KEY
 
-        extra = {FORCED_TOKENS_KEY: list(req.forced_tokens)} if req.forced_tokens else None
+        extra = {FORCED_TOKENS_KEY: list(req.forced_tokens)} if req.forced_tokens else {}
+        if req.constrain_layout_regions is not None:
+            extra[CONSTRAIN_LAYOUT_KEY] = int(req.constrain_layout_regions)
         return SamplingParams(
             max_tokens=req.max_tokens,
             temperature=req.temperature,
@@ -89,7 +93,7 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
             detokenize=False,
             skip_special_tokens=False,
-            extra_args=extra,
+            extra_args=extra or None,
         )
 
     def _prompt(self, req: GenRequest) -> dict:

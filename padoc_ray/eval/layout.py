@@ -34,7 +34,7 @@ from padoc_ray.groundtruth import TruthIndex, match_rows, pdf_source, row_label
 from padoc_ray.output.reader import RowsInputError, read_rows
 from padoc_ray.output.rows import page_from_row
 from padoc_ray.eval.pageiou import (
-    CLASSES, MODES, REPORT_CLASSES, Aggregator, ClassSummary, LayoutBox, PageIoUConfig, PageResult, Problem,
+    CLASSES, SCORE_MODES, REPORT_CLASSES, Aggregator, ClassSummary, LayoutBox, PageIoUConfig, PageResult, Problem,
     evaluate_page, iter_scores, mode_key,
 )
 from padoc_ray.protocol.page import size_is_swapped
@@ -282,7 +282,7 @@ def report_json(rep: LayoutReport) -> dict:
     plus ``support`` (support pages per class), ``pages`` (page counts), ``problems`` (counts by kind
     and every item) and ``config``."""
     out: dict[str, Any] = {}
-    for m in MODES:
+    for m in SCORE_MODES:
         out[mode_key(*m)] = {q: rep.summary[m][q].to_dict() for q in REPORT_CLASSES}
     out["support"] = dict(rep.support)
     out["pages"] = dict(rep.counts)
@@ -320,7 +320,7 @@ _TITLES = {"overall": "Overall", "text": "Text", "image": "Image", "table": "Tab
 
 def format_markdown(rep: LayoutReport) -> str:
     """The paper's table layout: one row per protocol (headline first), IoU F1 P R per class, in %."""
-    order = [("countable", "acceptable")] + [m for m in MODES if m != ("countable", "acceptable")]
+    order = [("countable", "acceptable")] + [m for m in SCORE_MODES if m != ("countable", "acceptable")]
     head = ["Protocol"] + [f"{_TITLES[q]} {m}" for q in REPORT_CLASSES for m in ("IoU", "F1", "P", "R")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     fmt = lambda v: "n/a" if v is None else f"{100 * v:.2f}"  # noqa: E731

@@ -53,7 +53,7 @@ REPORT_CLASSES: tuple[str, ...] = ("overall",) + CLASSES
 COUNT_MODES: tuple[str, ...] = ("binary", "countable")
 CATEGORY_MODES: tuple[str, ...] = ("acceptable", "ignore_acceptable")
 #: (count mode, category mode) pairs; the paper's headline protocol is countable/acceptable
-MODES: tuple[tuple[str, str], ...] = tuple((c, k) for c in COUNT_MODES for k in CATEGORY_MODES)
+SCORE_MODES: tuple[tuple[str, str], ...] = tuple((c, k) for c in COUNT_MODES for k in CATEGORY_MODES)
 HEADLINE_MODE: tuple[str, str] = ("countable", "acceptable")
 BACKENDS: tuple[str, ...] = ("exact", "raster")
 
@@ -244,7 +244,7 @@ class PageResult:
 
     @property
     def support(self) -> dict[str, bool]:
-        first = self.scores[MODES[0]]
+        first = self.scores[SCORE_MODES[0]]
         return {q: first[q].support for q in CLASSES}
 
 
@@ -399,7 +399,7 @@ def evaluate_page(gt: Iterable[Any], pred: Iterable[Any], *, config: PageIoUConf
     rects = [r for r, lay in zip(g_rects + p_rects, g_layers + p_layers) for _ in lay]
     layer = np.array([x for lay in g_layers + p_layers for x in lay], dtype=np.int64)
     support = {q: bool(np.any(layer // 3 == k)) for q, k in qi.items()}
-    scores = {m: {q: PageScore(1.0, 1.0, 1.0, False) for q in CLASSES} for m in MODES}
+    scores = {m: {q: PageScore(1.0, 1.0, 1.0, False) for q in CLASSES} for m in SCORE_MODES}
     active = [q for q in CLASSES if support[q]]
     if active:
         # renumber layers so only supported classes are computed: class slot s -> layers 3s..3s+2
@@ -433,7 +433,7 @@ def page_iou(gt_boxes: Iterable[Any], pred_boxes: Iterable[Any], *, count_mode: 
     paper's headline protocol (countable coverage, acceptable categories, exact areas). Problems
     with individual boxes are skipped silently here; use :func:`evaluate_page` to see them.
     """
-    if (count_mode, category_mode) not in MODES:
+    if (count_mode, category_mode) not in SCORE_MODES:
         raise ValueError(f"count_mode must be one of {COUNT_MODES} and category_mode one of {CATEGORY_MODES}")
     cfg = PageIoUConfig(backend=backend, grid=grid, pred_map=pred_map)
     res = evaluate_page(gt_boxes, pred_boxes, config=cfg, gt_size=gt_size, pred_size=pred_size)
@@ -466,12 +466,12 @@ class Aggregator:
     """Accumulates :class:`PageResult` s; :meth:`summary` gives ``{mode: {report class: ClassSummary}}``."""
 
     def __init__(self) -> None:
-        self._sums = {m: {q: [0.0, 0.0, 0.0, 0] for q in CLASSES} for m in MODES}
+        self._sums = {m: {q: [0.0, 0.0, 0.0, 0] for q in CLASSES} for m in SCORE_MODES}
         self.pages = 0
 
     def add(self, result: PageResult) -> None:
         self.pages += 1
-        for m in MODES:
+        for m in SCORE_MODES:
             for q, sc in result.scores[m].items():
                 if sc.support:
                     acc = self._sums[m][q]
@@ -481,11 +481,11 @@ class Aggregator:
                     acc[3] += 1
 
     def support(self) -> dict[str, int]:
-        return {q: self._sums[MODES[0]][q][3] for q in CLASSES}
+        return {q: self._sums[SCORE_MODES[0]][q][3] for q in CLASSES}
 
     def summary(self) -> dict[tuple[str, str], dict[str, ClassSummary]]:
         out = {}
-        for m in MODES:
+        for m in SCORE_MODES:
             per: dict[str, ClassSummary] = {}
             for q in CLASSES:
                 iou, p, r, n = self._sums[m][q]

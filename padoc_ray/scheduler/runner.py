@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -21,7 +22,7 @@ from padoc_ray.engine.interface import Engine, EngineDeadError, EngineError, Gen
 from padoc_ray.protocol import DecodeDepth, Page, assemble_page, decode_depth, depth_from_trace, parse_branch
 from padoc_ray.protocol.codec import ParsedBranch
 
-from .state import MODES, ForkAction, PageState, PageStatus, SchedulerConfig
+from .state import DECODE_MODES, ForkAction, PageState, PageStatus, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +183,8 @@ class _Page:
     async def run(self) -> PageRecord:
         st = self.state
         main = self._request(f"{self.run_id}/main", st.prompt_ids, self.inp.forced_main, 0)
+        if self.cfg.constrain_layout and self.mode == "fork":  # the layout grammar (engine.layout_constraint)
+            main = dataclasses.replace(main, constrain_layout_regions=self.cfg.max_branches)
         self.tasks.append(asyncio.create_task(self._consume(main, None)))
         try:
             async with asyncio.timeout(self.cfg.deadline_s):
@@ -262,8 +265,8 @@ async def run_page(engine: Engine, proto, inp: PageInput, *, mode: str = "fork",
     one engine, caps the branches live in it at once (see :func:`branch_admission`). Page-level
     failures come back as the record's status; only :class:`EngineDeadError` and cancellation
     propagate."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode not in DECODE_MODES:
+        raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
     return await _Page(engine, proto, inp, mode, cfg or SchedulerConfig(), admission).run()
 
 

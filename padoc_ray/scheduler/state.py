@@ -15,7 +15,7 @@ from typing import Sequence
 from padoc_ray.protocol import Vocab
 from padoc_ray.protocol.codec import RawRegion, StreamParser, child_prompt
 
-MODES = ("fork", "sequential")
+DECODE_MODES = ("fork", "sequential")
 
 
 class PageStatus(IntEnum):
@@ -58,6 +58,13 @@ class SchedulerConfig:
     #: 1.33x -> 1.56x median paired speedup at 16 pages in flight on CPU). A runaway branch then runs
     #: to max_tokens and is flagged at the end.
     stream_branches: bool = False
+    #: keep the layout stream (fork mode) inside the checkpoint's layout grammar: the engine masks every
+    #: token the grammar does not allow next (category, coordinates in field order with x1 <= x2 and
+    #: y1 <= y2, region close; end-of-stream only between regions; at most ``max_branches`` regions, all
+    #: within ``max_tokens``), so the stream never parses with an error (no ``malformed_layout``).
+    #: Teacher-forced tokens still win. Off by default: a trained model rarely needs it; it costs a
+    #: logits mask per step for each layout stream. Branches and sequential streams are never constrained.
+    constrain_layout: bool = False
     temperature: float = 0.0
 
     def __post_init__(self) -> None:
@@ -116,8 +123,8 @@ class PageState:
     """Decisions for one page in ``fork`` or ``sequential`` mode."""
 
     def __init__(self, vocab: Vocab, prompt_ids: Sequence[int], cfg: SchedulerConfig, mode: str = "fork"):
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode not in DECODE_MODES:
+            raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
         self.vocab, self.cfg, self.mode = vocab, cfg, mode
         self.prompt_ids = tuple(prompt_ids)
         self.parser = StreamParser(vocab, sequential=(mode == "sequential"))
