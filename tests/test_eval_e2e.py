@@ -30,10 +30,10 @@ def cli(argv: list[str]) -> int:
     ``padoc-ray`` parser (whose other commands import torch)."""
     import argparse
 
-    from padoc_ray.eval.cli import add_parser
+    from padoc_ray.cli.evaluate import register
 
     parser = argparse.ArgumentParser(prog="padoc-ray")
-    add_parser(parser.add_subparsers(dest="command"))
+    register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -139,7 +139,7 @@ def test_the_driver_removes_only_leftovers_of_runs_that_are_over(local_ray, tiny
     assert (out / "pages" / "dead.parquet").exists()
     summary, _ = run(tmp_path, inp, out, tiny_model_dir)
     assert summary["all_inputs_accounted"]
-    from padoc_ray.pipeline.job import RUN_FILE
+    from padoc_ray.output.reader import RUN_FILE
 
     written = set(os.listdir(out / "pages")) - {"live.parquet"}
     assert written and all(RUN_FILE.match(n)["run"] == summary["run_id"] for n in written)  # named by their run

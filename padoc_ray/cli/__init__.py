@@ -12,11 +12,13 @@ Run ``padoc-ray --help`` for the list of commands and ``padoc-ray COMMAND --help
 from __future__ import annotations
 
 import argparse
+import importlib
 
-from padoc_ray.cli import batch, bench, corpus, evaluate, model, parse, serve, show, train
 from padoc_ray.cli.common import add_verbose, setup_logging
 
-GROUPS = (model, parse, batch, serve, corpus, show, evaluate, train, bench)
+#: the command groups, in --help order (imported when the parser is built: importing one group, e.g.
+#: ``padoc_ray.cli.evaluate`` alone, loads no other)
+GROUPS = ("model", "parse", "batch", "serve", "corpus", "show", "evaluate", "train", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_verbose(p, inherit=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for g in GROUPS:
-        g.register(sub)
+        importlib.import_module(f"padoc_ray.cli.{g}").register(sub)
     return p
 
 
