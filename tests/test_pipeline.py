@@ -230,7 +230,7 @@ def test_engine_deaths_restart_the_actor_and_every_page_lands_once(ray_cluster, 
     killed = kill_time = rows_at_kill = floor = None
 
     def written() -> int:
-        from padoc_ray.pipeline.job import read_pages as read_some
+        from padoc_ray.output.reader import read_rows as read_some
         from padoc_ray.storage import StorageConfig
 
         return read_some(str(out / "pages"), StorageConfig()).num_rows
