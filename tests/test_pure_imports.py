@@ -30,6 +30,7 @@ PURE = [
     "padoc_ray.eval.agreement",
     "padoc_ray.eval.consensus",
     "padoc_ray.eval.importers",
+    "padoc_ray.trainer.config",
 ]
 
 
