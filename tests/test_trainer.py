@@ -283,7 +283,8 @@ def test_backends_give_the_same_loss_and_gradients(sample, model64):
 
 
 def test_single_process_loop_fits_a_page(tiny_model_dir, packer):
-    from padoc_ray.trainer.loop import LoopConfig, OptimConfig, load_model, train
+    from padoc_ray.trainer.config import LoopConfig, OptimConfig
+    from padoc_ray.trainer.loop import load_model, train
 
     model = load_model(tiny_model_dir)
     s = packer.pack(_page(["alpha beta gamma", "delta epsilon"]), _image())
@@ -294,7 +295,7 @@ def test_single_process_loop_fits_a_page(tiny_model_dir, packer):
 
 
 def test_lr_schedule_warms_up_then_decays():
-    from padoc_ray.trainer.loop import OptimConfig
+    from padoc_ray.trainer.config import OptimConfig
 
     o = OptimConfig(lr=1.0, warmup_steps=10)
     lrs = [o.lr_at(s, 100) for s in range(1, 101)]
@@ -352,6 +353,49 @@ def test_cli_rejects_bad_inputs(tmp_path, tiny_model_dir, capsys):
     assert e.value.code == 2
 
 
+def test_every_train_flag_lands_in_the_config_tree_and_the_tree_survives_the_trip_to_the_workers():
+    import argparse
+
+    from padoc_ray.trainer.cli import add_train_args, config_from_args
+    from padoc_ray.trainer.config import TrainConfig
+
+    p = argparse.ArgumentParser()
+    add_train_args(p)
+    assert {a.dest for a in p._actions} - {"help"} == {
+        "model", "gt", "images", "batch_output", "sample_weights", "out", "steps", "backend", "workers", "lr",
+        "warmup_steps", "max_len", "max_pixels", "grad_accum", "checkpoint_every", "seed", "device", "resume",
+        "run_name", "address"}
+    cfg = config_from_args(p.parse_args([
+        "--model", "M", "--gt", "G", "--images", "I", "--sample-weights", "W", "--out", "O", "--steps", "7",
+        "--backend", "dense", "--workers", "3", "--lr", "0.01", "--warmup-steps", "2", "--max-len", "300",
+        "--max-pixels", "4096", "--grad-accum", "4", "--checkpoint-every", "5", "--seed", "9", "--device", "cpu",
+        "--resume", "R", "--run-name", "N", "--address", "A"]))
+    d, lp, r = cfg.data, cfg.loop, cfg.ray
+    assert (cfg.model, cfg.out, d.gt, d.images, d.batch_output, d.sample_weights) == ("M", "O", "G", "I", None, "W")
+    assert (d.packing.max_len, d.packing.max_pixels) == (300, 4096)
+    assert (lp.steps, lp.seed, lp.optim.lr, lp.optim.warmup_steps, lp.step.backend, lp.step.grad_accum) == \
+        (7, 9, 0.01, 2, "dense", 4)
+    assert (r.workers, r.device, r.address, r.run_name, r.checkpoint_every, r.resume) == (3, "cpu", "A", "N", 5, "R")
+    # Ray Train hands each worker plain data (and its dashboard keeps it as JSON): the same tree comes back
+    back = TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert back == cfg and isinstance(back.loop.optim.betas, tuple)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-len", "8"], "max_len must be at least 16"),
+    (["--warmup-steps", "-1"], "warmup_steps must be >= 0"),
+    (["--max-pixels", "100"], "max_pixels must be at least 1024"),
+    (["--batch-output", "B"], "give either --gt with --images, or --batch-output"),
+])
+def test_bad_settings_are_refused_before_ray_starts(tmp_path, capsys, flags, message):
+    from padoc_ray.cli import main
+
+    base = ["train", "--model", str(tmp_path), "--gt", "gt.json", "--images", str(tmp_path), "--steps", "2",
+            "--out", str(tmp_path / "out")]
+    assert main([*base, *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_ray_job_entry_point_has_the_same_flags():
     import subprocess
     import sys
@@ -389,17 +433,27 @@ def ray_cpu(local_ray):
 
 @pytest.mark.slow
 def test_ray_train_two_workers_checkpoint_resume_and_gradients(tmp_path, tiny_model_dir, ray_cpu):
+    from dataclasses import replace
+
     from transformers import AutoModelForImageTextToText
 
-    from padoc_ray.trainer.loop import OptimConfig, StepConfig, Trainer, batch_for_step, load_model, sample_loss
-    from padoc_ray.trainer.ray_train import TrainJobConfig, read_metrics, run_training
+    from padoc_ray.trainer.config import (DataConfig, LoopConfig, OptimConfig, PackingConfig, RayConfig, StepConfig,
+                                          TrainConfig)
+    from padoc_ray.trainer.loop import Trainer, batch_for_step, load_model, sample_loss
+    from padoc_ray.trainer.ray_train import read_metrics, run_training
 
     gt, images = _corpus(tmp_path / "corpus")
     out = tmp_path / "out"
-    base = dict(model=tiny_model_dir, out=str(out), gt=gt, images=images, workers=2, lr=1e-3, warmup_steps=0,
-                max_len=256, max_pixels=SMALL_PIXELS, checkpoint_every=1, seed=3)
+    base = TrainConfig(model=tiny_model_dir, out=str(out),
+                       data=DataConfig(gt=gt, images=images, packing=PackingConfig(max_len=256, max_pixels=SMALL_PIXELS)),
+                       loop=LoopConfig(steps=2, seed=3, optim=OptimConfig(lr=1e-3, warmup_steps=0)),
+                       ray=RayConfig(workers=2, checkpoint_every=1))
+
+    def job(steps: int, *, out: str = str(out), **ray) -> TrainConfig:
+        return replace(base, out=out, loop=replace(base.loop, steps=steps), ray=replace(base.ray, **ray))
+
     dump = str(tmp_path / "grads.pt")
-    s1 = run_training(TrainJobConfig(steps=2, grad_dump=dump, **base))
+    s1 = run_training(job(2, grad_dump=dump))
     m1 = read_metrics(str(out / "metrics.jsonl"))
     assert [m["step"] for m in m1] == [1, 2] and s1["steps"] == 2 and s1["device"] == "cpu"
     assert all(m["workers"] == 2 and m["tokens"] > 0 and m["seconds"] > 0 for m in m1)
@@ -423,7 +477,7 @@ def test_ray_train_two_workers_checkpoint_resume_and_gradients(tmp_path, tiny_mo
         torch.testing.assert_close(dumped["grads"][name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
 
     # rerunning the same run with more steps resumes from the step-2 checkpoint
-    s2 = run_training(TrainJobConfig(steps=3, **base))
+    s2 = run_training(job(3))
     m2 = read_metrics(str(out / "metrics.jsonl"))
     assert [m["step"] for m in m2] == [1, 2, 3] and m2[:2] == m1  # steps 1-2 not redone
     assert s2["first_loss"] == m1[0]["loss"]
@@ -446,7 +500,7 @@ def test_ray_train_two_workers_checkpoint_resume_and_gradients(tmp_path, tiny_mo
     ckpt3 = next(p for p in (out / "ray_results" / "train").glob("checkpoint_*")
                  if p.is_dir() and json.load(open(p / STATE_FILE))["step"] == 3)
     out2 = tmp_path / "out2"
-    run_training(TrainJobConfig(**{**base, "out": str(out2)}, steps=4, resume=str(ckpt3)))
+    run_training(job(4, out=str(out2), resume=str(ckpt3)))
     m3 = read_metrics(str(out2 / "metrics.jsonl"))
     assert [m["step"] for m in m3] == [4]  # steps 1-3 come from the checkpoint
     continued = load_model(tiny_model_dir)

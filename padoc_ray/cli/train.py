@@ -14,6 +14,7 @@ import os
 import sys
 
 from padoc_ray.cli.common import add_command, positive
+from padoc_ray.trainer.config import BACKENDS  # pure: building the parser imports no torch
 
 DESCRIPTION = """\
 Train a PaDoc checkpoint on annotated pages with ancestor attention: each page becomes one packed
@@ -22,10 +23,6 @@ layout up to its region only. Runs Ray Train (TorchTrainer, FSDP2, gloo on CPU /
 --workers workers; writes OUT/metrics.jsonl (one line per step), distributed checkpoints under
 OUT/ray_results/RUN_NAME (rerunning the same command resumes from the latest), and at the end the
 Hugging Face checkpoint OUT/model that vLLM and the batch job load."""
-
-
-#: the attention backends (``attention.BACKENDS``, spelled out so building the parser imports no torch)
-BACKENDS = ("dense", "flex", "tree_varlen")
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -86,15 +83,27 @@ def _error(msg: str, code: int = 2) -> int:
 
 
 def config_from_args(args: argparse.Namespace):
-    from padoc_ray.trainer.ray_train import TrainJobConfig
+    """The :class:`~padoc_ray.trainer.config.TrainConfig` of the flags; TrainInputError on a bad value."""
+    from padoc_ray.trainer.config import (
+        DataConfig,
+        LoopConfig,
+        OptimConfig,
+        PackingConfig,
+        RayConfig,
+        StepConfig,
+        TrainConfig,
+    )
 
-    return TrainJobConfig(
-        model=args.model, out=args.out, steps=args.steps, gt=args.gt, images=args.images,
-        batch_output=args.batch_output, backend=args.backend, workers=args.workers, lr=args.lr,
-        warmup_steps=args.warmup_steps, grad_accum=args.grad_accum, max_len=args.max_len,
-        max_pixels=args.max_pixels, checkpoint_every=args.checkpoint_every, seed=args.seed, device=args.device,
-        run_name=args.run_name, resume=args.resume, sample_weights=args.sample_weights,
-        address=args.address or os.environ.get("RAY_ADDRESS"),
+    return TrainConfig(
+        model=args.model, out=args.out,
+        data=DataConfig(gt=args.gt, images=args.images, batch_output=args.batch_output,
+                        sample_weights=args.sample_weights,
+                        packing=PackingConfig(max_len=args.max_len, max_pixels=args.max_pixels)),
+        loop=LoopConfig(steps=args.steps, seed=args.seed,
+                        optim=OptimConfig(lr=args.lr, warmup_steps=args.warmup_steps),
+                        step=StepConfig(backend=args.backend, grad_accum=args.grad_accum)),
+        ray=RayConfig(workers=args.workers, device=args.device, address=args.address or os.environ.get("RAY_ADDRESS"),
+                      run_name=args.run_name, checkpoint_every=args.checkpoint_every, resume=args.resume),
     )
 
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .config import BACKENDS
 from .tree import PREFIX, TreeLayout
 
-BACKENDS = ("dense", "flex", "tree_varlen")
 ATTENTION_NAME = "padoc_tree"
 DEFAULT_HOOK_BACKEND = "tree_varlen"  # used by the transformers hook when no tree_backend is passed
 

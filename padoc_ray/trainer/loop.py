@@ -1,4 +1,4 @@
-"""The training step on packed samples: pure torch + transformers, one packed sample per forward.
+"""The training loop on packed samples: pure torch + transformers, one packed sample per forward.
 
 A step takes ``grad_accum`` packed samples, runs each through the model (B=1) with the
 ``padoc_tree`` attention (:mod:`padoc_ray.trainer.attention`; ``backend`` picks dense, flex or
@@ -8,77 +8,31 @@ workers when data-parallel, see ``reduce``), so long pages weigh by their tokens
 AdamW with linear warm-up then cosine decay (the paper's recipe: 500 warm-up steps, peak 5e-6),
 gradient-norm clipping. Float32 on CPU; bf16 autocast on CUDA.
 
-:func:`train` is the single-process loop (the reference the distributed run is compared with);
-:mod:`padoc_ray.trainer.ray_train` runs the same :class:`Trainer` under FSDP2 on Ray Train. This
-module knows nothing of Ray, FSDP, checkpoints or where samples come from.
+:func:`train` is the one loop: a single process runs it as it is (the reference the distributed
+run is compared with); :mod:`padoc_ray.trainer.ray_train` runs it on every Ray Train worker with
+:class:`LoopHooks` of its own (the all-reduce, checkpoint save and load, the metrics file, the
+export). This module knows nothing of Ray, FSDP, checkpoints or where samples come from; its
+settings are :class:`~padoc_ray.trainer.config.LoopConfig`'s.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import random
 import time
-from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .attention import BACKENDS, FlexBackwardUnsupported, register_tree_attention
+from .attention import FlexBackwardUnsupported, register_tree_attention
+from .config import LoopConfig, OptimConfig, StepConfig
 from .packing import PackedSample
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, kw_only=True)
-class OptimConfig:
-    """AdamW and its schedule.
-
-    ``lr``: peak learning rate (paper: 5e-6 for the 2B model; a random tiny model wants ~1e-3).
-    ``warmup_steps``: linear warm-up; None = min(500, 5% of the steps), the paper's 500 capped.
-    ``min_lr_ratio``: cosine decays towards this fraction of ``lr`` (reached one step after the last).
-    ``max_grad_norm``: clip the global gradient norm (<= 0: no clipping).
-    """
-
-    lr: float = 5e-6
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    warmup_steps: int | None = None
-    min_lr_ratio: float = 0.0
-    max_grad_norm: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
-        if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-
-    def lr_at(self, step: int, total: int) -> float:
-        """Learning rate of optimizer step ``step`` (1-based) out of ``total``."""
-        warm = self.warmup_steps if self.warmup_steps is not None else min(500, max(1, total // 20))
-        if warm and step <= warm:
-            return self.lr * step / warm
-        progress = min(1.0, (step - warm) / (total - warm + 1))  # the last step keeps a small lr
-        cos = 0.5 * (1 + math.cos(math.pi * progress))
-        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * cos)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepConfig:
-    """What one optimizer step does: ``backend`` (dense | flex | tree_varlen), ``grad_accum``
-    packed samples per step and per worker."""
-
-    backend: str = "tree_varlen"
-    grad_accum: int = 1
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.grad_accum < 1:
-            raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
+#: worker ``rank`` draws its samples with seed ``seed * SEED_STRIDE + rank``
+SEED_STRIDE = 7919
 
 
 def load_model(model_dir: str, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
@@ -142,7 +96,6 @@ class Trainer:
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, eps=optim.eps,
                                            weight_decay=optim.weight_decay)
-        self.before_clip: Callable[[], None] | None = None  # a hook after backward (tests inspect gradients)
         self.autocast = self.device.type == "cuda" and next(model.parameters()).dtype == torch.float32 \
             and not getattr(model, "_padoc_mixed_precision", False)
 
@@ -169,54 +122,71 @@ class Trainer:
             norm = norm.full_tensor()
         return float(norm)
 
-    def step(self, step: int, samples: Sequence[PackedSample]) -> dict:
-        """Optimizer step ``step`` (1-based) on ``samples`` (this worker's share)."""
+    def step(self, step: int, samples: Sequence[PackedSample], *,
+             before_clip: Callable[[], None] | None = None) -> dict:
+        """Optimizer step ``step`` (1-based) on ``samples`` (this worker's share); ``before_clip``
+        runs after the backward passes, before clipping (a debug hook: gradients are complete)."""
         t = time.perf_counter()
         lr = self.optim_cfg.lr_at(step, self.total_steps)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         figures = self.accumulate(samples)
-        if self.before_clip is not None:
-            self.before_clip()
+        if before_clip is not None:
+            before_clip()
         grad_norm = self.clip()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"step": step, **figures, "lr": lr, "grad_norm": grad_norm, "seconds": time.perf_counter() - t}
 
 
-@dataclass(frozen=True, kw_only=True)
-class LoopConfig:
-    """The single-process loop: ``steps`` optimizer steps, samples drawn by :func:`batch_for_step`."""
+class LoopHooks:
+    """What a caller adds to :func:`train`. These defaults are a single process: rank 0 of 1, no
+    reduction, no resume, nothing saved. A data-parallel wrapper overrides them
+    (:class:`padoc_ray.trainer.ray_train.RayHooks`)."""
 
-    steps: int
-    seed: int = 0
-    optim: OptimConfig = OptimConfig()
-    step: StepConfig = StepConfig()
+    rank: int = 0
+    world: int = 1
+
+    def reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum ``t`` over the workers in place and return it (a plain SUM, see :class:`Trainer`)."""
+        return t
+
+    def resume(self, trainer: Trainer) -> int:
+        """Restore ``trainer`` (model and optimizer) if there is something to resume; returns the
+        last step already done (0: start afresh)."""
+        return 0
+
+    def before_clip(self, trainer: Trainer, step: int, batch: Sequence[PackedSample]) -> None:
+        """After step ``step``'s backward passes, before clipping."""
+
+    def after_step(self, trainer: Trainer, metrics: dict) -> None:
+        """After each optimizer step, with its metrics."""
+
+    def finish(self, trainer: Trainer) -> None:
+        """After the last step."""
 
 
-def train(model, samples: Sequence[PackedSample], cfg: LoopConfig, *, metrics_path: str | None = None,
-          on_step: Callable[[dict], None] | None = None) -> list[dict]:
-    """Train ``model`` in this process; returns one metrics dict per step (also appended as JSON
-    lines to ``metrics_path`` when given). Samples packed from weighted pages
-    (``meta["weight"]``, see ``--sample-weights``) are drawn by weight."""
+def train(model, samples: Sequence[PackedSample], cfg: LoopConfig, *, hooks: LoopHooks | None = None,
+          weighted: bool = False, device=None) -> list[dict]:
+    """Train ``model`` on ``samples`` (this worker's share) up to step ``cfg.steps``; returns one
+    metrics dict per step run (step, loss, labels, tokens, lr, grad_norm, seconds, backend,
+    workers, time). Each step draws ``grad_accum`` samples with :func:`batch_for_step`, seeded by
+    ``cfg.seed`` and the worker's rank; ``weighted``: draw by ``meta["weight"]`` (pages weighted by
+    ``--sample-weights``) instead of walking a seeded permutation; ``device``: where the samples go
+    (default: the model's)."""
+    hooks = hooks or LoopHooks()
     if cfg.step.backend == "flex" and next(model.parameters()).device.type == "cpu":
         raise FlexBackwardUnsupported("flex attention cannot train on CPU (no backward); use dense or tree_varlen")
     torch.manual_seed(cfg.seed)
-    trainer = Trainer(model, cfg.optim, cfg.step, cfg.steps)
-    weights = [s.meta.get("weight", 1.0) for s in samples] if any("weight" in s.meta for s in samples) else None
+    trainer = Trainer(model, cfg.optim, cfg.step, cfg.steps, device=device, reduce=hooks.reduce)
+    weights = [s.meta.get("weight", 1.0) for s in samples] if weighted else None
+    seed = cfg.seed * SEED_STRIDE + hooks.rank
     history = []
-    for step in range(1, cfg.steps + 1):
-        batch = [samples[i] for i in batch_for_step(len(samples), step, cfg.step.grad_accum, cfg.seed, weights)]
-        m = trainer.step(step, batch)
-        m["backend"] = cfg.step.backend
+    for step in range(hooks.resume(trainer) + 1, cfg.steps + 1):
+        batch = [samples[i] for i in batch_for_step(len(samples), step, cfg.step.grad_accum, seed, weights)]
+        m = trainer.step(step, batch, before_clip=lambda s=step, b=batch: hooks.before_clip(trainer, s, b))
+        m.update(backend=cfg.step.backend, workers=hooks.world, time=time.time())
         history.append(m)
-        if metrics_path:
-            with open(metrics_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(m) + "\n")
-        if on_step:
-            on_step(m)
+        hooks.after_step(trainer, m)
+    hooks.finish(trainer)
     return history
-
-
-def config_dict(cfg) -> dict:
-    return asdict(cfg)

@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from padoc_ray.protocol import Page, PageFormatError, SerializeError, page_from_omnidocbench, serialize_padoc
 
+from .config import PackingConfig
 from .tree import TreeLayout
 
 log = logging.getLogger(__name__)
@@ -62,31 +63,6 @@ class PackingError(Exception):
     def __init__(self, code: str, message: str):
         super().__init__(f"{code}: {message}")
         self.code, self.message = code, message
-
-
-@dataclass(frozen=True, kw_only=True)
-class PackingConfig:
-    """How pages become samples.
-
-    ``max_len``: packed tokens per sample (prompt + image + layout + all branches); default 8192.
-    ``max_pixels`` / ``min_pixels``: override the checkpoint processor's image pixel budget (None:
-    the processor's own, which is what vLLM serves with; smaller budgets make CPU runs cheaper at
-    the price of a train/serve mismatch in image resolution).
-    ``drop_ignored``: leave out regions marked ``ignore`` in OmniDocBench JSON (default keep).
-    """
-
-    max_len: int = 8192
-    max_pixels: int | None = None
-    min_pixels: int | None = None
-    drop_ignored: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_len < 16:
-            raise ValueError(f"max_len must be at least 16, got {self.max_len}")
-        for name in ("max_pixels", "min_pixels"):
-            v = getattr(self, name)
-            if v is not None and v < 1024:
-                raise ValueError(f"{name} must be at least 1024 (32x32), got {v}")
 
 
 @dataclass
@@ -312,12 +288,12 @@ def rope_index_fn(model_dir_or_config) -> Callable:
 class Packer:
     """Packs pages for one checkpoint (its tokenizer, protocol, image processor and M-RoPE)."""
 
-    def __init__(self, model_dir: str, cfg: PackingConfig = PackingConfig(), *, rope_index: Callable | None = None):
+    def __init__(self, model_dir: str, cfg: PackingConfig | None = None, *, rope_index: Callable | None = None):
         from transformers import AutoConfig, AutoImageProcessor
 
         from padoc_ray.checkpoint.tokenizer import ModelProtocol
 
-        self.cfg = cfg
+        self.cfg = cfg = cfg if cfg is not None else PackingConfig()
         self.proto = ModelProtocol(model_dir)
         self.image_processor = AutoImageProcessor.from_pretrained(model_dir)
         config = AutoConfig.from_pretrained(model_dir)

@@ -1,29 +1,30 @@
-"""Ray Train wrapper: the :mod:`loop` step on W workers with FSDP2, checkpoints, resume and export.
+"""Ray Train wrapper: the one loop (:func:`loop.train`) on W workers with FSDP2, checkpoints,
+resume and export. Its settings are a :class:`~padoc_ray.trainer.config.TrainConfig`.
 
 The driver (:func:`run_training`) checks the inputs, then runs a ``TorchTrainer`` with
 ``ScalingConfig(num_workers=W, use_gpu=...)`` and ``TorchConfig(backend="gloo" | "nccl")``. Each
-worker (:func:`train_func`):
+worker (:func:`train_func`) packs its shard of the pages (page ``i`` goes to rank ``i % W``),
+loads the checkpoint, applies FSDP2 and calls :func:`loop.train` with :class:`RayHooks`:
 
-* packs its shard of the pages (page ``i`` goes to rank ``i % W``) with :class:`Packer`;
-* loads the checkpoint and applies FSDP2 ``fully_shard`` itself, on CPU as on GPU (Ray's
+* FSDP2 ``fully_shard`` is applied by the worker itself, on CPU as on GPU (Ray's
   ``prepare_model(parallel_strategy="fsdp")`` refuses CPU): every text decoder layer and vision
   block, then the root; gradients are reduced with a plain SUM (never AVG: gloo's AVG is
   unreliable, pytorch issue 162338) because each worker already divides its loss by the global
   label count of the step;
-* resumes from the latest checkpoint of the run (``RunConfig(storage_path=OUT/ray_results,
+* resume: from the latest checkpoint of the run (``RunConfig(storage_path=OUT/ray_results,
   name=run_name)``: rerunning the same command continues), else from ``resume`` (a checkpoint
   folder every worker can read; Ray's ``resume_from_checkpoint`` is deprecated in Train V2).
   Loading a checkpoint unpickles its metadata, so ``resume`` must be under OUT or pass
   :func:`check_resume_path` (owned by this user, writable by no one else);
-* every ``checkpoint_every`` steps and at the end saves a distributed checkpoint
-  (``get_state_dict`` + ``torch.distributed.checkpoint.save``) and reports it with
+* every ``checkpoint_every`` steps and at the end a distributed checkpoint
+  (``get_state_dict`` + ``torch.distributed.checkpoint.save``), reported with
   ``ray.train.report(..., checkpoint=Checkpoint.from_directory(...))``;
 * rank 0 appends one JSON line per step to ``OUT/metrics.jsonl`` (step, loss, lr, tokens,
-  labels, grad_norm, seconds) and, after the last step, gathers the full state dict and exports
-  it to ``OUT/model/`` (:func:`export.export_checkpoint`).
+  labels, grad_norm, seconds, backend, workers, time) and, after the last step, the full state
+  dict is gathered and exported to ``OUT/model/`` (:func:`export.export_checkpoint`).
 
-OUT must be a path every worker can write (local or shared filesystem). No parsing or packing
-logic lives here.
+OUT must be a path every worker can write (local or shared filesystem). No parsing, packing or
+training-step logic lives here.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ import os
 import stat
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
+
+from .config import TrainConfig, TrainInputError
 
 log = logging.getLogger(__name__)
 
@@ -43,71 +46,8 @@ STATE_FILE = "trainer_state.json"
 RESULTS_DIR = "ray_results"
 
 
-class TrainInputError(ValueError):
-    """Bad training inputs (missing model, ground truth, images; no usable page)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainJobConfig:
-    """One training run. Data: ``gt`` + ``images`` (OmniDocBench JSON and its images folder) or
-    ``batch_output`` (padoc-ray batch output; ``ok`` rows, images re-rendered from their PDFs).
-
-    ``steps``: optimizer steps; ``grad_accum``: packed samples per step and worker (global batch =
-    workers x grad_accum pages); ``lr``: peak learning rate (warm-up then cosine);
-    ``max_len``: tokens per packed sample (longer pages drop trailing regions);
-    ``max_pixels``: image pixel budget override (None: the checkpoint processor's);
-    ``checkpoint_every``: steps between distributed checkpoints (the last step always saves);
-    ``device``: auto (GPU when the cluster has enough) | cpu | cuda;
-    ``resume``: a checkpoint directory to start from when the run has none of its own;
-    ``sample_weights``: a re-annotation's agreement.parquet: pages are drawn by difficulty (see
-    :func:`padoc_ray.eval.agreement.sample_weight`; pages without a consensus never);
-    ``grad_dump``: debug/test aid: rank 0 writes the full reduced gradients of the first step
-    run (before clipping) and the sources of its samples to this file.
-    """
-
-    model: str
-    out: str
-    steps: int
-    gt: str | None = None
-    images: str | None = None
-    batch_output: str | None = None
-    backend: str = "tree_varlen"
-    workers: int = 1
-    lr: float = 5e-6
-    warmup_steps: int | None = None
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    grad_accum: int = 1
-    max_len: int = 8192
-    max_pixels: int | None = None
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 2
-    seed: int = 0
-    device: str = "auto"
-    run_name: str = "train"
-    resume: str | None = None
-    address: str | None = None
-    grad_dump: str | None = None
-    sample_weights: str | None = None
-
-    def __post_init__(self) -> None:
-        from .attention import BACKENDS
-
-        for name in ("steps", "workers", "grad_accum", "checkpoint_every", "keep_checkpoints"):
-            if getattr(self, name) < 1:
-                raise TrainInputError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.backend not in BACKENDS:
-            raise TrainInputError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise TrainInputError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if (self.gt is None) == (self.batch_output is None):
-            raise TrainInputError("give either --gt with --images, or --batch-output")
-        if self.gt is not None and self.images is None:
-            raise TrainInputError("--gt needs --images (the folder holding each page's image_path)")
-
-
 # ---- inputs --------------------------------------------------------------------------------------
-def check_inputs(cfg: TrainJobConfig):
+def check_inputs(cfg: TrainConfig):
     """Validate paths and read the page list; returns (refs, skipped). Raises TrainInputError."""
     from padoc_ray.protocol import SPEC_FILENAME
 
@@ -116,21 +56,22 @@ def check_inputs(cfg: TrainJobConfig):
     for name in ("config.json", SPEC_FILENAME):
         if not os.path.exists(os.path.join(cfg.model, name)):
             raise TrainInputError(f"{cfg.model} has no {name}: not a PaDoc checkpoint directory")
-    if cfg.gt is not None:
-        if not os.path.isfile(cfg.gt):
-            raise TrainInputError(f"--gt: no such file: {cfg.gt}")
-        if not os.path.isdir(cfg.images):
-            raise TrainInputError(f"--images: no such directory: {cfg.images}")
-    elif not os.path.exists(cfg.batch_output):
-        raise TrainInputError(f"--batch-output: no such file or directory: {cfg.batch_output}")
-    if cfg.sample_weights is not None and not os.path.isfile(cfg.sample_weights):
-        raise TrainInputError(f"--sample-weights: no such file: {cfg.sample_weights}")
-    if cfg.resume is not None:
-        if not os.path.isdir(cfg.resume):
-            raise TrainInputError(f"--resume: no such checkpoint directory: {cfg.resume}")
-        check_resume_path(cfg.resume, cfg.out)
-        if not os.path.exists(os.path.join(cfg.resume, STATE_FILE)):
-            raise TrainInputError(f"--resume: {cfg.resume} is not a training checkpoint (no {STATE_FILE}); give a "
+    data, resume = cfg.data, cfg.ray.resume
+    if data.gt is not None:
+        if not os.path.isfile(data.gt):
+            raise TrainInputError(f"--gt: no such file: {data.gt}")
+        if not os.path.isdir(data.images):
+            raise TrainInputError(f"--images: no such directory: {data.images}")
+    elif not os.path.exists(data.batch_output):
+        raise TrainInputError(f"--batch-output: no such file or directory: {data.batch_output}")
+    if data.sample_weights is not None and not os.path.isfile(data.sample_weights):
+        raise TrainInputError(f"--sample-weights: no such file: {data.sample_weights}")
+    if resume is not None:
+        if not os.path.isdir(resume):
+            raise TrainInputError(f"--resume: no such checkpoint directory: {resume}")
+        check_resume_path(resume, cfg.out)
+        if not os.path.exists(os.path.join(resume, STATE_FILE)):
+            raise TrainInputError(f"--resume: {resume} is not a training checkpoint (no {STATE_FILE}); give a "
                                   f"checkpoint_* folder under OUT/{RESULTS_DIR}/RUN_NAME")
     refs, skipped = load_refs(cfg)
     if not refs:
@@ -179,18 +120,20 @@ def check_resume_path(resume: str, out: str) -> None:
             f"else")
 
 
-def load_refs(cfg: TrainJobConfig):
+def load_refs(cfg: TrainConfig):
+    """The pages of ``cfg.data`` (weighted by ``sample_weights`` when given): (refs, skipped)."""
     from padoc_ray.protocol import ProtocolSpec
 
     from .packing import apply_sample_weights, pages_from_batch_output, pages_from_omnidocbench
 
+    data = cfg.data
     try:
-        if cfg.gt is not None:
-            refs, skipped = pages_from_omnidocbench(cfg.gt, cfg.images, ProtocolSpec.load(cfg.model))
+        if data.gt is not None:
+            refs, skipped = pages_from_omnidocbench(data.gt, data.images, ProtocolSpec.load(cfg.model))
         else:
-            refs, skipped = pages_from_batch_output(cfg.batch_output)
-        if cfg.sample_weights is not None:
-            refs, more = apply_sample_weights(refs, cfg.sample_weights)
+            refs, skipped = pages_from_batch_output(data.batch_output)
+        if data.sample_weights is not None:
+            refs, more = apply_sample_weights(refs, data.sample_weights)
             skipped = [*skipped, *more]
     except ValueError as e:
         raise TrainInputError(str(e)) from None
@@ -293,77 +236,102 @@ def _dump_grads(model, path: str, sources: list, rank: int) -> None:
 
 # ---- the worker ----------------------------------------------------------------------------------
 def train_func(config: dict) -> None:
-    """Ray Train worker loop (see the module docstring)."""
+    """One Ray Train worker: its shard of the samples, the FSDP2 model, then :func:`loop.train`
+    with :class:`RayHooks` (see the module docstring)."""
     import ray.train
+    import torch
+
+    from .loop import load_model, train
+
+    cfg = TrainConfig.from_dict(config)
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    use_gpu = cfg.ray.device == "cuda"
+    device = ray.train.torch.get_device() if use_gpu else torch.device("cpu")
+    packer, samples, skipped = _pack_shard(cfg, rank, world, device)
+    model = load_model(cfg.model, device=device)
+    shard_model(model, mixed_precision=use_gpu)
+    loop = cfg.loop
+    info = {"steps": loop.steps, "backend": loop.step.backend, "workers": world, "lr": loop.optim.lr,
+            "grad_accum": loop.step.grad_accum, "max_len": cfg.data.packing.max_len, "seed": loop.seed,
+            "max_pixels": cfg.data.packing.max_pixels, "skipped_pages_rank0": len(skipped)}
+    hooks = RayHooks(cfg, rank=rank, world=world, export_info=info, image_size=packer.processor_size_override)
+    train(model, samples, loop, hooks=hooks, weighted=cfg.data.sample_weights is not None, device=device)
+
+
+def _pack_shard(cfg: TrainConfig, rank: int, world: int, device):
+    """This worker's pages (page ``i`` goes to rank ``i % world``) as packed samples; fails when
+    any worker has none. Returns (packer, samples, skipped)."""
     import torch
     import torch.distributed as dist
 
-    from .export import export_checkpoint
-    from .loop import OptimConfig, StepConfig, Trainer, batch_for_step, load_model
-    from .packing import Packer, PackingConfig, pack_pages
-
-    cfg = TrainJobConfig(**config)
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    use_gpu = cfg.device == "cuda"
-    device = ray.train.torch.get_device() if use_gpu else torch.device("cpu")
-    torch.manual_seed(cfg.seed)
+    from .packing import Packer, pack_pages
 
     refs, _ = load_refs(cfg)
-    packer = Packer(cfg.model, PackingConfig(max_len=cfg.max_len, max_pixels=cfg.max_pixels))
+    packer = Packer(cfg.model, cfg.data.packing)
     samples, skipped = pack_pages(packer, refs[rank::world])
-    weights = [s.meta.get("weight", 1.0) for s in samples] if cfg.sample_weights else None
     n = torch.tensor([len(samples)], dtype=torch.int64, device=device)
     counts = [torch.zeros_like(n) for _ in range(world)]
     dist.all_gather(counts, n)
     if min(int(c) for c in counts) == 0:
         raise RuntimeError(f"a worker has no usable page (usable pages per worker: {[int(c) for c in counts]}); "
                            f"use fewer workers or more pages")
+    return packer, samples, skipped
 
-    model = load_model(cfg.model, device=device)
-    shard_model(model, mixed_precision=use_gpu)
-    optim = OptimConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps, max_grad_norm=cfg.max_grad_norm,
-                        weight_decay=cfg.weight_decay)
-    trainer = Trainer(model, optim, StepConfig(backend=cfg.backend, grad_accum=cfg.grad_accum), cfg.steps,
-                      device=device, reduce=_all_reduce_sum)
 
-    start = 0
-    ckpt = ray.train.get_checkpoint()  # the run's own latest checkpoint wins over --resume
-    if ckpt is None and cfg.resume:
-        ckpt = ray.train.Checkpoint.from_directory(cfg.resume)
-    if ckpt is not None:
-        start = load_checkpoint(trainer, ckpt)
-        log.info("rank %d resumed from step %d", rank, start)
-    out = os.path.abspath(cfg.out)
-    metrics_path = os.path.join(out, METRICS_FILE)
-    if rank == 0:
-        os.makedirs(out, exist_ok=True)
-        _trim_metrics(metrics_path, start)
+class RayHooks:
+    """:func:`loop.train`'s hooks on a Ray Train worker (the :class:`loop.LoopHooks` interface,
+    written out so this module imports no torch): the SUM all-reduce; resume from the run's own
+    latest checkpoint, else from ``ray.resume``; rank 0's line per step in OUT/metrics.jsonl; a
+    distributed checkpoint every ``checkpoint_every`` steps and at the last; the gradient dump of
+    the first step run (``ray.grad_dump``); the export of OUT/model after the last step."""
 
-    for step in range(start + 1, cfg.steps + 1):
-        idx = batch_for_step(len(samples), step, cfg.grad_accum, cfg.seed * 7919 + rank, weights)
-        batch = [samples[i] for i in idx]
-        if cfg.grad_dump and step == start + 1:
-            trainer.before_clip = lambda b=batch: _dump_grads(model, cfg.grad_dump, [s.meta["source"] for s in b], rank)
-        m = trainer.step(step, batch)
-        trainer.before_clip = None
-        m.update(backend=cfg.backend, workers=world, time=time.time())
-        if rank == 0:
-            with open(metrics_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(m) + "\n")
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-            save_checkpoint(trainer, step, m, rank)  # reports to Ray only here: a report costs ~1 s on CPU
+    def __init__(self, cfg: TrainConfig, *, rank: int, world: int, export_info: dict, image_size: dict | None):
+        self.cfg, self.rank, self.world = cfg, rank, world
+        self.export_info, self.image_size = export_info, image_size
+        self.metrics_path = os.path.join(cfg.out, METRICS_FILE)
+        self.start = 0
 
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    def reduce(self, t):
+        return _all_reduce_sum(t)
 
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank == 0:
-        info = {"steps": cfg.steps, "backend": cfg.backend, "workers": world, "lr": cfg.lr,
-                "grad_accum": cfg.grad_accum, "max_len": cfg.max_len, "seed": cfg.seed,
-                "max_pixels": cfg.max_pixels, "skipped_pages_rank0": len(skipped)}
-        export_checkpoint(sd, cfg.model, os.path.join(out, "model"), info=info,
-                          image_size=packer.processor_size_override)
-    dist.barrier()
+    def resume(self, trainer) -> int:
+        import ray.train
+
+        ckpt = ray.train.get_checkpoint()  # the run's own latest checkpoint wins over --resume
+        if ckpt is None and self.cfg.ray.resume:
+            ckpt = ray.train.Checkpoint.from_directory(self.cfg.ray.resume)
+        if ckpt is not None:
+            self.start = load_checkpoint(trainer, ckpt)
+            log.info("rank %d resumed from step %d", self.rank, self.start)
+        if self.rank == 0:
+            os.makedirs(self.cfg.out, exist_ok=True)
+            _trim_metrics(self.metrics_path, self.start)
+        return self.start
+
+    def before_clip(self, trainer, step: int, batch) -> None:
+        if self.cfg.ray.grad_dump and step == self.start + 1:
+            _dump_grads(trainer.model, self.cfg.ray.grad_dump, [s.meta["source"] for s in batch], self.rank)
+
+    def after_step(self, trainer, metrics: dict) -> None:
+        step = metrics["step"]
+        if self.rank == 0:
+            with open(self.metrics_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(metrics) + "\n")
+        if step % self.cfg.ray.checkpoint_every == 0 or step == self.cfg.loop.steps:
+            save_checkpoint(trainer, step, metrics, self.rank)  # reports to Ray only here: a report costs ~1 s on CPU
+
+    def finish(self, trainer) -> None:
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from .export import export_checkpoint
+
+        sd = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0:
+            export_checkpoint(sd, self.cfg.model, os.path.join(self.cfg.out, "model"), info=self.export_info,
+                              image_size=self.image_size)
+        dist.barrier()
 
 
 # ---- the driver ----------------------------------------------------------------------------------
@@ -376,16 +344,16 @@ def init_ray(address: str | None) -> None:
     start(address or os.environ.get("RAY_ADDRESS") or "local", verbose=True, filter_noise=False)
 
 
-def _resolve_device(cfg: TrainJobConfig) -> str:
+def _resolve_device(cfg: TrainConfig) -> str:
     import ray
 
-    if cfg.device != "auto":
-        return cfg.device
+    if cfg.ray.device != "auto":
+        return cfg.ray.device
     gpus = ray.cluster_resources().get("GPU", 0)
-    return "cuda" if gpus >= cfg.workers else "cpu"
+    return "cuda" if gpus >= cfg.ray.workers else "cpu"
 
 
-def run_training(cfg: TrainJobConfig, *, progress=None) -> dict:
+def run_training(cfg: TrainConfig, *, progress=None) -> dict:
     """Run (or resume) a training run; returns a summary dict. Raises TrainInputError on bad input."""
     from ray.train import CheckpointConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -393,23 +361,24 @@ def run_training(cfg: TrainJobConfig, *, progress=None) -> dict:
     refs, skipped = check_inputs(cfg)
     out = os.path.abspath(cfg.out)
     os.makedirs(out, exist_ok=True)
-    init_ray(cfg.address)
+    init_ray(cfg.ray.address)
     device = _resolve_device(cfg)
-    if cfg.backend == "flex" and device == "cpu":
+    backend, ray_cfg = cfg.loop.step.backend, cfg.ray
+    if backend == "flex" and device == "cpu":
         raise TrainInputError("--backend flex cannot train on CPU (torch has no FlexAttention backward there); "
                               "use tree_varlen or dense, or GPU workers")
-    cfg = replace(cfg, device=device, out=out, model=os.path.abspath(cfg.model),
-                  resume=os.path.abspath(cfg.resume) if cfg.resume else None)
+    cfg = replace(cfg, out=out, model=os.path.abspath(cfg.model),
+                  ray=replace(ray_cfg, device=device, resume=os.path.abspath(ray_cfg.resume) if ray_cfg.resume else None))
     if progress:
-        progress(f"training on {len(refs)} pages ({len(skipped)} skipped: {_count(skipped)}) with {cfg.workers} "
-                 f"worker(s) on {device}, backend {cfg.backend}, {cfg.steps} steps; output {out}")
+        progress(f"training on {len(refs)} pages ({len(skipped)} skipped: {_count(skipped)}) with {ray_cfg.workers} "
+                 f"worker(s) on {device}, backend {backend}, {cfg.loop.steps} steps; output {out}")
     trainer = TorchTrainer(
         train_func,
-        train_loop_config=_jsonable(cfg),
+        train_loop_config=cfg.to_dict(),
         torch_config=TorchConfig(backend="nccl" if device == "cuda" else "gloo"),
-        scaling_config=ScalingConfig(num_workers=cfg.workers, use_gpu=device == "cuda"),
-        run_config=RunConfig(name=cfg.run_name, storage_path=os.path.join(out, RESULTS_DIR),
-                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints)),
+        scaling_config=ScalingConfig(num_workers=ray_cfg.workers, use_gpu=device == "cuda"),
+        run_config=RunConfig(name=ray_cfg.run_name, storage_path=os.path.join(out, RESULTS_DIR),
+                             checkpoint_config=CheckpointConfig(num_to_keep=ray_cfg.keep_checkpoints)),
     )
     t = time.perf_counter()
     result = trainer.fit()
@@ -419,17 +388,13 @@ def run_training(cfg: TrainJobConfig, *, progress=None) -> dict:
         "steps": len(history), "first_loss": history[0]["loss"] if history else None,
         "last_loss": history[-1]["loss"] if history else None, "seconds": time.perf_counter() - t,
         "checkpoint": result.checkpoint.path if result.checkpoint else None, "device": device,
-        "sample_weights": _weights_summary(refs) if cfg.sample_weights else None,
+        "sample_weights": _weights_summary(refs) if cfg.data.sample_weights else None,
     }
 
 
 def _weights_summary(refs) -> dict:
     w = sorted(r.weight for r in refs)
     return {"pages": len(w), "min": round(w[0], 4), "median": round(w[len(w) // 2], 4), "max": round(w[-1], 4)}
-
-
-def _jsonable(cfg: TrainJobConfig) -> dict:
-    return asdict(cfg)
 
 
 def read_metrics(path: str) -> list[dict]:
