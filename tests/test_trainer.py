@@ -356,7 +356,7 @@ def test_cli_rejects_bad_inputs(tmp_path, tiny_model_dir, capsys):
 def test_every_train_flag_lands_in_the_config_tree_and_the_tree_survives_the_trip_to_the_workers():
     import argparse
 
-    from padoc_ray.trainer.cli import add_train_args, config_from_args
+    from padoc_ray.cli.train import add_train_args, config_from_args
     from padoc_ray.trainer.config import TrainConfig
 
     p = argparse.ArgumentParser()

@@ -14,7 +14,7 @@
 The single-process loop (:func:`padoc_ray.trainer.loop.train`) takes a :class:`LoopConfig`; the
 packer takes a :class:`PackingConfig`; the Ray Train run (:mod:`padoc_ray.trainer.ray_train`)
 takes the whole :class:`TrainConfig`, which ``padoc-ray train``'s flags build
-(``trainer/cli.config_from_args``). Each class validates itself in ``__post_init__`` and raises
+(:func:`padoc_ray.cli.train.config_from_args`). Each class validates itself in ``__post_init__`` and raises
 :class:`TrainInputError` (a ``ValueError``); defaults are documented field by field.
 """
 
