@@ -13,6 +13,7 @@ from padoc_ray.scheduler import PageInput, SchedulerConfig, replay_input, run_pa
 
 from .conftest import demo_image
 from .test_engine_forcing import _collect
+from .test_scheduler_engine import Recording
 
 pytestmark = pytest.mark.engine
 
@@ -66,21 +67,6 @@ def test_forced_tokens_win_over_the_grammar(cpu_engine, model_protocol, loop_thr
     toks, last = loop_thread.run(_collect(cpu_engine, _req(mp, "lc-forced", regions=255, forced=trace, seed=1)),
                                  timeout=120)
     assert toks == trace and last.finish_reason == "stop"
-
-
-class Recording:
-    def __init__(self, inner):
-        self.inner, self.requests = inner, []
-
-    def generate(self, req):
-        self.requests.append(req)
-        return self.inner.generate(req)
-
-    async def abort(self, ids):
-        await self.inner.abort(ids)
-
-    def num_unfinished_requests(self):
-        return self.inner.num_unfinished_requests()
 
 
 @pytest.fixture(scope="module")
