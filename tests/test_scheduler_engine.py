@@ -234,3 +234,45 @@ def test_an_engine_death_is_raised_as_engine_dead_error_once(bundled, cpu_engine
     rec = _run(loop_thread, cpu_engine, model_protocol, replay_input(model_protocol, truth, inp, "fork"))
     assert rec.status == "ok"  # fired once: the marker stops it in this process and any restarted one
     assert EngineFault.from_env().fires() is False and EngineFault(1, str(tmp_path / "other")).fires() is True
+
+
+# ---- where the CPU engine runs its model (EngineConfig.executor / cpu_threads) ---------------------------
+def _engine_processes():
+    import psutil
+
+    return psutil.Process(os.getpid()).children(recursive=True)
+
+
+def test_the_cpu_preset_runs_the_model_in_the_engine_core_process(cpu_engine):
+    """cpu_engine_config: one engine core process and no worker process (the engine core would spin
+    waiting on it). The engine core renames itself, which hides its environment from /proc, so the
+    OMP_NUM_THREADS it starts with is checked through _spawn_env in the next test."""
+    assert cpu_engine.cfg.executor == "uni" and cpu_engine.cfg.cpu_threads == 1
+    procs = _engine_processes()
+    names = [" ".join(p.cmdline()) or p.name() for p in procs]
+    cores = [p for p, n in zip(procs, names) if "EngineCore" in n]
+    assert cores, names
+    assert not [n for n in names if "Worker" in n], names
+
+
+def test_engine_args_name_the_executor_vllm_cannot_rewrite(tiny_model_dir, monkeypatch):
+    from padoc_ray.engine.config import EngineConfig, cpu_engine_config
+    from padoc_ray.engine.vllm_engine import UNIPROC_EXECUTOR, _engine_args, _spawn_env
+
+    assert _engine_args(cpu_engine_config(tiny_model_dir)).distributed_executor_backend == UNIPROC_EXECUTOR
+    assert _engine_args(cpu_engine_config(tiny_model_dir, executor="mp")).distributed_executor_backend == "mp"
+    default = _engine_args(EngineConfig(model=tiny_model_dir)).distributed_executor_backend
+    assert default not in (UNIPROC_EXECUTOR, "mp")  # None: vLLM decides
+    for bad in ({"executor": "ray"}, {"executor": "uni", "tensor_parallel_size": 2}, {"cpu_threads": 0}):
+        with pytest.raises(ValueError):
+            EngineConfig(model=tiny_model_dir, **bad)
+    for before in (None, "3"):
+        if before is None:
+            monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("OMP_NUM_THREADS", before)
+        with _spawn_env(cpu_engine_config(tiny_model_dir, cpu_threads=2)):
+            assert os.environ["OMP_NUM_THREADS"] == "2"
+        assert os.environ.get("OMP_NUM_THREADS") == before
+        with _spawn_env(cpu_engine_config(tiny_model_dir, cpu_threads=None)):
+            assert os.environ.get("OMP_NUM_THREADS") == before

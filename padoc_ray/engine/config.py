@@ -23,6 +23,12 @@ class EngineConfig:
     enforce_eager: bool = False
     attention_backend: str | None = None  #: e.g. "FLASHINFER"; None = vLLM picks (FlashInfer on GPU when present)
     scheduling_policy: str = "fcfs"  #: "priority" lets the layout stream run ahead of branches
+    #: where the model runs: None = vLLM's choice (on CPU a separate worker process that the engine
+    #: core busy-waits on), "uni" = in the engine core process (no worker process, no busy-wait;
+    #: tensor_parallel_size 1 only), "mp" = worker processes
+    executor: str | None = None
+    #: OpenMP threads of the engine's processes (OMP_NUM_THREADS when they start); None = unchanged
+    cpu_threads: int | None = None
     seed: int = 0
     tensor_parallel_size: int = 1
     extra: dict[str, Any] = field(default_factory=dict)  #: any other AsyncEngineArgs field
@@ -34,6 +40,12 @@ class EngineConfig:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError("scheduling_policy must be 'fcfs' or 'priority'")
+        if self.executor not in (None, "uni", "mp"):
+            raise ValueError(f"executor must be None, 'uni' or 'mp', got {self.executor!r}")
+        if self.executor == "uni" and self.tensor_parallel_size != 1:
+            raise ValueError("executor 'uni' runs one worker: it needs tensor_parallel_size 1")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError("cpu_threads must be >= 1 (or None)")
 
 
 def cpu_engine_config(model: str, **overrides: Any) -> EngineConfig:
@@ -41,11 +53,14 @@ def cpu_engine_config(model: str, **overrides: Any) -> EngineConfig:
 
     float32 (bf16 outputs were not deterministic under concurrent load), eager mode, 32-token KV
     blocks (CPU KV blocks must be multiples of 32), a 256 MiB KV budget instead of a fraction of
-    RAM, 4096 batched tokens (CPU prefill is slow; big chunks stall decode).
+    RAM, 4096 batched tokens (CPU prefill is slow; big chunks stall decode). The model runs in the
+    engine core process with one OpenMP thread (``executor="uni"``, ``cpu_threads=1``): vLLM's CPU
+    default, a worker process that the engine core waits on by spinning (``sched_yield``), spent
+    about half of all CPU samples of a 2-core ``bench replay`` spinning or in the IPC between them.
     """
     base = EngineConfig(
         model=model, dtype="float32", enforce_eager=True, block_size=32,
-        kv_cache_memory_bytes=256 << 20, max_num_batched_tokens=4096,
+        kv_cache_memory_bytes=256 << 20, max_num_batched_tokens=4096, executor="uni", cpu_threads=1,
     )
     return replace(base, **overrides)
 

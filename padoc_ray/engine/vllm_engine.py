@@ -8,6 +8,7 @@ of layouts, branches or pages.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import AsyncIterator, Sequence
@@ -49,8 +50,34 @@ def _engine_args(cfg: EngineConfig):
         kw["kv_cache_memory_bytes"] = cfg.kv_cache_memory_bytes
     if cfg.attention_backend is not None:
         kw["attention_backend"] = cfg.attention_backend
+    if cfg.executor == "uni":
+        # named by class path: vLLM's CPU platform turns the name "uni" into "mp" (0.32)
+        kw["distributed_executor_backend"] = UNIPROC_EXECUTOR
+    elif cfg.executor == "mp":
+        kw["distributed_executor_backend"] = "mp"
     kw.update(cfg.extra)
     return AsyncEngineArgs(**kw)
+
+
+UNIPROC_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
+
+
+@contextlib.contextmanager
+def _spawn_env(cfg: EngineConfig):
+    """OMP_NUM_THREADS for the engine processes spawned inside the block (a spawned process reads it
+    when it imports torch); this process's own value is restored afterwards."""
+    if cfg.cpu_threads is None:
+        yield
+        return
+    old = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(cfg.cpu_threads)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = old
 
 
 def _first_token_s(out) -> float | None:
@@ -72,7 +99,8 @@ class VllmEngine:
 
         self.cfg = cfg
         self._fault = EngineFault.from_env()  # test-only (padoc_ray.engine.faults); None normally
-        self.llm = AsyncLLM.from_engine_args(_engine_args(cfg))
+        with _spawn_env(cfg):
+            self.llm = AsyncLLM.from_engine_args(_engine_args(cfg))
         logger.info("vLLM engine up: model=%s max_num_seqs=%d", cfg.model, cfg.max_num_seqs)
 
     def _sampling_params(self, req: GenRequest):
