@@ -119,13 +119,13 @@ class PageHost:
     (vLLM's output handler lives on that loop), then ``await parse(page)`` concurrently."""
 
     def __init__(self, model_dir: str, cfg: HostConfig = HostConfig(), *, truth: Mapping | None = None,
-                 engine=None, proto=None):
+                 engine=None, model_protocol=None):
         self.model_dir, self.cfg = model_dir, cfg
         #: teacher forcing: {(file name, page index): Page}, see padoc_ray.groundtruth.Truth
         self.truth = truth if truth is not None else {}
         self.engine = engine  # tests and benchmarks may hand in an engine they own
         self._own_engine = engine is None
-        self.proto = proto
+        self.model_protocol = model_protocol
         self.sem: asyncio.Semaphore | None = None
         self.admission: asyncio.Semaphore | None = None
         self.dead: str | None = None  # why the engine died, once it has
@@ -137,17 +137,17 @@ class PageHost:
     async def start(self) -> "PageHost":
         if self.started:
             return self
-        if self.proto is None:
+        if self.model_protocol is None:
             from padoc_ray.checkpoint.tokenizer import ModelProtocol
 
-            self.proto = ModelProtocol(self.model_dir)
+            self.model_protocol = ModelProtocol(self.model_dir)
         self.sem = asyncio.Semaphore(self.cfg.pages_in_flight)
         self.admission = branch_admission(self.cfg.max_live_branches)
         if self.engine is None:
             if self.cfg.engine == "noop":
                 from padoc_ray.engine.fake import ScriptedEngine
 
-                eos = self.proto.vocab.end_of_stream
+                eos = self.model_protocol.vocab.end_of_stream
                 self.engine = ScriptedEngine(lambda req: [eos])
             else:
                 from padoc_ray.engine.vllm_engine import VllmEngine
@@ -174,7 +174,7 @@ class PageHost:
     async def probe(self, timeout_s: float = 60.0) -> None:
         """One one-token, text-only request: raises unless the engine answers within ``timeout_s``."""
         self._check_alive()
-        prompt = list(self.proto.prompt_ids("fork"))[:4] or [0]
+        prompt = list(self.model_protocol.prompt_ids("fork"))[:4] or [0]
         req = GenRequest(request_id=f"probe-{time.monotonic_ns()}", prompt_ids=prompt, max_tokens=1)
 
         async def go():
@@ -224,7 +224,7 @@ class PageHost:
         async with self.sem:
             self._in_flight(+1)
             try:
-                rec = await run_page(self.engine, self.proto, inp, mode=mode, cfg=self.cfg.scheduler,
+                rec = await run_page(self.engine, self.model_protocol, inp, mode=mode, cfg=self.cfg.scheduler,
                                      admission=self.admission)
             except EngineDeadError as e:
                 self.dead = str(e) or "engine died"
@@ -258,7 +258,7 @@ class PageHost:
                         page_no=page.page_index, image_path=page.source_name)
         truth = self.truth_for(page.source_name, page.page_index)
         if truth is not None:
-            inp = replay_input(self.proto, truth, inp, page.mode or self.cfg.mode)
+            inp = replay_input(self.model_protocol, truth, inp, page.mode or self.cfg.mode)
         return inp
 
     def truth_for(self, source_name: str | None, page_index: int) -> Page | None:

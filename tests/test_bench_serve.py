@@ -165,7 +165,7 @@ def test_bench_serve_runs_the_tiny_engine_and_writes_the_report(cpu_engine, tiny
 
     async def go():
         host = await PageHost(tiny_model_dir, HostConfig(pages_in_flight=4), truth=bench_truth(bench_pages),
-                              engine=cpu_engine, proto=model_protocol).start()
+                              engine=cpu_engine, model_protocol=model_protocol).start()
         header = {"config": {"model": tiny_model_dir},
                   "pages": {"requested": cfg.pages, "used": len(bench_pages), "sets": sets}}
         return await run_bench(DirectTarget(host), bench_pages, cfg, str(out), header=header)

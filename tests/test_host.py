@@ -18,7 +18,7 @@ from .test_scheduler_unit import P, page
 
 
 def host(engine, truth=None, **cfg) -> PageHost:
-    h = PageHost("unused", HostConfig(**cfg), truth=truth or {}, engine=engine, proto=P)
+    h = PageHost("unused", HostConfig(**cfg), truth=truth or {}, engine=engine, model_protocol=P)
     asyncio.run(h.start())
     return h
 

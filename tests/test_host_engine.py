@@ -25,7 +25,7 @@ def test_pages_cancelled_early_do_not_break_the_next_request_for_them(cpu_engine
     truth = load_truth(os.path.join(ROOT, "examples", "ground_truth.json"))
     pages = [it.page for it in load_pages(sorted(glob.glob(os.path.join(ROOT, "examples", "*.pdf"))))] * 4
     host = PageHost(tiny_model_dir, HostConfig(pages_in_flight=32), truth=truth, engine=cpu_engine,
-                    proto=model_protocol)
+                    model_protocol=model_protocol)
 
     async def go():
         await host.start()

@@ -142,8 +142,8 @@ def _one(corpus, name):
     return next((inp, t) for n, inp, t in corpus if n == name)
 
 
-def _run(loop_thread, engine, proto, inp, mode="fork", **cfg):
-    return loop_thread.run(run_page(engine, proto, inp, mode=mode, cfg=SchedulerConfig(**cfg)), timeout=300)
+def _run(loop_thread, engine, model_protocol, inp, mode="fork", **cfg):
+    return loop_thread.run(run_page(engine, model_protocol, inp, mode=mode, cfg=SchedulerConfig(**cfg)), timeout=300)
 
 
 def test_limits_give_their_status_and_leave_no_live_requests(bundled, cpu_engine, model_protocol, loop_thread):

@@ -227,16 +227,16 @@ def check_checkpoint(out_dir: str, spec: ProtocolSpec, n_tokens: int, rows: int)
     hold one image placeholder, every token id has an embedding row."""
     from padoc_ray.checkpoint.tokenizer import ModelProtocol
 
-    proto = ModelProtocol(out_dir)  # every protocol token one id, distinct; one image pad per prompt
-    if len(proto.tokenizer.hf) != n_tokens:
-        raise RuntimeError(f"the saved tokenizer has {len(proto.tokenizer.hf)} tokens, expected {n_tokens}")
-    if max(proto.vocab.control_ids) >= rows:
+    model_protocol = ModelProtocol(out_dir)  # every protocol token one id, distinct; one image pad per prompt
+    if len(model_protocol.tokenizer.hf) != n_tokens:
+        raise RuntimeError(f"the saved tokenizer has {len(model_protocol.tokenizer.hf)} tokens, expected {n_tokens}")
+    if max(model_protocol.vocab.control_ids) >= rows:
         raise RuntimeError("a protocol token id has no embedding row")
     with open(os.path.join(out_dir, "config.json")) as f:
         cfg = json.load(f)
     if cfg["text_config"]["vocab_size"] != rows:
         raise RuntimeError("config.json's text_config.vocab_size does not match the embedding")
-    if proto.spec.to_dict() != spec.to_dict():
+    if model_protocol.spec.to_dict() != spec.to_dict():
         raise RuntimeError("padoc_protocol.json does not round-trip")
 
 
@@ -252,8 +252,8 @@ def verify_in_vllm(model_dir: str, *, preset: str = "auto", timeout_s: float = 6
     from padoc_ray.engine.interface import GenRequest
     from padoc_ray.checkpoint.tokenizer import ModelProtocol
 
-    proto = ModelProtocol(model_dir)
-    v = proto.vocab
+    model_protocol = ModelProtocol(model_dir)
+    v = model_protocol.vocab
     forced = [v.region_open, next(iter(v.category_ids.values())), v.coord_ids[0], v.coord_ids[1],
               v.coord_ids[-1], v.coord_ids[-2], v.region_close, v.end_of_stream]
     image = Image.new("RGB", (128, 128), "white")
@@ -262,7 +262,7 @@ def verify_in_vllm(model_dir: str, *, preset: str = "auto", timeout_s: float = 6
     cfg = engine_preset(model_dir, preset, max_model_len=2048, max_num_seqs=4, max_num_batched_tokens=2048)
 
     async def run(engine, rid: str, max_tokens: int, forced_tokens=None) -> list[int]:
-        req = GenRequest(request_id=rid, prompt_ids=list(proto.prompt_ids("fork")), max_tokens=max_tokens,
+        req = GenRequest(request_id=rid, prompt_ids=list(model_protocol.prompt_ids("fork")), max_tokens=max_tokens,
                          image=image, image_uuid=f"verify-{rid}", forced_tokens=forced_tokens, stream=False)
         ids: list[int] = []
         async for d in engine.generate(req):

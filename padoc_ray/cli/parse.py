@@ -34,7 +34,7 @@ def _run_local(model: str, paths: list[str], args, *, pages=None, gt: str | None
     from padoc_ray.protocol import ProtocolError
 
     try:
-        proto = ModelProtocol(model)
+        model_protocol = ModelProtocol(model)
     except (ProtocolError, OSError) as e:
         die(f"cannot load model {model}: {e}")
     render = RenderConfig(longest_side=args.longest_side, dpi=args.dpi)
@@ -45,7 +45,7 @@ def _run_local(model: str, paths: list[str], args, *, pages=None, gt: str | None
     cfg = HostConfig(mode=args.mode, scheduler=_scheduler_cfg(args), pages_in_flight=concurrency)
 
     async def go():
-        host = await PageHost(model, cfg, truth=load_truth(gt), proto=proto).start()
+        host = await PageHost(model, cfg, truth=load_truth(gt), model_protocol=model_protocol).start()
         try:
             return await parse_local(host, items)
         finally:

@@ -38,14 +38,14 @@ def label_of(path: str) -> str:
     return os.path.splitext(base)[0]
 
 
-def profile_pages(objs: list[dict], proto) -> dict:
-    """Statistics of OmniDocBench page objects under ``proto`` (a ModelProtocol: spec, tokenizer, vocab)."""
+def profile_pages(objs: list[dict], model_protocol) -> dict:
+    """Statistics of OmniDocBench page objects under ``model_protocol`` (a ModelProtocol: spec, tokenizer, vocab)."""
     regions, tokens, layout, f_seq, f_padoc, reduction = [], [], [], [], [], []
     by_cat: dict[str, list[int]] = {}
     for obj in objs:
-        page = page_from_omnidocbench(obj, proto.spec)
-        ll = [len(region_layout_tokens(proto.vocab, r)) for r in page.regions]
-        cl = [len(content_tokens(proto.tokenizer, r)) for r in page.regions]
+        page = page_from_omnidocbench(obj, model_protocol.spec)
+        ll = [len(region_layout_tokens(model_protocol.vocab, r)) for r in page.regions]
+        cl = [len(content_tokens(model_protocol.tokenizer, r)) for r in page.regions]
         d = decode_depth(ll, cl)
         regions.append(len(page.regions))
         layout.append(sum(ll) + 1)
@@ -80,10 +80,10 @@ def load_gt(path: str) -> list[dict]:
 def profile_files(paths: list[str], model_dir: str) -> dict:
     from padoc_ray.checkpoint.tokenizer import ModelProtocol
 
-    proto = ModelProtocol(model_dir)
+    model_protocol = ModelProtocol(model_dir)
     sets = []
     for p in paths:
-        stats = profile_pages(load_gt(p), proto)
+        stats = profile_pages(load_gt(p), model_protocol)
         sets.append({"label": label_of(p), "path": p, **stats})
     return {"model": model_dir, "percentile": "nearest rank", "sets": sets}
 

@@ -10,10 +10,10 @@ from padoc_ray.protocol import Page, serialize_padoc, serialize_sequential
 from .runner import PageInput
 
 
-def replay_input(proto, truth: Page, base: PageInput, mode: str) -> PageInput:
+def replay_input(model_protocol, truth: Page, base: PageInput, mode: str) -> PageInput:
     """``base`` with forced traces for ``truth`` in ``mode`` (branch-start tokens live in the
     child prompts, so forced branches start at the content)."""
     if mode == "fork":
-        s = serialize_padoc(proto.vocab, proto.tokenizer, truth)
+        s = serialize_padoc(model_protocol.vocab, model_protocol.tokenizer, truth)
         return replace(base, forced_main=s.layout, forced_branches=[b[1:] for b in s.branches])
-    return replace(base, forced_main=serialize_sequential(proto.vocab, proto.tokenizer, truth), forced_branches=None)
+    return replace(base, forced_main=serialize_sequential(model_protocol.vocab, model_protocol.tokenizer, truth), forced_branches=None)

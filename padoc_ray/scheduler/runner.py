@@ -76,11 +76,11 @@ class PageRecord:
 class _Page:
     """One run of one page; keeps the live request ids so every exit path can abort them."""
 
-    def __init__(self, engine: Engine, proto, inp: PageInput, mode: str, cfg: SchedulerConfig,
+    def __init__(self, engine: Engine, model_protocol, inp: PageInput, mode: str, cfg: SchedulerConfig,
                  admission: asyncio.Semaphore | None = None):
-        self.engine, self.proto, self.inp, self.mode, self.cfg = engine, proto, inp, mode, cfg
+        self.engine, self.model_protocol, self.inp, self.mode, self.cfg = engine, model_protocol, inp, mode, cfg
         self.admission = admission
-        self.state = PageState(proto.vocab, proto.prompt_ids(mode), cfg, mode)
+        self.state = PageState(model_protocol.vocab, model_protocol.prompt_ids(mode), cfg, mode)
         self.run_id = f"{inp.page_id}/{uuid.uuid4().hex[:8]}"
         self.live: set[str] = set()
         self.tasks: list[asyncio.Task] = []
@@ -95,7 +95,7 @@ class _Page:
         return GenRequest(
             request_id=rid, prompt_ids=prompt, max_tokens=self.cfg.max_tokens, image=self.inp.image,
             image_uuid=self.inp.page_id, cache_salt=self.inp.cache_salt,
-            stop_token_ids=(self.proto.vocab.end_of_stream,), forced_tokens=forced,
+            stop_token_ids=(self.model_protocol.vocab.end_of_stream,), forced_tokens=forced,
             temperature=self.cfg.temperature, priority=priority, stream=stream,
         )
 
@@ -208,7 +208,7 @@ class _Page:
 
     # ---- result ----------------------------------------------------------------------------------
     def _record(self) -> PageRecord:
-        st, inp, vocab = self.state, self.inp, self.proto.vocab
+        st, inp, vocab = self.state, self.inp, self.model_protocol.vocab
         regions = st.finish()
         kw = dict(width=inp.width, height=inp.height, page_no=inp.page_no, image_path=inp.image_path)
         if self.mode == "fork":
@@ -220,12 +220,12 @@ class _Page:
                     parsed.append(parse_branch(vocab, st.branches[r.index].tokens))
                 else:
                     parsed.append(None)
-            page = assemble_page(vocab, self.proto.tokenizer, regions, st.parser.error_codes, parsed, **kw)
+            page = assemble_page(vocab, self.model_protocol.tokenizer, regions, st.parser.error_codes, parsed, **kw)
             br = [st.branches[i] for i in sorted(st.branches)]
             depth = depth_from_trace(len(st.main.tokens), [regions[i].fork_point for i in sorted(st.branches)],
                                      [len(b.tokens) for b in br])
         else:
-            page = assemble_page(vocab, self.proto.tokenizer, regions, st.parser.error_codes, None, **kw)
+            page = assemble_page(vocab, self.model_protocol.tokenizer, regions, st.parser.error_codes, None, **kw)
             br = []
             n_fields = len(vocab.spec.coordinates.region_fields) + 2
             d = decode_depth([n_fields] * len(regions), [len(r.content_ids) for r in regions])
@@ -258,16 +258,16 @@ class _Page:
         )
 
 
-async def run_page(engine: Engine, proto, inp: PageInput, *, mode: str = "fork",
+async def run_page(engine: Engine, model_protocol, inp: PageInput, *, mode: str = "fork",
                    cfg: SchedulerConfig | None = None, admission: asyncio.Semaphore | None = None) -> PageRecord:
-    """Parse one page. ``proto`` provides ``vocab``, ``tokenizer`` and ``prompt_ids(mode)``
+    """Parse one page. ``model_protocol`` provides ``vocab``, ``tokenizer`` and ``prompt_ids(mode)``
     (e.g. :class:`padoc_ray.checkpoint.tokenizer.ModelProtocol`). ``admission``, shared by every page on
     one engine, caps the branches live in it at once (see :func:`branch_admission`). Page-level
     failures come back as the record's status; only :class:`EngineDeadError` and cancellation
     propagate."""
     if mode not in DECODE_MODES:
         raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
-    return await _Page(engine, proto, inp, mode, cfg or SchedulerConfig(), admission).run()
+    return await _Page(engine, model_protocol, inp, mode, cfg or SchedulerConfig(), admission).run()
 
 
 def branch_admission(max_live_branches: int | None) -> asyncio.Semaphore | None:

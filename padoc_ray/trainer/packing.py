@@ -294,13 +294,13 @@ class Packer:
         from padoc_ray.checkpoint.tokenizer import ModelProtocol
 
         self.cfg = cfg = cfg if cfg is not None else PackingConfig()
-        self.proto = ModelProtocol(model_dir)
+        self.model_protocol = ModelProtocol(model_dir)
         self.image_processor = AutoImageProcessor.from_pretrained(model_dir)
         config = AutoConfig.from_pretrained(model_dir)
         self.image_token_id = int(config.image_token_id)
         self.merge = int(config.vision_config.spatial_merge_size)
         self.rope_index = rope_index or rope_index_fn(config)
-        self.prompt = tuple(self.proto.prompt_ids("fork"))
+        self.prompt = tuple(self.model_protocol.prompt_ids("fork"))
         if self.prompt.count(self.image_token_id) != 1:
             raise ValueError(f"the fork prompt of {model_dir} must hold one <|image_pad|> (id {self.image_token_id})")
         self._proc_kw = {}
@@ -351,7 +351,7 @@ class Packer:
         if P + 1 > max_len:
             raise PackingError(PROMPT_TOO_LONG, f"prompt with {P - len(self.prompt) + 1} image tokens is {P} tokens; "
                                                 f"max_len is {max_len}")
-        vocab, tok = self.proto.vocab, self.proto.tokenizer
+        vocab, tok = self.model_protocol.vocab, self.model_protocol.tokenizer
         try:
             full = serialize_padoc(vocab, tok, page)
         except SerializeError as e:
