@@ -3,12 +3,13 @@
 A ground-truth page names where it comes from in ``page_info``: ``image_path`` (the page image) and,
 for a page of a PDF, ``source_pdf`` + ``page_no`` (0-based). A source is a file name (a PDF or an
 image) and a page index. They match by one rule, :func:`truth_keys` on one side and
-:func:`source_key` on the other:
+:func:`source_keys` on the other:
 
-* a PDF page ``(doc.pdf, i)`` matches ``source_pdf = doc.pdf`` with ``page_no = i``, or an
-  ``image_path`` named ``doc.pdf_<i>.<image ext>`` (OmniDocBench's naming of PDF pages);
-* an image file matches the ``image_path`` of the same stem (``scan.png`` matches ``scan.jpg``: a
-  page image converted to another format is the same page).
+* page ``i`` of a file ``doc.pdf`` (or of a multi-page image) matches ``source_pdf = doc.pdf`` with
+  ``page_no = i``, or an ``image_path`` named ``doc.pdf_<i>.<image ext>`` (OmniDocBench's naming of
+  PDF pages);
+* an image file (its first page) also matches the ``image_path`` of the same stem (``scan.png``
+  matches ``scan.jpg``: a page image converted to another format is the same page).
 
 When several ground-truth pages share a key the first one wins. Used by teacher forcing
 (:class:`Truth`), the evaluators and the batch-output matcher (:func:`match_rows`), ``show``,
@@ -28,7 +29,7 @@ from padoc_ray.protocol import Page, PageFormatError, page_from_omnidocbench
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 _PDF_PAGE_IMAGE = re.compile(r"^(?P<pdf>.+\.pdf)_(?P<page>\d+)$", re.IGNORECASE)
 
-Key = tuple  #: ("pdf", file name, page index) or ("img", stem)
+Key = tuple  #: ("src", file name, page index) or ("img", image stem)
 
 
 class GroundTruthError(ValueError):
@@ -53,25 +54,27 @@ def truth_keys(name: str, source: tuple[str, int] | None = None) -> list[Key]:
     ``source`` its (source_pdf, page_no)."""
     keys: list[Key] = []
     if source is not None:
-        keys.append(("pdf", source[0], source[1]))
+        keys.append(("src", source[0], source[1]))
     stem, ext = os.path.splitext(os.path.basename(name))
     if ext.lower() in IMAGE_EXTS:
         m = _PDF_PAGE_IMAGE.match(stem)
         if m is not None:
-            keys.append(("pdf", m["pdf"], int(m["page"])))
+            keys.append(("src", m["pdf"], int(m["page"])))
         keys.append(("img", stem))
     elif name:
         keys.append(("img", os.path.basename(name)))
     return keys
 
 
-def source_key(file_name: str, page_index: int | None) -> Key:
-    """The key of page ``page_index`` of a source file (a PDF, or an image: its only page)."""
+def source_keys(file_name: str, page_index: int | None) -> list[Key]:
+    """The keys page ``page_index`` of a source file is found by, in order."""
     base = os.path.basename(str(file_name or "").rstrip("/"))
-    if base.lower().endswith(".pdf"):
-        return ("pdf", base, int(page_index or 0))
-    stem, ext = os.path.splitext(base)
-    return ("img", stem if ext.lower() in IMAGE_EXTS else base)
+    i = int(page_index or 0)
+    keys: list[Key] = [("src", base, i)]
+    if i == 0 and not base.lower().endswith(".pdf"):
+        stem, ext = os.path.splitext(base)
+        keys.append(("img", stem if ext.lower() in IMAGE_EXTS else base))
+    return keys
 
 
 class TruthIndex:
@@ -88,7 +91,7 @@ class TruthIndex:
         """The ground-truth page of a source file's page, or None."""
         if not file_name:
             return None
-        return self._idx.get(source_key(file_name, page_index))
+        return next((self._idx[k] for k in source_keys(file_name, page_index) if k in self._idx), None)
 
     def page_of(self, row: Mapping) -> str | None:
         """The ground-truth page of a page row (its ``source_uri`` and ``page_index``)."""
@@ -100,10 +103,10 @@ def source_for(name: str, source: tuple[str, int] | None, files: Mapping[str, An
     (that value, page index), by the same rule as :class:`TruthIndex`."""
     by_key: dict[Key, str] = {}
     for f in files:
-        if not f.lower().endswith(".pdf"):
-            by_key.setdefault(source_key(f, 0), f)
+        for k in source_keys(f, 0)[1:]:
+            by_key.setdefault(k, f)
     for k in truth_keys(name, source):
-        if k[0] == "pdf" and k[1] in files:
+        if k[0] == "src" and k[1] in files:
             return files[k[1]], k[2]
         if k[0] == "img" and k in by_key:
             return files[by_key[k]], 0

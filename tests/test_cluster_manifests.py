@@ -250,14 +250,12 @@ def _flag(argv: list[str], name: str) -> str:
 def test_rayjob_flags_are_the_batch_jobs():
     """The entrypoint is jobs/batch_parse.py with flags its own parser accepts, asking for as many
     GPUs per actor as a GPU pod has and no more engine actors than GPU pods."""
-    import argparse
-
-    from padoc_ray.cli.batch import add_batch_args, config_from_args
+    from padoc_ray.cli.batch import DESCRIPTION, add_batch_args, config_from_args
+    from padoc_ray.cli.common import job_parser
 
     argv, _ = rayjob_entrypoint()
     assert argv[:2] == ["python", f"{APP_DIR}/jobs/batch_parse.py"]
-    p = argparse.ArgumentParser()
-    add_batch_args(p)
+    p = job_parser("batch_parse.py", DESCRIPTION, add_batch_args)  # what jobs/batch_parse.py parses with
     cfg = config_from_args(p.parse_args(argv[2:]))
     assert all(u.startswith("s3://") for u in (cfg.input, cfg.output, cfg.model))
     spec = _load(MANIFESTS["RayJob"])["spec"]["rayClusterSpec"]

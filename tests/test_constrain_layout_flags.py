@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from padoc_ray.cli import _scheduler_cfg, build_parser
+from padoc_ray.cli import build_parser
+from padoc_ray.cli.parse import _scheduler_cfg
 
 PARSE = ["parse", "--input", "in", "--output", "out", "--model", "m"]
 SERVE = ["serve", "--model", "m"]
@@ -22,8 +23,8 @@ def test_the_flag_is_accepted_and_off_by_default(argv):
 
 @pytest.mark.parametrize("on", [False, True])
 def test_the_flag_reaches_the_scheduler_config(on):
-    from padoc_ray.pipeline.cli_args import config_from_args as batch_config
-    from padoc_ray.serve.cli import config_from_args as serve_config
+    from padoc_ray.cli.batch import config_from_args as batch_config
+    from padoc_ray.cli.serve import config_from_args as serve_config
 
     p = build_parser()
     flag = ["--constrain-layout"] if on else []

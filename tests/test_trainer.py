@@ -328,7 +328,8 @@ def test_export_loads_with_transformers_and_keeps_the_protocol(tmp_path, tiny_mo
 
 # ---- CLI ------------------------------------------------------------------------------------------
 def test_cli_backends_match_attention():
-    from padoc_ray.trainer import attention, cli
+    from padoc_ray.cli import train as cli
+    from padoc_ray.trainer import attention
 
     assert cli.BACKENDS == attention.BACKENDS
 

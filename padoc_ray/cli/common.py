@@ -104,12 +104,17 @@ def page_ranges(text: str | None) -> list[int] | None:
     return None if got is None else list(got)
 
 
-def job_main(prog: str, description: str, add_args, run, argv=None) -> int:
-    """The entry point of a ``jobs/*.py`` Ray job script: the same flags as its ``padoc-ray`` command."""
+def job_parser(prog: str, description: str, add_args) -> argparse.ArgumentParser:
+    """The parser of a ``jobs/*.py`` Ray job script: the same flags as its ``padoc-ray`` command."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     add_args(p)
     add_verbose(p, inherit=False)
-    args = p.parse_args(argv)
+    return p
+
+
+def job_main(prog: str, description: str, add_args, run, argv=None) -> int:
+    """The entry point of a ``jobs/*.py`` Ray job script."""
+    args = job_parser(prog, description, add_args).parse_args(argv)
     setup_logging(args.verbose)
     return run(args)
 

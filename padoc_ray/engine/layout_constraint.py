@@ -40,7 +40,7 @@ _MASKED_KINDS = (Kind.OPEN_OR_END, Kind.END, Kind.CATEGORY, Kind.COORD, Kind.CLO
 
 def load_grammar(model_dir: str, tokenizer_dir: str | None = None) -> LayoutGrammar:
     """The layout grammar of a checkpoint: its protocol spec resolved with its tokenizer."""
-    from padoc_ray.hf_tokenizer import HFTextTokenizer
+    from padoc_ray.checkpoint.tokenizer import HFTextTokenizer
     from padoc_ray.protocol import ProtocolSpec, Vocab
 
     spec = ProtocolSpec.load(model_dir)
