@@ -29,7 +29,7 @@ import hashlib
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from padoc_ray import metrics
@@ -74,7 +74,10 @@ class HostConfig:
     def engine_config(self, model_dir: str):
         from padoc_ray.engine.config import engine_preset
 
-        return engine_preset(model_dir, self.preset, **dict(self.engine_overrides))
+        over = dict(self.engine_overrides)
+        if self.scheduler.layout_priority or self.scheduler.page_priority:  # request priorities need it
+            over.setdefault("scheduling_policy", "priority")
+        return engine_preset(model_dir, self.preset, **over)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +134,7 @@ class PageHost:
         self.dead: str | None = None  # why the engine died, once it has
         self.pages_running = 0
         self.pages_done = 0
+        self.pages_admitted = 0  #: admission order of pages (SchedulerConfig.page_priority)
         self.started = False
 
     # ---- life cycle ---------------------------------------------------------------------------------
@@ -223,6 +227,8 @@ class PageHost:
                                 page.height or 0, page.page_index)
         async with self.sem:
             self._in_flight(+1)
+            self.pages_admitted += 1
+            inp = replace(inp, seq=self.pages_admitted)
             try:
                 rec = await run_page(self.engine, self.model_protocol, inp, mode=mode, cfg=self.cfg.scheduler,
                                      admission=self.admission)

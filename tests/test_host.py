@@ -144,3 +144,39 @@ def test_an_engine_that_fails_a_request_gives_engine_error():
 
     rec = asyncio.run(host(Failing(), truth={("doc.pdf", 0): page(3)}).parse(hp()))
     assert rec.status == "engine_error" and "error after 0 tokens" in rec.message and not rec.valid
+
+
+def test_page_priority_runs_older_pages_first_and_layout_streams_ahead_of_their_branches():
+    """page_priority: every request of the n-th page admitted carries a lower priority than those of
+    later pages; with layout_priority the page's layout stream is ahead of its own branches. The
+    host then asks the engine for priority scheduling."""
+    from padoc_ray.scheduler import SchedulerConfig
+
+    seen: list = []
+
+    def record(req):
+        seen.append((req.request_id, req.priority))
+
+    eng = ScriptedEngine(chunk=2, fail=lambda req: record(req))
+    sched = SchedulerConfig(page_priority=True, layout_priority=True)
+    docs = ["a" * 64, "b" * 64, "c" * 64]
+    truth = {("doc.pdf", 0): page(3)}
+    h = host(eng, truth=truth, scheduler=sched, pages_in_flight=1)
+    assert h.cfg.engine_config("unused").scheduling_policy == "priority"
+    for d in docs:
+        assert asyncio.run(h.parse(hp(doc=d))).status == "ok"
+    by_page: dict = {}
+    for rid, prio in seen:
+        page_id, _, stream = rid.rpartition("/")
+        by_page.setdefault(page_id.split("/")[0], []).append((stream, prio))
+    order = list(by_page.values())
+    assert len(order) == 3 and all(len(reqs) >= 2 for reqs in order)  # a layout stream + its branches
+    for n, reqs in enumerate(order):
+        (main, mp), *branches = reqs
+        assert main == "main" and all(p == mp + 1 for _, p in branches)  # layout ahead of its branches
+        if n:
+            assert mp > max(p for _, p in order[n - 1])  # every request of a later page after the earlier's
+    plain = host(ScriptedEngine(chunk=2, fail=lambda req: record(req)), truth=truth)
+    seen.clear()
+    asyncio.run(plain.parse(hp()))
+    assert {p for _, p in seen} == {0} and plain.cfg.engine_config("unused").scheduling_policy == "fcfs"

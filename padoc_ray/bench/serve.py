@@ -137,18 +137,18 @@ def bench_truth(pages: Sequence[BenchPage]) -> Truth:
 
 
 def host_config(*, pages_in_flight: int, max_tokens: int | None = None, max_branches: int | None = None,
-                max_num_seqs: int | None = None, layout_priority: bool = False,
+                max_num_seqs: int | None = None, layout_priority: bool = False, page_priority: bool = False,
                 max_live_branches: int | None = None, stream_branches: bool = False, constrain_layout: bool = False):
     """The benchmark's :class:`~padoc_ray.host.HostConfig` (None: the config dataclasses' defaults)."""
     from padoc_ray.host import HostConfig
     from padoc_ray.scheduler import SchedulerConfig
 
-    overrides: dict = {"scheduling_policy": "priority"} if layout_priority else {}
+    overrides: dict = {"scheduling_policy": "priority"} if layout_priority or page_priority else {}
     if max_num_seqs:
         overrides["max_num_seqs"] = max_num_seqs
     sched = {k: v for k, v in (("max_tokens", max_tokens), ("max_branches", max_branches)) if v is not None}
     return HostConfig(engine_overrides=overrides, pages_in_flight=pages_in_flight, max_live_branches=max_live_branches,
-                      scheduler=SchedulerConfig(**sched, layout_priority=layout_priority,
+                      scheduler=SchedulerConfig(**sched, layout_priority=layout_priority, page_priority=page_priority,
                                                 stream_branches=stream_branches, constrain_layout=constrain_layout))
 
 
@@ -362,6 +362,7 @@ def _header(model: str, pages: Sequence[BenchPage], sets: list[dict], cfg: Serve
                                                 "max_tokens": host_cfg.scheduler.max_tokens,
                                                 "max_branches": host_cfg.scheduler.max_branches,
                                                 "layout_priority": host_cfg.scheduler.layout_priority,
+                                                "page_priority": host_cfg.scheduler.page_priority,
                                                 "stream_branches": host_cfg.scheduler.stream_branches}},
             "pages": {"requested": cfg.pages or used, "used": used, "sets": sets, "names": [p.name for p in pages]}}
 

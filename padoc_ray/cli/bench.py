@@ -196,6 +196,9 @@ def add_host_args(p: argparse.ArgumentParser) -> None:
     add_stream_limits(p)
     p.add_argument("--max-num-seqs", type=int, default=None,
                    help=f"engine max_num_seqs (default: the engine preset's, {EngineConfig.max_num_seqs})")
+    p.add_argument("--page-priority", action="store_true",
+                   help="oldest page first: a page's requests run ahead of later pages' (vLLM priority scheduling; "
+                        "pair it with a smaller --max-num-seqs)")
     p.add_argument("--layout-priority", action="store_true",
                    help="run layout streams ahead of branches (vLLM priority scheduling)")
     p.add_argument("--max-live-branches", type=int, default=None,
@@ -211,6 +214,7 @@ def _host_cfg(args, pages_in_flight: int):
     try:
         return host_config(pages_in_flight=pages_in_flight, max_tokens=args.max_tokens, max_branches=args.max_branches,
                            max_num_seqs=args.max_num_seqs, layout_priority=args.layout_priority,
+                           page_priority=args.page_priority,
                            max_live_branches=args.max_live_branches, stream_branches=args.stream_branches,
                            constrain_layout=args.constrain_layout)
     except ValueError as e:

@@ -40,6 +40,8 @@ class PageInput:
     forced_main: Sequence[int] | None = None
     #: ... and, in fork mode, branch k's generated tokens (content + end-of-stream)
     forced_branches: Sequence[Sequence[int]] | None = None
+    #: the page's place in its host's admission order (SchedulerConfig.page_priority: lower runs first)
+    seq: int = 0
 
 
 @dataclass
@@ -90,6 +92,12 @@ class _Page:
         self.main_done: float | None = None
         self.closed_at: dict[int, float] = {}  # branch -> when the layout stream closed its region
         self.fork_latency: dict[int, float] = {}  # branch -> region close to first token
+
+    def _priority(self, branch: bool) -> int:
+        """Lower runs first: the page's admission order (page_priority), then its layout stream ahead of
+        its branches (layout_priority)."""
+        base = 2 * self.inp.seq if self.cfg.page_priority else 0
+        return base + (1 if branch and self.cfg.layout_priority else 0)
 
     def _request(self, rid: str, prompt: Sequence[int], forced, priority: int, stream: bool = True) -> GenRequest:
         return GenRequest(
@@ -147,7 +155,7 @@ class _Page:
         forced = None
         if self.inp.forced_branches is not None and f.index < len(self.inp.forced_branches):
             forced = self.inp.forced_branches[f.index]
-        prio = 1 if self.cfg.layout_priority else 0
+        prio = self._priority(branch=True)
         req = self._request(f"{self.run_id}/b{f.index}", f.prompt_ids, forced, prio, self.cfg.stream_branches)
         self.tasks.append(asyncio.create_task(self._admitted(req, f.index)))
 
@@ -182,7 +190,7 @@ class _Page:
 
     async def run(self) -> PageRecord:
         st = self.state
-        main = self._request(f"{self.run_id}/main", st.prompt_ids, self.inp.forced_main, 0)
+        main = self._request(f"{self.run_id}/main", st.prompt_ids, self.inp.forced_main, self._priority(branch=False))
         if self.cfg.constrain_layout and self.mode == "fork":  # the layout grammar (engine.layout_constraint)
             main = dataclasses.replace(main, constrain_layout_regions=self.cfg.max_branches)
         self.tasks.append(asyncio.create_task(self._consume(main, None)))

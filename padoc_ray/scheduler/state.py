@@ -53,6 +53,10 @@ class SchedulerConfig:
     skip_contentless: bool = True
     #: run the layout stream at a higher priority than branches (needs scheduling_policy="priority")
     layout_priority: bool = False
+    #: oldest page first: every request of a page runs ahead of the requests of pages admitted after it
+    #: (needs scheduling_policy="priority", which the host then sets). With the engine's running batch
+    #: capped (max_num_seqs), a burst of pages finishes one by one instead of all at its end.
+    page_priority: bool = False
     #: stream branch tokens (True: the runaway guard can stop a branch early) or take each branch's
     #: output once at its end (False, the default: far less per-token work in the frontend; measured
     #: 1.33x -> 1.56x median paired speedup at 16 pages in flight on CPU). A runaway branch then runs
