@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from padoc_ray.output import reader, rows
-from padoc_ray.pipeline import commits, job, ledger, limits
+from padoc_ray.output import commits, reader, rows
+from padoc_ray.pipeline import job, ledger, limits
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
 from padoc_ray.storage import DISALLOWED, StorageConfig
@@ -151,13 +151,13 @@ def test_vectorized_rules_match_the_per_row_rules_on_random_outputs(seed):
     rng = random.Random(seed)
     table, listed = random_output(rng, 60)
     want = ref_current_rows(table)
-    got = rows.current_rows(table)
+    got = ledger.current_rows(table)
     assert got.to_pylist() == want.to_pylist()  # the same rows, in the same order
     for kw in CONFIGS:
         cfg = BatchConfig(input="x", output="y", model="m", **kw)
         assert job.plan(listed, table, cfg) == ref_plan(listed, table, cfg), kw
         for pages in (table, want):  # any table, and the current rows the driver passes
-            got = rows.documents_table(pages, listed, cfg.pages, cfg.max_pages_per_doc).to_pylist()
+            got = ledger.documents_table(pages, listed, cfg.pages, cfg.max_pages_per_doc).to_pylist()
             assert got == ref_documents(pages, listed, cfg.pages, cfg.max_pages_per_doc), kw
 
 
@@ -243,11 +243,11 @@ def test_hand_built_retries_duplicates_and_page_ranges():
         _row("c", -1, 7000, "too_many_pages", 1), _row("d", 4, 9, "ok", 1),
     ])
     listed = [("a", 1), ("b", 1), ("c", 1), ("d", 1), ("e", -1)]
-    cur = rows.current_rows(t)
+    cur = ledger.current_rows(t)
     assert sorted((r["source_uri"], r["page_index"], r["status"]) for r in cur.to_pylist()) == [
         ("a", 0, "ok"), ("a", 1, "ok"), ("a", 2, "ok"), ("b", -1, "read_failed"), ("c", -1, "too_many_pages"),
         ("d", 4, "ok")]
-    docs = {d["source_uri"]: d for d in rows.documents_table(cur, listed, (4, 5), None).to_pylist()}
+    docs = {d["source_uri"]: d for d in ledger.documents_table(cur, listed, (4, 5), None).to_pylist()}
     assert docs["a"]["status"] == "ok" and docs["a"]["pages_selected"] == 0  # pages 5-6 are past its end
     assert docs["d"]["pages_selected"] == 2 and docs["d"]["status"] == "incomplete"  # 5 of pages 5,6 has no row
     assert docs["b"]["status"] == "read_failed" and docs["e"]["status"] == "missing"

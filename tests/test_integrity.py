@@ -16,6 +16,7 @@ import pytest
 
 from padoc_ray.host import HostConfig
 from padoc_ray.output import rows
+from padoc_ray.pipeline import ledger
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
 from padoc_ray.storage import StorageConfig
@@ -379,10 +380,10 @@ def test_current_rows_take_the_newest_verdict_per_input():
         _row("b", 0, 1, t=0), _row("b", -1, None, "corrupt_pdf", t=7),
         _row("c", 0, 1, "deadline", t=0), _row("c", 0, 1, t=2),
     ])
-    got = sorted((r["source_uri"], r["page_index"], r["status"]) for r in rows.current_rows(t).to_pylist())
+    got = sorted((r["source_uri"], r["page_index"], r["status"]) for r in ledger.current_rows(t).to_pylist())
     assert got == [("a", 0, "ok"), ("a", 1, "runaway"), ("b", -1, "corrupt_pdf"), ("c", 0, "ok")]
     docs = {d["source_uri"]: d["status"] for d in
-            rows.documents_table(rows.current_rows(t), [("a", 1), ("b", 1), ("c", 1)], None, None).to_pylist()}
+            ledger.documents_table(ledger.current_rows(t), [("a", 1), ("b", 1), ("c", 1)], None, None).to_pylist()}
     assert docs == {"a": "partial", "b": "corrupt_pdf", "c": "ok"}
 
 

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from padoc_ray.output import rows
+from padoc_ray.pipeline import ledger
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.output.reader import read_rows
 from padoc_ray.pipeline.job import plan, read_pages
@@ -70,7 +71,7 @@ def test_documents_table_statuses():
         _page("inc", 0, 3), _page("txt", -1, None, "not_pdf"), _page("enc", -1, None, "encrypted_pdf"),
     ])
     listed = [(u, 1) for u in ("ok", "part", "bad", "inc", "txt", "enc", "never")]
-    d = {r["source_uri"]: r for r in rows.documents_table(t, listed, None, None).to_pylist()}
+    d = {r["source_uri"]: r for r in ledger.documents_table(t, listed, None, None).to_pylist()}
     assert {k: v["status"] for k, v in d.items()} == {
         "ok": "ok", "part": "partial", "bad": "failed", "inc": "incomplete", "txt": "skipped",
         "enc": "encrypted_pdf", "never": "missing"}
@@ -84,7 +85,7 @@ def test_failed_document_error_code_is_the_most_common_page_code():
     t = rows.to_table([_page("d", 0, 4, "render_timeout"), _page("d", 1, 4, "render_crashed"),
                        _page("d", 2, 4, "render_crashed"), _page("d", 3, 4, "runaway"),
                        _page("tie", 0, 2, "runaway"), _page("tie", 1, 2, "deadline")])
-    d = {r["source_uri"]: r for r in rows.documents_table(t, [("d", 1), ("tie", 1)], None, None).to_pylist()}
+    d = {r["source_uri"]: r for r in ledger.documents_table(t, [("d", 1), ("tie", 1)], None, None).to_pylist()}
     assert d["d"]["status"] == "failed" and d["d"]["error_code"] == "render_crashed"
     assert d["tie"]["error_code"] == "deadline"
 

@@ -179,7 +179,8 @@ def test_http_gives_the_batch_jobs_and_parse_pages_results(svc, tiny_model_dir, 
                          stderr=open(tmp_path / "b.err", "w"), timeout=900, check=False)
     assert run.returncode == 0, (tmp_path / "b.err").read_text()[-3000:]
     from padoc_ray.output.reader import read_rows as read_pages
-    from padoc_ray.output.rows import PAGE_SCHEMA, current_rows
+    from padoc_ray.output.rows import PAGE_SCHEMA
+    from padoc_ray.pipeline.ledger import current_rows
     from padoc_ray.storage import StorageConfig
 
     rows = current_rows(read_pages(str(out / "pages"), StorageConfig(), columns=PAGE_SCHEMA.names)).to_pylist()

@@ -5,7 +5,7 @@ size): ``pages/`` as many Parquet files in the job's own schema and file naming,
 runs, with the cases the driver must get right mixed in (document-level errors, a read that
 failed and was retried, incomplete and never-written documents, failed and partial documents,
 pages retried by a later run so the newest row wins, an unreadable leftover), plus the commit
-records the job writes (:mod:`padoc_ray.pipeline.commits`). Text columns are short (the driver
+records the job writes (:mod:`padoc_ray.output.commits`). Text columns are short (the driver
 never reads them), so files are smaller than a real job's.
 
 ``measure`` runs in a fresh process (so its peak RSS is the driver's alone) and does what the
@@ -146,7 +146,7 @@ def _build_chunk(args) -> list[tuple[str, int]]:
 
 def build(scratch: str, pages: int, ppd: int = 10, rows_per_file: int = 1000, workers: int = 2, log=print) -> str:
     """The synthetic output for (pages, ppd, rows_per_file), built once; returns its folder."""
-    from padoc_ray.pipeline.commits import write_commit
+    from padoc_ray.output.commits import write_commit
     from padoc_ray.storage import StorageConfig
 
     out = scratch_dir(scratch, pages, ppd, rows_per_file)

@@ -381,9 +381,9 @@ def _load_set(name: str, path: str, fmt: str | None, storage, page_size: PageSiz
         raise PredictionSetError(f"unknown format {fmt!r}; one of {FORMATS}")
     ps = PredictionSet(name, fmt, path)
     if fmt == "padoc":
-        from padoc_ray.pipeline.reannotate import prediction_pages
+        from padoc_ray.output.reader import pages_by_source
 
-        for key, (status, page, count) in prediction_pages(path, storage).items():
+        for key, (status, page, count) in pages_by_source(path, storage).items():
             ps.add(key, status, page)
             if count is not None:
                 ps.documents[key[0]] = count

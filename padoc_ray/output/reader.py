@@ -4,7 +4,7 @@ Every consumer of a batch (or Serve job) output reads through here: ``show``, ``
 evaluators, the trainer, the benchmarks. A file that is not (yet) a readable Parquet file (torn by
 a killed run, or being written by a live one) is skipped with a warning, never deleted: removing
 leftovers is the batch driver's alone (:func:`padoc_ray.pipeline.job.page_files_for_run`), under
-the output's lock. A file a commit record names with its size (:mod:`padoc_ray.pipeline.commits`)
+the output's lock. A file a commit record names with its size (:mod:`padoc_ray.output.commits`)
 is complete without reading its footer. A storage error is retried, then raised.
 """
 
@@ -22,7 +22,9 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from padoc_ray.output import commits
 from padoc_ray.output.rows import PAGE_SCHEMA
+from padoc_ray.protocol import Page
 from padoc_ray.storage import StorageConfig, filesystem, is_s3, join
 
 logger = logging.getLogger(__name__)
@@ -85,8 +87,6 @@ def page_files(pages_uri: str, storage: StorageConfig, *, trust_run: str | None 
     """The Parquet files under ``pages_uri``, sorted into complete and unreadable ones. Files a
     commit record names with their size are complete without a read; so are the files of
     ``trust_run`` (the live run, once its pipeline returned). Read-only."""
-    from padoc_ray.pipeline import commits  # the commit records' format lives with the driver that writes them
-
     fs, path = filesystem(pages_uri, storage)
     out = PageFiles(fs)
     info = fs.get_file_info(path)
@@ -162,3 +162,18 @@ def _check_required(path: str, have: Sequence[str], need: Iterable[str]) -> None
     missing = [c for c in dict.fromkeys(need) if c not in have]
     if missing:
         raise RowsInputError(f"{path} is not padoc-ray page output (needs {', '.join(missing)} columns)")
+
+
+def pages_by_source(output: str, storage: StorageConfig | None = None) -> dict[tuple[str, int], tuple[str, Page | None, int | None]]:
+    """(source file name, page_index) -> (status, page, document page count) from a batch output's rows."""
+    from padoc_ray.output.rows import page_from_row
+
+    t = read_rows(join(output, "pages"), storage, ["source_uri", "page_index", "page_count", "status", "image_width",
+                                                  "image_height", "regions", "processed_at"])
+    out: dict[tuple[str, int], tuple[str, Page | None, int | None]] = {}
+    for r in sorted(t.to_pylist(), key=lambda r: r["processed_at"]):  # the newest row wins
+        if r["page_index"] < 0:
+            continue
+        page = page_from_row(r, on_bad_region=lambda *_: None) if r["status"] == "ok" else None
+        out[(os.path.basename(r["source_uri"]), r["page_index"])] = (r["status"], page, r["page_count"])
+    return out

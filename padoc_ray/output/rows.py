@@ -157,48 +157,11 @@ def to_table(rows: Iterable[dict]) -> pa.Table:
     return pa.Table.from_pylist(list(rows), schema=PAGE_SCHEMA)
 
 
-def documents_table(pages: pa.Table, listed: Sequence[tuple[str, int]], ranges, max_pages) -> pa.Table:
-    """One row per listed input, from the page rows written so far (this run and earlier ones).
-
-    An input with a document-level row gets that error (``skipped`` for :data:`SKIPPED_CODES`);
-    otherwise the last row of each selected page counts (``ok``, else failed); ``missing`` when
-    no row gives a page count, ``incomplete`` while selected pages have no row, else ``ok``,
-    ``failed`` (with the most common page code; ties: the first in name order) or ``partial``.
-    ``doc_id`` and ``page_count`` come from the first row that has one. Vectorized
-    (:mod:`padoc_ray.pipeline.ledger`)."""
-    from padoc_ray.pipeline import ledger
-
-    lt = ledger.listing_table(listed)
-    book = ledger.from_table(pages, lt.column("uri"))
-    return ledger.documents(book, ranges, max_pages, current=False)
-
-
 def status_counts(table: pa.Table) -> dict[str, int]:
     if table.num_rows == 0:
         return {}
     vc = pc.value_counts(table.column("status"))
     return {str(v["values"]): int(v["counts"]) for v in vc.to_pylist()}
-
-
-def current_rows(table: pa.Table) -> pa.Table:
-    """The rows that say where each input stands now (``table`` needs ``source_uri``,
-    ``page_index`` and ``processed_at``).
-
-    ``pages/`` only grows: a rerun that tries a document again (after ``read_failed``,
-    ``missing_file``, a refusal or cap that no longer applies) adds rows next to the old ones. For
-    each input the newest document-level row wins when it is newer than all its page rows;
-    otherwise its page rows do, the newest row per page."""
-    if table.num_rows == 0:
-        return table
-    import numpy as np
-
-    from padoc_ray.pipeline import columns, ledger
-
-    uri = pc.dictionary_encode(table.column("source_uri").combine_chunks(), null_encoding="encode")
-    u = np.asarray(uri.indices.to_numpy(zero_copy_only=False), np.int64)
-    page = columns.ints(table.column("page_index"), -1, np.int32)
-    t = columns.ints(pc.cast(table.column("processed_at"), pa.int64()), -1, np.int64)
-    return table.filter(pa.array(ledger.current_mask(u, page, t)))
 
 
 class RowFormatError(ValueError):

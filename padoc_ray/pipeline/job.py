@@ -7,7 +7,7 @@ run at a time works on an output (:class:`~padoc_ray.pipeline.lock.OutputLock`).
 Parquet files under ``pages/`` are skipped by every reader; only the driver, holding the lock,
 removes them, and never its own run's: a file named by an earlier run (that run is over: its lock
 is gone) at once, a file of unknown origin only when older than a grace period. A file a commit
-record names with its size (:mod:`~padoc_ray.pipeline.commits`) is complete without reading its
+record names with its size (:mod:`~padoc_ray.output.commits`) is complete without reading its
 footer; the driver records the files it proved or wrote. The driver's reading of pages/ scales
 to 100M rows: key columns only, reduced to integers as read (:mod:`~padoc_ray.pipeline.ledger`).
 """
@@ -27,8 +27,8 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from padoc_ray.output import reader, rows
-from padoc_ray.pipeline import columns, commits, ledger, limits
+from padoc_ray.output import commits, reader, rows
+from padoc_ray.pipeline import columns, ledger, limits
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.lock import OutputLock
 from padoc_ray.storage import StorageConfig, filesystem, is_s3, join, list_inputs, write_bytes
@@ -103,7 +103,7 @@ def scan_pages(fs: pafs.FileSystem, files: list[str], listed_uris, run_id: str |
 def plan(listed: list[tuple[str, int]], existing: pa.Table, cfg: BatchConfig) -> tuple[list[dict], int]:
     """Inputs still to do (with the pages already done), and how many inputs are complete.
 
-    An input whose current row (:func:`rows.current_rows`) is document-level is complete, unless a
+    An input whose current row (:func:`ledger.current_rows`) is document-level is complete, unless a
     rerun can change it (:func:`limits.retried`: a failed read, a missing or refused listing, a cap
     no longer exceeded). Inputs the listing refuses are to do (the driver writes their rows) unless
     the same refusal is already recorded. (The driver runs the same rules on a scan:

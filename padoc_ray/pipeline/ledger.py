@@ -7,7 +7,7 @@ time as an int32 offset, page count, status and error codes, doc_id position: 16
 URIs stay in per-batch Arrow dictionaries until mapped to input numbers, doc_ids go to a compact
 store (:mod:`~padoc_ray.pipeline.docids`), and the decisions are sorts and segment reductions over
 those columns, a bounded number of rows at a time. :func:`analyze` gives both the plan and the documents table; the rules
-are those of :func:`padoc_ray.output.rows.current_rows`, :func:`~padoc_ray.output.rows.documents_table`
+are those of :func:`current_rows`, :func:`documents_table`
 and :func:`padoc_ray.pipeline.job.plan`, which use the same code on in-memory tables.
 
 Knows nothing of where files live (the caller feeds record batches). Pure: pyarrow and numpy only.
@@ -240,7 +240,7 @@ class Facts:
 
 
 def current_mask(u: np.ndarray, page: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Rows that say where each input stands now (rules of rows.current_rows); u: small ints."""
+    """Rows that say where each input stands now (rules of current_rows below); u: small ints."""
     mask = np.zeros(len(u), bool)
     if len(u):
         pos, order = _pick(u, page, t, current=True)
@@ -492,3 +492,35 @@ def listing_table(listed: Sequence[tuple[str, int]] | pa.Table) -> pa.Table:
         return listed
     return pa.table({"uri": pa.array([u for u, _ in listed], pa.string()),
                      "size": pa.array([s for _, s in listed], pa.int64())})
+
+
+# ---- the same rules on a whole table (tests and small outputs; the driver streams the ledger) ------
+def documents_table(pages: pa.Table, listed: Sequence[tuple[str, int]], ranges, max_pages) -> pa.Table:
+    """One row per listed input, from the page rows written so far (this run and earlier ones).
+
+    An input with a document-level row gets that error (``skipped`` for :data:`padoc_ray.output.rows.SKIPPED_CODES`);
+    otherwise the last row of each selected page counts (``ok``, else failed); ``missing`` when
+    no row gives a page count, ``incomplete`` while selected pages have no row, else ``ok``,
+    ``failed`` (with the most common page code; ties: the first in name order) or ``partial``.
+    ``doc_id`` and ``page_count`` come from the first row that has one. Vectorized
+    (the ledger below)."""
+    lt = listing_table(listed)
+    book = from_table(pages, lt.column("uri"))
+    return documents(book, ranges, max_pages, current=False)
+
+
+def current_rows(table: pa.Table) -> pa.Table:
+    """The rows that say where each input stands now (``table`` needs ``source_uri``,
+    ``page_index`` and ``processed_at``).
+
+    ``pages/`` only grows: a rerun that tries a document again (after ``read_failed``,
+    ``missing_file``, a refusal or cap that no longer applies) adds rows next to the old ones. For
+    each input the newest document-level row wins when it is newer than all its page rows;
+    otherwise its page rows do, the newest row per page."""
+    if table.num_rows == 0:
+        return table
+    uri = pc.dictionary_encode(table.column("source_uri").combine_chunks(), null_encoding="encode")
+    u = np.asarray(uri.indices.to_numpy(zero_copy_only=False), np.int64)
+    page = ints(table.column("page_index"), -1, np.int32)
+    t = ints(pc.cast(table.column("processed_at"), pa.int64()), -1, np.int64)
+    return table.filter(pa.array(current_mask(u, page, t)))

@@ -44,8 +44,6 @@ from padoc_ray.eval.agreement import AgreementConfig, compare_pages, difficulty
 from padoc_ray.eval.consensus import build_consensus, default_min_agree
 from padoc_ray.groundtruth import GroundTruthError, parse_truth, source_for
 from padoc_ray.output import rows
-from padoc_ray.output.reader import read_rows
-from padoc_ray.output.rows import page_from_row
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.protocol.page import Page, page_to_omnidocbench
 from padoc_ray.storage import StorageConfig, filesystem, is_s3, join, list_inputs, read_bytes, write_bytes
@@ -238,19 +236,6 @@ def source_pages(sources: Sources, sets: dict) -> list[PageSlot]:
                 continue
             n = len(sizes)
         out.extend(PageSlot(page_name(name, i), uri, i) for i in range(n))
-    return out
-
-
-def prediction_pages(output: str, storage: StorageConfig) -> dict[tuple[str, int], tuple[str, Page | None, int | None]]:
-    """(source file name, page_index) -> (status, page, document page count) from a batch output's rows."""
-    t = read_rows(join(output, "pages"), storage, ["source_uri", "page_index", "page_count", "status", "image_width",
-                                                  "image_height", "regions", "processed_at"])
-    out: dict[tuple[str, int], tuple[str, Page | None, int | None]] = {}
-    for r in sorted(t.to_pylist(), key=lambda r: r["processed_at"]):  # the newest row wins
-        if r["page_index"] < 0:
-            continue
-        page = page_from_row(r, on_bad_region=lambda *_: None) if r["status"] == "ok" else None
-        out[(os.path.basename(r["source_uri"]), r["page_index"])] = (r["status"], page, r["page_count"])
     return out
 
 
