@@ -30,10 +30,13 @@ _filter_lock = threading.Lock()
 _filter_installed = False
 
 
-def init_ray(address: str, *, verbose: bool = False, filter_noise: bool = True, **kwargs) -> None:
+def init_ray(address: str | None = None, *, verbose: bool = False, filter_noise: bool = True, **kwargs) -> None:
     """``ray.init`` for a command: ``address`` is a cluster address or ``"local"`` (a fresh local
-    cluster). Extra keyword arguments go to ``ray.init``."""
+    cluster); None: RAY_ADDRESS when set, else a fresh local cluster (never whatever `ray start`
+    last recorded on the machine). Extra keyword arguments go to ``ray.init``."""
     import ray
+
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
 
     if ray.is_initialized():
         return

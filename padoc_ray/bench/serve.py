@@ -143,7 +143,7 @@ def host_config(*, pages_in_flight: int, max_tokens: int | None = None, max_bran
     from padoc_ray.host import HostConfig
     from padoc_ray.scheduler import SchedulerConfig
 
-    overrides: dict = {"scheduling_policy": "priority"} if layout_priority or page_priority else {}
+    overrides: dict = {}  # the host asks for priority scheduling when a priority knob is on
     if max_num_seqs:
         overrides["max_num_seqs"] = max_num_seqs
     sched = {k: v for k, v in (("max_tokens", max_tokens), ("max_branches", max_branches)) if v is not None}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from padoc_ray.cli.common import add_command, add_mode, add_render, add_stream_limits, start_ray
+from padoc_ray.cli.common import add_command, add_mode, add_render, add_stream_limits
 from padoc_ray.host import HostConfig
 from padoc_ray.pdf import RenderConfig
 from padoc_ray.pipeline.config import BatchConfig
@@ -166,7 +166,9 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
 def _init_ray(args: argparse.Namespace) -> None:
     """Join the cluster that --address or RAY_ADDRESS names, else start a fresh local one for this
     run (never whatever `ray start` last recorded on the machine). Token authentication stays on."""
-    start_ray(args.address, verbose=getattr(args, "verbose", False))
+    from padoc_ray.ray_init import init_ray
+
+    init_ray(args.address, verbose=getattr(args, "verbose", False))
 
 
 def run_from_args(args: argparse.Namespace) -> int:

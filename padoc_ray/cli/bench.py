@@ -12,6 +12,7 @@ from padoc_ray.cli.common import (
     DEFAULT_MODEL,
     EXAMPLES_DIR,
     add_command,
+    add_constrain_layout,
     add_stream_limits,
     die,
     group_help,
@@ -400,7 +401,6 @@ def register(sub) -> None:
     bh.add_argument("--requests", type=int, default=64, help="one-page requests per concurrency and side (default 64)")
     bh.add_argument("--warmup", type=int, default=4, help="untimed requests per side first (default 4)")
     bh.add_argument("--out", default=None, help="folder for http_bench.json")
-    bh.add_argument("--constrain-layout", action="store_true",
-                    help="keep layout streams in the layout grammar (see parse --help; default: off)")
+    add_constrain_layout(bh)
     bh.set_defaults(func=cmd_bench_http)
     group_help(bench)

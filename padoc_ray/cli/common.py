@@ -1,4 +1,5 @@
-"""What every command shares: the registration convention, argument types, errors, logging and Ray.
+"""What every command shares: the registration convention, argument types, errors and logging (Ray is
+started by :func:`padoc_ray.ray_init.init_ray`).
 
 Every module of :mod:`padoc_ray.cli` exposes ``register(sub)``, which adds its commands with
 :func:`add_command` (so each takes ``-v/--verbose`` the same way, before or after the command
@@ -51,14 +52,6 @@ def setup_logging(verbose: bool) -> None:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-
-
-def start_ray(address: str | None, *, verbose: bool = False, **kwargs) -> None:
-    """Join the cluster ``address`` or RAY_ADDRESS names, else start a fresh local one for this
-    command (see :func:`padoc_ray.ray_init.init_ray`: token authentication stays on)."""
-    from padoc_ray.ray_init import init_ray
-
-    init_ray(address or os.environ.get("RAY_ADDRESS") or "local", verbose=verbose, **kwargs)
 
 
 # ---- argument types -----------------------------------------------------------------------------------
@@ -137,7 +130,11 @@ def add_stream_limits(p, *, number=int) -> None:
                    help=f"generated tokens per stream (default {d.max_tokens})")
     p.add_argument("--max-branches", type=number, default=d.max_branches,
                    help=f"content branches per page (default {d.max_branches})")
-    p.add_argument("--constrain-layout", action="store_true", default=d.constrain_layout,
+    add_constrain_layout(p)
+
+
+def add_constrain_layout(p) -> None:
+    p.add_argument("--constrain-layout", action="store_true",
                    help="keep each layout stream in the checkpoint's layout grammar (a logits mask: category, ordered "
                         "box coordinates, region close; at most --max-branches regions), so no page ends "
                         "malformed_layout; teacher-forced tokens still win (default: off)")

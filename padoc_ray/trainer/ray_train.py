@@ -341,7 +341,7 @@ def init_ray(address: str | None) -> None:
     token, e.g. RAY_AUTH_MODE=token with ~/.ray/auth_token): never turned off here."""
     from padoc_ray.ray_init import init_ray as start
 
-    start(address or os.environ.get("RAY_ADDRESS") or "local", verbose=True, filter_noise=False)
+    start(address, verbose=True, filter_noise=False)
 
 
 def _resolve_device(cfg: TrainConfig) -> str:
