@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from padoc_ray.protocol import Page, PageFormatError, page_from_omnidocbench
 
-IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
+IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")  #: page images (also what inputs.py takes)
 _PDF_PAGE_IMAGE = re.compile(r"^(?P<pdf>.+\.pdf)_(?P<page>\d+)$", re.IGNORECASE)
 
 Key = tuple  #: ("src", file name, page index) or ("img", image stem)

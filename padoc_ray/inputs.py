@@ -13,11 +13,10 @@ import os
 from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
+from padoc_ray.groundtruth import IMAGE_EXTS
 from padoc_ray.host import HostPage, PageHost
 from padoc_ray.pdf import PdfError, RenderConfig, doc_id_of, iter_pages, open_pdf
 from padoc_ray.scheduler import PageRecord
-
-IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 
 
 @dataclass
