@@ -274,6 +274,34 @@ def cmd_bench_replay(args) -> int:
     return 0
 
 
+def cmd_bench_steps(args) -> int:
+    from padoc_ray.bench.steps import StepsConfig, format_report, run
+    from padoc_ray.pdf import PdfError
+
+    if not os.path.exists(os.path.join(args.model, "padoc_protocol.json")):
+        die(f"--model: {args.model} is not a padoc-ray checkpoint (no padoc_protocol.json)")
+    if not os.path.isfile(args.image):
+        die(f"--image: {args.image} is not a file")
+    try:
+        cfg = StepsConfig(batches=tuple(args.batch), tokens=args.tokens, repeat=args.repeat)
+    except ValueError as e:
+        die(f"bench steps: {e}")
+    log = lambda m: print(m, file=sys.stderr, flush=True)
+    overrides = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
+    try:
+        rep = run(os.path.abspath(args.model), args.image, cfg, engine_overrides=overrides, log=log)
+    except PdfError as e:
+        die(f"--image: {args.image}: {e}")
+    except ValueError as e:
+        die(f"bench steps: {e}")
+    print(format_report(rep))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rep, f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def register(sub) -> None:
     bench = add_command(sub, "bench", help="benchmarks (serve: fork vs sequential serving at C=16..256)",
                            description="Benchmarks whose figures go in reports, never in tests.")
@@ -319,6 +347,29 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output folder")
     add_host_args(p)
     p.set_defaults(func=cmd_bench_serve)
+    from padoc_ray.bench.steps import DEFAULT_BATCHES, StepsConfig
+
+    st = StepsConfig()
+    bst = add_command(bsub, "steps", help="engine decode step time vs batch size: is this machine in fork's regime?",
+                      description="On the real engine with the serving settings for this machine: for each batch "
+                                  "size n, n requests sharing one page image and prompt (one page's branches) each "
+                                  "decode --tokens teacher-forced tokens at once. Prints step time and tokens/s per "
+                                  "n, the fit step = fixed + per_seq x n, and for each n (read as C pages decoded one "
+                                  "stream each) the batching gain left: how much more token throughput a larger batch gets here.")
+    bst.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint directory (default models/tiny)")
+    bst.add_argument("--image", default=os.path.join(EXAMPLES_DIR, "paper.pdf"),
+                     help="page image, or a PDF whose first page is rendered as the batch job does "
+                          "(default examples/paper.pdf)")
+    bst.add_argument("--batch", type=int_list, default=list(DEFAULT_BATCHES),
+                     help=f"comma list of batch sizes (default {','.join(map(str, DEFAULT_BATCHES))})")
+    bst.add_argument("--tokens", type=int, default=st.tokens,
+                     help=f"tokens each request decodes (default {st.tokens})")
+    bst.add_argument("--repeat", type=int, default=st.repeat,
+                     help=f"timed runs per batch size; the median is reported (default {st.repeat})")
+    bst.add_argument("--max-num-seqs", type=int, default=None,
+                     help="engine max_num_seqs (default: the engine preset's); every batch size must fit")
+    bst.add_argument("--json", default=None, help="also write the report as JSON here")
+    bst.set_defaults(func=cmd_bench_steps)
     bra = add_command(bsub, "raster", help="rasterization pages/s: padoc-ray's raster stage vs pdftoppm",
                           description="Rasterize the same PDFs at the same DPI with pypdfium2 (render only), with "
                                       "the batch job's raster stage (isolated renderer process + page encoding, and the "

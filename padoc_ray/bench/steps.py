@@ -1,0 +1,194 @@
+"""How the engine's decode step time grows with the batch (`padoc-ray bench steps`).
+
+Fork decoding wins by running a page's branches side by side: fewer steps per page, more sequences
+per step. That pays in full while a step costs about the same whatever the batch (a GPU decoding a
+real model is memory-bound) and less once a step's time grows with the batch (a compute-bound
+CPU). This benchmark measures which regime the machine is in, on the real engine with the serving
+settings: for each batch size n, n requests that share one page image and page prompt (one page's
+branches, the prefix served from the cache) each decode exactly ``tokens`` teacher-forced tokens at
+once; a step is the wall time over ``tokens``.
+
+From the rows it fits ``step = fixed + per_seq * n`` and reports, for each n, the batching gain
+left: the best token rate measured at any batch over the rate at n. Read n as the concurrency C of
+one-stream-per-page (sequential) decoding: running more sequences per step (fork) can raise the
+token rate by at most that factor on this machine; what fork gains beyond it comes from doing less
+work per page (its branches attend over shorter contexts than one long sequential stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+DEFAULT_BATCHES = (1, 4, 16, 64, 128, 256)
+
+#: forced tokens come from this text (ordinary text tokens: no stop or control token among them)
+_FORCED_TEXT = ("Decoding depth drops from the sum of all region lengths to the longest layout-content "
+                "path, so a page finishes in fewer engine steps. ")
+
+
+@dataclass(frozen=True)
+class StepsConfig:
+    batches: tuple[int, ...] = DEFAULT_BATCHES  #: batch sizes n to measure, each <= the engine's max_num_seqs
+    tokens: int = 128  #: tokens every request decodes (teacher-forced, so exactly this many)
+    repeat: int = 3  #: timed runs per batch size (the median is reported), after one untimed warm-up run
+
+    def __post_init__(self) -> None:
+        if not self.batches or any(n < 1 for n in self.batches):
+            raise ValueError("batch sizes must be positive integers")
+        if len(set(self.batches)) != len(self.batches):
+            raise ValueError("batch sizes must be distinct")
+        if self.tokens < 2:
+            raise ValueError("tokens must be >= 2 (one step is prefill)")
+        if self.repeat < 1:
+            raise ValueError("repeat must be >= 1")
+
+
+def fit_linear(rows: Sequence[dict]) -> dict:
+    """Least-squares ``step_ms = fixed_ms + per_seq_ms * batch`` over the rows; with one row, all of
+    its step is taken as fixed. ``saturation_tokens_per_s`` is where the token rate tends as the batch
+    grows (1000 / per_seq_ms; None when a step does not grow with the batch)."""
+    xs = [float(r["batch"]) for r in rows]
+    ys = [float(r["step_ms"]) for r in rows]
+    if len(rows) < 2:
+        fixed, per_seq = (ys[0] if ys else 0.0), 0.0
+    else:
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        per_seq = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+        fixed = my - per_seq * mx
+    return {
+        "fixed_ms": round(fixed, 4),
+        "per_seq_ms": round(per_seq, 5),
+        "saturation_tokens_per_s": round(1000.0 / per_seq, 1) if per_seq > 0 else None,
+    }
+
+
+def batching_gain_left(rows: Sequence[dict]) -> list[dict]:
+    """For each measured batch n: how much more token throughput a larger batch gets on this machine
+    (best rate measured / rate at n; 1.0 where n is the best)."""
+    best = max(r["tokens_per_s"] for r in rows)
+    return [{"batch": r["batch"], "batching_gain_left": round(best / r["tokens_per_s"], 3)}
+            for r in sorted(rows, key=lambda r: r["batch"])]
+
+
+def forced_tokens(tokenizer, n: int) -> list[int]:
+    ids = tokenizer.encode(_FORCED_TEXT)
+    if not ids:
+        raise ValueError("the tokenizer encoded the forced text to nothing")
+    return [ids[i % len(ids)] for i in range(n)]
+
+
+async def measure(engine, prompt_ids: Sequence[int], suffix_ids: Sequence[int], image, forced: Sequence[int],
+                  cfg: StepsConfig, log: Callable[[str], None] = lambda m: None) -> list[dict]:
+    """One row per batch size. Request i's prompt is ``prompt_ids`` + ``suffix_ids[i % len]`` (its own
+    last token, so each request has blocks of its own after the shared prefix, like a branch)."""
+    from padoc_ray.engine.interface import GenRequest
+
+    seq = 0
+
+    async def one(i: int) -> int:
+        nonlocal seq
+        seq += 1
+        req = GenRequest(request_id=f"steps-{seq}", prompt_ids=[*prompt_ids, suffix_ids[i % len(suffix_ids)]],
+                         max_tokens=len(forced), image=image, image_uuid="bench-steps-page", stream=False,
+                         forced_tokens=forced)
+        n = 0
+        async for d in engine.generate(req):
+            n += len(d.token_ids)
+        return n
+
+    async def batch(n: int) -> float:
+        t = time.perf_counter()
+        got = await asyncio.gather(*(one(i) for i in range(n)))
+        dt = time.perf_counter() - t
+        short = [g for g in got if g != len(forced)]
+        if short:
+            raise RuntimeError(f"{len(short)} of {n} requests decoded {short[0]} tokens, not {len(forced)}")
+        return dt
+
+    rows = []
+    await batch(1)  # warm-up: the image is encoded and its prefix cached once
+    for n in cfg.batches:
+        await batch(n)  # untimed: first run at this size
+        walls = [await batch(n) for _ in range(cfg.repeat)]
+        wall = statistics.median(walls)
+        row = {"batch": n, "wall_s": round(wall, 4), "step_ms": round(1000 * wall / cfg.tokens, 3),
+               "tokens_per_s": round(n * cfg.tokens / wall, 1), "runs_s": [round(w, 4) for w in walls]}
+        log(f"batch {n:4d}: step {row['step_ms']:8.2f} ms  {row['tokens_per_s']:9.0f} tokens/s")
+        rows.append(row)
+    return rows
+
+
+def page_image(path: str, longest_side: int | None = None):
+    """A page image from an image file or a PDF's first page, rendered as the batch job renders it."""
+    from padoc_ray.pdf import RenderConfig, open_document, render_page
+
+    with open(path, "rb") as f:
+        data = f.read()
+    cfg = RenderConfig() if longest_side is None else RenderConfig(longest_side=longest_side)
+    doc = open_document(data)
+    try:
+        return render_page(doc, 0, cfg).image
+    finally:
+        close = getattr(doc, "close", None)
+        if close is not None:
+            close()
+
+
+def run(model: str, image_path: str, cfg: StepsConfig, *, engine_overrides: dict | None = None,
+        log: Callable[[str], None] = lambda m: None) -> dict:
+    """Start the engine with the host's settings for this machine, measure, and return the report."""
+    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.host import HostConfig
+
+    ecfg = HostConfig(engine_overrides=engine_overrides or {}).engine_config(model)
+    too_big = [n for n in cfg.batches if n > ecfg.max_num_seqs]
+    if too_big:
+        raise ValueError(f"batch sizes {too_big} exceed the engine's max_num_seqs {ecfg.max_num_seqs}")
+    proto = ModelProtocol(model)
+    image = page_image(image_path)
+    forced = forced_tokens(proto.tokenizer, cfg.tokens)
+    suffix = forced_tokens(proto.tokenizer, max(cfg.batches))  # any ordinary tokens; they only differ
+
+    async def go() -> list[dict]:
+        from padoc_ray.engine.vllm_engine import VllmEngine
+
+        engine = VllmEngine(ecfg)
+        try:
+            return await measure(engine, proto.prompt_ids("fork"), suffix, image, forced, cfg, log)
+        finally:
+            engine.shutdown()
+
+    rows = asyncio.run(go())
+    return {
+        "model": model,
+        "image": image_path,
+        "image_size": list(image.size),
+        "tokens": cfg.tokens,
+        "repeat": cfg.repeat,
+        "engine": {"max_num_seqs": ecfg.max_num_seqs, "max_num_batched_tokens": ecfg.max_num_batched_tokens,
+                   "executor": ecfg.executor, "cpu_threads": ecfg.cpu_threads, "dtype": ecfg.dtype},
+        "rows": rows,
+        "fit": fit_linear(rows),
+        "batching_gain_left": batching_gain_left(rows),
+    }
+
+
+def format_report(rep: dict) -> str:
+    fit = rep["fit"]
+    gain = {g["batch"]: g["batching_gain_left"] for g in rep["batching_gain_left"]}
+    base = min(rep["rows"], key=lambda r: r["batch"])
+    lines = [f"| batch | step ms | step / batch-{base['batch']} step | tokens/s | batching gain left (best tokens/s / this) |",
+             "|---|---|---|---|---|"]
+    for r in rep["rows"]:
+        lines.append(f"| {r['batch']} | {r['step_ms']:.2f} | {r['step_ms'] / base['step_ms']:.2f}x | "
+                     f"{r['tokens_per_s']:.0f} | {gain[r['batch']]:.2f}x |")
+    sat = fit["saturation_tokens_per_s"]
+    lines.append("")
+    lines.append(f"step = {fit['fixed_ms']:.3f} ms + {fit['per_seq_ms']:.4f} ms x batch"
+                 + (f" (token rate tends to {sat:.0f}/s)" if sat else " (a step does not grow with the batch)"))
+    return "\n".join(lines)
