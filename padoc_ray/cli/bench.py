@@ -33,14 +33,22 @@ def _pdf_paths(spec: str) -> list[str]:
     return paths
 
 
+def _write_json(path: str | None, obj, *, announce: bool = True) -> None:
+    """``--json PATH``: the benchmark's figures as JSON (nothing when the flag is absent)."""
+    if not path:
+        return
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
+    if announce:
+        print(f"wrote {path}")
+
+
 def cmd_bench_raster(args) -> int:
     from padoc_ray.bench.raster import run
 
     res = run(_pdf_paths(args.input), args.dpi, args.workers, encoding=args.encoding)
     print(json.dumps(res, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    _write_json(args.json, res, announce=False)
     return 0
 
 
@@ -61,9 +69,7 @@ def cmd_bench_pipeline(args) -> int:
           f"{pipe['job_pages_per_s']} pages/s")
     steady = f", {res['ratio_steady']:.0%} (steady: {pipe['steady_pages_per_s']} pages/s)" if res["ratio_steady"] else ""
     print(f"pipeline / raw: {res['ratio_wall']:.0%} (wall), {res['ratio_job']:.0%} (job on a running cluster){steady}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    _write_json(args.json, res, announce=False)
     return 0
 
 
@@ -77,9 +83,7 @@ def cmd_bench_driver(args) -> int:
     print(f"{res['page_rows']} page rows, {res['inputs']} inputs, {res['files']} files: plan {b['plan_s']} s "
           f"+ documents table {b['documents_s']} s = {res['seconds']} s; peak RSS "
           f"{res['peak_rss_bytes'] / 2**30:.2f} GiB; footers read {res['footers_read']}; load {res['load_avg']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    _write_json(args.json, res, announce=False)
     return 0
 
 
@@ -121,9 +125,7 @@ def cmd_bench_pageiou(args) -> int:
     print(f"(raster timed on the first {args.raster_pages} pages of each set, grid {args.grid}; "
           "one process, all four protocols and five classes per page; diffs are the largest per-page differences "
           "between the backends, areas as fractions of the page)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    _write_json(args.json, res, announce=False)
     return 0
 
 
@@ -176,10 +178,7 @@ def cmd_bench_attention(args) -> int:
         print(f"padoc-ray bench attention: error: {e}", file=sys.stderr)
         return 2
     print(format_table(results))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"wrote {args.json}")
+    _write_json(args.json, results)
     return 0
 
 
@@ -295,10 +294,7 @@ def cmd_bench_steps(args) -> int:
     except ValueError as e:
         die(f"bench steps: {e}")
     print(format_report(rep))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rep, f, indent=2)
-        print(f"wrote {args.json}")
+    _write_json(args.json, rep)
     return 0
 
 
