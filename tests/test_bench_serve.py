@@ -191,9 +191,39 @@ def test_bench_serve_runs_the_tiny_engine_and_writes_the_report(cpu_engine, tiny
     assert len(recs) == 2 * 2 * 4 and all(r["equals_truth"] for r in recs)
     md = (out / "report.md").read_text()
     assert "## Table 3 analogue" in md and "| valid pages/s | fork |" in md and "| P95 e2e s | sequential |" in md
+    assert report["config"]["replay"] is True and "teacher-forced with the ground truth" in md
     assert "## Table 11 analogue" in md and "| C | pages | median F_seq | median F_PaDoc |" in md
     assert report["plots"] == ["valid_pages_per_s.png", "p95_e2e_s.png"]
     for name in report["plots"]:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert "bench serve" in capsys.readouterr().err  # the progress bar
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_no_replay_lets_the_model_generate_freely(tiny_model_dir, tmp_path):
+    """`--no-replay` (a real checkpoint's run): the same command and report, but no page is teacher-forced,
+    so the random tiny model reproduces none of its truth (forced runs equal it: the test above)."""
+    import subprocess
+    import sys
+
+    demo = require_demo_data()
+    with open(os.path.join(demo, "OmniDocBench_demo.json")) as f:
+        pages = json.load(f)[:2]
+    (tmp_path / "gt.json").write_text(json.dumps(pages))
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "padoc_ray.cli", "bench", "serve", "--gt", str(tmp_path / "gt.json"),
+         "--images", os.path.join(demo, "images"), "--model", tiny_model_dir, "--concurrency", "2", "--modes", "fork",
+         "--warmup", "0", "--max-tokens", "48", "--max-branches", "4", "--no-replay", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["replay"] is False
+    (row,) = report["rows"]
+    assert row["pages"] == 2 == sum(row["statuses"].values())  # every page has a record, whatever its status
+    recs = [json.loads(ln) for ln in (out / "pages.jsonl").read_text().splitlines()]
+    assert len(recs) == 2 and not any(r["equals_truth"] for r in recs)
+    assert all(r["output_tokens"] > 0 for r in recs)  # the model did generate
+    assert "free generation (no forcing)" in (out / "report.md").read_text()

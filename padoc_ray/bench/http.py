@@ -122,15 +122,16 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def local_service(model: str, gt: str, host_cfg, ready_timeout_s: float = 900, **serve_kw):
-    """The Serve application (``padoc-ray serve``'s) on a fresh local Ray, teacher-forced with ``gt``,
+def local_service(model: str, gt: str | None, host_cfg, ready_timeout_s: float = 900, **serve_kw):
+    """The Serve application (``padoc-ray serve``'s) on a fresh local Ray, teacher-forced with ``gt``
+    (None: the model generates freely),
     on 127.0.0.1: yields (url, bearer token) once ``/readyz`` answers; shuts Serve and Ray down
     after. ``serve_kw``: other :class:`~padoc_ray.serve.config.ServeConfig` fields."""
     from ray import serve
 
+    from padoc_ray.ray_init import init_ray
     from padoc_ray.serve.app import build_app
     from padoc_ray.serve.config import ServeConfig, token_digest
-    from padoc_ray.ray_init import init_ray
 
     token = uuid.uuid4().hex
     port = _free_port()
@@ -192,8 +193,8 @@ def _http(model: str, gt: str, items: list[Item], concurrencies, n: int, host_cf
 def run(model: str, gt: str, pdfs: Sequence[str], concurrencies: Sequence[int] = (1, 8, 32), requests: int = 64,
         warmup: int = 4, out_dir: str | None = None, log=print, constrain_layout: bool = False) -> dict:
     """``constrain_layout``: keep layout streams in the layout grammar (SchedulerConfig.constrain_layout)."""
-    from padoc_ray.host import HostConfig
     from padoc_ray.groundtruth import load_truth
+    from padoc_ray.host import HostConfig
     from padoc_ray.scheduler import SchedulerConfig
 
     items = _items(pdfs)

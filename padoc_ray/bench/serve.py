@@ -3,8 +3,8 @@ sequential on one engine, on one fixed page set, in closed loops keeping C pages
 
 Pages come from OmniDocBench-format ground truth (the demo pages, synthetic corpus pages, ...):
 each page image is one request, teacher-forced with its truth so a random-weight model does a
-trained model's work with real document lengths (a real checkpoint runs the same way; truth is
-then only the page set). For each concurrency C and mode, every page runs once through C workers
+trained model's work with real document lengths. A real checkpoint runs the same command with
+``replay=False`` (``--no-replay``): the model generates freely and the truth only names the pages. For each concurrency C and mode, every page runs once through C workers
 (a worker takes the next page as soon as its previous one finishes), after ``warmup`` untimed
 pages per mode. Targets: a :class:`~padoc_ray.host.PageHost` in this process (``direct``), or the
 Serve application on a local Ray over HTTP (``http``: the same pages, so the HTTP cost shows).
@@ -58,6 +58,9 @@ class ServeBenchConfig:
     sample_interval_s: float = 0.2  #: how often the engine's generation-token counter is read
     peak_window_s: float = 10.0  #: window of the peak output-token rate
     http_timeout_s: float = 3600.0  #: per HTTP request (client and service)
+    #: teacher-force every page with its truth (a random-weight model then does a trained model's work);
+    #: False: the model generates freely and the truth only picks the page set (a real checkpoint)
+    replay: bool = True
 
     def __post_init__(self) -> None:
         if not self.concurrency or any(c < 1 for c in self.concurrency):
@@ -339,7 +342,8 @@ async def run_bench(target, pages: Sequence[BenchPage], cfg: ServeBenchConfig, o
     add_pairs(rows, results)
     report = {**(header or {}), "config": {**(header or {}).get("config", {}), "target": cfg.target,
                                            "concurrency": list(cfg.concurrency), "modes": list(cfg.modes),
-                                           "warmup": cfg.warmup, "peak_window_s": cfg.peak_window_s},
+                                           "warmup": cfg.warmup, "peak_window_s": cfg.peak_window_s,
+                                           "replay": cfg.replay},
               "rows": rows}
     try:
         report["plots"] = plot_report(report, out_dir)
@@ -370,7 +374,7 @@ def _header(model: str, pages: Sequence[BenchPage], sets: list[dict], cfg: Serve
 async def _run_direct(model: str, pages, cfg, host_cfg, out_dir, header, log) -> dict:
     from padoc_ray.host import PageHost
 
-    host = await PageHost(model, host_cfg, truth=bench_truth(pages)).start()
+    host = await PageHost(model, host_cfg, truth=bench_truth(pages) if cfg.replay else None).start()
     try:
         ec = getattr(host.engine, "cfg", None)
         if ec is not None:
@@ -385,15 +389,17 @@ async def _run_direct(model: str, pages, cfg, host_cfg, out_dir, header, log) ->
 def _run_http(model: str, pages, cfg, host_cfg, out_dir, header, log) -> dict:
     from padoc_ray.bench.http import local_service
 
-    objs = []
-    for gt in dict.fromkeys(p.gt for p in pages):
-        with open(gt, encoding="utf-8") as f:
-            objs += json.load(f)
     c = max(cfg.concurrency)
     with tempfile.TemporaryDirectory(prefix="padoc-bench-") as tmp:
-        merged = os.path.join(tmp, "gt.json")  # one replay truth for the service: every set's pages
-        with open(merged, "w", encoding="utf-8") as f:
-            json.dump(objs, f)
+        merged = None
+        if cfg.replay:  # one replay truth for the service: every set's pages
+            objs = []
+            for gt in dict.fromkeys(p.gt for p in pages):
+                with open(gt, encoding="utf-8") as f:
+                    objs += json.load(f)
+            merged = os.path.join(tmp, "gt.json")
+            with open(merged, "w", encoding="utf-8") as f:
+                json.dump(objs, f)
         serve_kw = dict(engine_max_ongoing=c, engine_max_queued=max(256, c), ingress_max_ongoing=c,
                         ingress_max_queued=max(64, c), request_timeout_s=cfg.http_timeout_s)
         with local_service(model, merged, host_cfg, **serve_kw) as (url, token):

@@ -183,7 +183,9 @@ def format_markdown(report: dict) -> str:
     lines = [f"# Serving benchmark ({cfg['target']}, {cfg['model']})", "",
              f"{pg['used']} pages ({sets}); "
              f"{pg['requested']} requested{'' if pg['used'] >= pg['requested'] else ' (fewer exist: all were used)'}. "
-             f"Closed loop, {cfg['warmup']} warm-up pages per mode. Engine: {report.get('engine', '-')}.", "",
+             f"Closed loop, {cfg['warmup']} warm-up pages per mode; "
+             f"{'teacher-forced with the ground truth' if cfg.get('replay', True) else 'free generation (no forcing)'}. "
+             f"Engine: {report.get('engine', '-')}.", "",
              "## Table 3 analogue: valid pages/s and P95 end-to-end latency (s) over valid pages", "",
              "Fork cells: change against sequential at the same concurrency.", "",
              "| metric | mode | " + " | ".join(f"C{c}" for c in cs) + " |",

@@ -230,7 +230,7 @@ def cmd_bench_serve(args) -> int:
         die(f"--model: {args.model} is not a folder")
     try:
         cfg = ServeBenchConfig(concurrency=tuple(args.concurrency), pages=args.pages, modes=_modes(args.modes),
-                               warmup=args.warmup, target=args.target)
+                               warmup=args.warmup, target=args.target, replay=not args.no_replay)
     except ValueError as e:
         die(str(e))
     host_cfg = _host_cfg(args, max(cfg.concurrency))
@@ -340,6 +340,10 @@ def register(sub) -> None:
                    help="direct: a PageHost in this process; http: the Serve endpoint (default direct)")
     p.add_argument("--modes", default=",".join(d.modes), help="comma list (default fork,sequential)")
     p.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed warm-up pages per mode (default {d.warmup})")
+    p.add_argument("--no-replay", action="store_true",
+                   help="let the model generate freely (a real checkpoint): the ground truth then only names the "
+                        "pages (default: teacher-force every page with its truth, so the tiny random-weight model "
+                        "does a trained model's work)")
     p.add_argument("--out", required=True, help="output folder")
     add_host_args(p)
     p.set_defaults(func=cmd_bench_serve)
