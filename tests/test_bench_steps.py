@@ -88,7 +88,8 @@ def test_cli_refuses_bad_input_before_starting_an_engine(tiny_model_dir, tmp_pat
         (["--model", tiny_model_dir, "--image", str(tmp_path / "missing.png")], "is not a file"),
         (["--model", str(tmp_path)], "not a padoc-ray checkpoint"),
         (["--model", tiny_model_dir, "--batch", "1,500"], "exceed the engine's max_num_seqs 384"),
-        (["--tokens", "1"], "tokens must be >= 2"),
+        (["--model", tiny_model_dir, "--tokens", "1"], "tokens must be >= 2"),
+        (["--model", str(tmp_path / "nothing")], "build one with: padoc-ray build-tiny-model"),
     ):
         with pytest.raises(SystemExit) as e:
             main(["bench", "steps", *argv])

@@ -277,6 +277,8 @@ def cmd_bench_steps(args) -> int:
     from padoc_ray.bench.steps import StepsConfig, format_report, run
     from padoc_ray.pdf import PdfError
 
+    if not os.path.isdir(args.model):
+        die(f"--model: model directory not found: {args.model} (build one with: padoc-ray build-tiny-model {args.model})")
     if not os.path.exists(os.path.join(args.model, "padoc_protocol.json")):
         die(f"--model: {args.model} is not a padoc-ray checkpoint (no padoc_protocol.json)")
     if not os.path.isfile(args.image):
