@@ -123,10 +123,10 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def local_service(model: str, gt: str | None, host_cfg, ready_timeout_s: float = 900, **serve_kw):
-    """The Serve application (``padoc-ray serve``'s) on a fresh local Ray, teacher-forced with ``gt``
-    (None: the model generates freely),
-    on 127.0.0.1: yields (url, bearer token) once ``/readyz`` answers; shuts Serve and Ray down
-    after. ``serve_kw``: other :class:`~padoc_ray.serve.config.ServeConfig` fields."""
+    """The Serve application (``padoc-ray serve``'s) on a fresh local Ray on 127.0.0.1, teacher-forced
+    with ``gt`` (None: the model generates freely): yields (url, bearer token) once ``/readyz``
+    answers; shuts Serve and Ray down after. ``serve_kw``: other
+    :class:`~padoc_ray.serve.config.ServeConfig` fields."""
     from ray import serve
 
     from padoc_ray.ray_init import init_ray

@@ -4,9 +4,9 @@ sequential on one engine, on one fixed page set, in closed loops keeping C pages
 Pages come from OmniDocBench-format ground truth (the demo pages, synthetic corpus pages, ...):
 each page image is one request, teacher-forced with its truth so a random-weight model does a
 trained model's work with real document lengths. A real checkpoint runs the same command with
-``replay=False`` (``--no-replay``): the model generates freely and the truth only names the pages. For each concurrency C and mode, every page runs once through C workers
-(a worker takes the next page as soon as its previous one finishes), after ``warmup`` untimed
-pages per mode. Targets: a :class:`~padoc_ray.host.PageHost` in this process (``direct``), or the
+``replay=False`` (``--no-replay``): the model generates freely and the truth only names the pages.
+For each concurrency C and mode, every page runs once through C workers (a worker takes the next
+page as soon as its previous one finishes), after ``warmup`` untimed pages per mode. Targets: a :class:`~padoc_ray.host.PageHost` in this process (``direct``), or the
 Serve application on a local Ray over HTTP (``http``: the same pages, so the HTTP cost shows).
 
 Measured here: per page, its status, validity and latency (from sending it to its record); per run,
