@@ -6,8 +6,9 @@ each page image is one request, teacher-forced with its truth so a random-weight
 trained model's work with real document lengths. A real checkpoint runs the same command with
 ``replay=False`` (``--no-replay``): the model generates freely and the truth only names the pages.
 For each concurrency C and mode, every page runs once through C workers (a worker takes the next
-page as soon as its previous one finishes), after ``warmup`` untimed pages per mode. Targets: a :class:`~padoc_ray.host.PageHost` in this process (``direct``), or the
-Serve application on a local Ray over HTTP (``http``: the same pages, so the HTTP cost shows).
+page as soon as its previous one finishes), after ``warmup`` untimed pages per mode. Targets: a
+:class:`~padoc_ray.host.PageHost` in this process (``direct``), or the Serve application on a local
+Ray over HTTP (``http``: the same pages, so the HTTP cost shows).
 
 Measured here: per page, its status, validity and latency (from sending it to its record); per run,
 the wall time and the engine's generation-token counter every 0.2 s (direct only). The figures and
