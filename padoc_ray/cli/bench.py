@@ -33,6 +33,11 @@ def _pdf_paths(spec: str) -> list[str]:
     return paths
 
 
+def _add_json(p: argparse.ArgumentParser) -> None:
+    """The benchmarks' ``--json`` flag (see :func:`_write_json`)."""
+    p.add_argument("--json", default=None, metavar="OUT.json", help="also write the results here as JSON")
+
+
 def _write_json(path: str | None, obj, *, announce: bool = True) -> None:
     """``--json PATH``: the benchmark's figures as JSON (nothing when the flag is absent)."""
     if not path:
@@ -153,7 +158,7 @@ def _attention_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-flex-compile", action="store_true",
                    help="run flex attention eagerly (slow; materializes the scores) instead of compiled")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the trees and inputs (default 0)")
-    p.add_argument("--json", default=None, metavar="OUT.json", help="write the results here")
+    _add_json(p)
     p.set_defaults(func=cmd_bench_attention)
     return p
 
@@ -358,7 +363,7 @@ def register(sub) -> None:
                                   "decode --tokens teacher-forced tokens at once. Prints step time and tokens/s per "
                                   "n, the fit step = fixed + per_seq x n, and for each n (read as C pages decoded one "
                                   "stream each) the batching gain left: how much more token throughput a larger batch gets here.")
-    bst.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint directory (default models/tiny)")
+    bst.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint directory (default {DEFAULT_MODEL})")
     bst.add_argument("--image", default=os.path.join(EXAMPLES_DIR, "paper.pdf"),
                      help="page image, or a PDF whose first page is rendered as the batch job does "
                           "(default examples/paper.pdf)")
@@ -370,7 +375,7 @@ def register(sub) -> None:
                      help=f"timed runs per batch size; the median is reported (default {st.repeat})")
     bst.add_argument("--max-num-seqs", type=int, default=None,
                      help="engine max_num_seqs (default: the engine preset's); every batch size must fit")
-    bst.add_argument("--json", default=None, help="also write the report as JSON here")
+    _add_json(bst)
     bst.set_defaults(func=cmd_bench_steps)
     bra = add_command(bsub, "raster", help="rasterization pages/s: padoc-ray's raster stage vs pdftoppm",
                           description="Rasterize the same PDFs at the same DPI with pypdfium2 (render only), with "
@@ -382,7 +387,7 @@ def register(sub) -> None:
     bra.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (default: all cores)")
     bra.add_argument("--encoding", choices=("zstd", "png", "ppm"), default="zstd",
                      help="page encoding of the raster stage variants (default zstd, the batch job's default)")
-    bra.add_argument("--json", default=None, help="also write the results here")
+    _add_json(bra)
     bra.set_defaults(func=cmd_bench_raster)
     p = add_command(bsub, "pageiou", help="PageIoU pages/s: exact (coordinate compression) vs raster backend",
                         description="Time PageIoU's exact backend against the raster cross-check on random "
@@ -397,7 +402,7 @@ def register(sub) -> None:
     p.add_argument("--raster-pages", type=int, default=10, help="pages per set the raster backend is timed on "
                                                                 "(it is slow; default 10)")
     p.add_argument("--min-seconds", type=float, default=1.0, help="time each backend at least this long (default 1)")
-    p.add_argument("--json", default=None, help="also write the results here")
+    _add_json(p)
     p.set_defaults(func=cmd_bench_pageiou)
     p = add_command(bsub,
         "attention", help="ancestor attention backends (dense, flex, tree_varlen): time, memory, agreement",
@@ -419,7 +424,7 @@ def register(sub) -> None:
     bpi.add_argument("--pages-in-flight", type=int, default=64, help="pages in flight in the actor (default 64)")
     bpi.add_argument("--cpus-per-actor", type=float, default=0.0, help="CPUs reserved by the no-op actor (default 0)")
     bpi.add_argument("--raster-cpus", type=float, default=0.25, help="CPUs per raster task (default 0.25, as the batch job)")
-    bpi.add_argument("--json", default=None, help="also write the results here")
+    _add_json(bpi)
     bpi.set_defaults(func=cmd_bench_pipeline)
     bd = add_command(bsub, "driver", help="the batch driver's bookkeeping (plan + documents table) over N page rows",
                          description="Build a synthetic batch-job output once (pages/ as many Parquet files in the "
@@ -439,7 +444,7 @@ def register(sub) -> None:
                     help="where synthetic outputs are built and kept, one folder per size (default: "
                          "$TMPDIR/padoc-bench-driver; 100M rows: 2.4 GiB of files, ~2.9 GiB of disk)")
     bd.add_argument("--workers", type=int, default=2, help="processes building the synthetic output (default 2)")
-    bd.add_argument("--json", default=None, help="also write the results here")
+    _add_json(bd)
     bd.set_defaults(func=cmd_bench_driver)
     bh = add_command(bsub, "http", help="the Serve endpoint's overhead: HTTP clients vs the engine host directly",
                          description="Send the same one-page requests (teacher-forced) to a PageHost directly and to "
