@@ -77,3 +77,18 @@ def test_same_page_requests_share_the_prefix_cache(cpu_engine, model_protocol, l
     assert second.num_cached_tokens >= (second.num_prompt_tokens - 1) // block * block > 0
     assert salted.num_cached_tokens == 0  # another document's salt shares nothing
     assert cpu_engine.num_unfinished_requests() == 0
+
+
+def test_the_engine_registers_its_runners_processors_and_ends_a_forced_request_with_its_trace(
+        cpu_engine, model_protocol, loop_thread):
+    """On this CPU vLLM picks its V1 runner; a trace without a stop token ends with it ("length"),
+    exactly as vLLM's trace replay ends it under Model Runner V2."""
+    from padoc_ray.engine.runners import V1_PROCESSORS
+
+    assert cpu_engine.runner == "v1"
+    mc = cpu_engine.llm.vllm_config.model_config
+    assert list(mc.logits_processors) == list(V1_PROCESSORS) and not mc.enable_trace_replay
+    trace = _trace(model_protocol)[:-1]  # no end-of-stream
+    toks, last = loop_thread.run(_collect(cpu_engine, _req(model_protocol, "f-open", trace, max_tokens=40)),
+                                 timeout=120)
+    assert toks == trace and last.finish_reason == "length"

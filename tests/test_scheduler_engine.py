@@ -257,11 +257,11 @@ def test_the_cpu_preset_runs_the_model_in_the_engine_core_process(cpu_engine):
 
 def test_engine_args_name_the_executor_vllm_cannot_rewrite(tiny_model_dir, monkeypatch):
     from padoc_ray.engine.config import EngineConfig, cpu_engine_config
-    from padoc_ray.engine.vllm_engine import UNIPROC_EXECUTOR, _engine_args, _spawn_env
+    from padoc_ray.engine.vllm_engine import UNIPROC_EXECUTOR, _spawn_env, engine_args
 
-    assert _engine_args(cpu_engine_config(tiny_model_dir)).distributed_executor_backend == UNIPROC_EXECUTOR
-    assert _engine_args(cpu_engine_config(tiny_model_dir, executor="mp")).distributed_executor_backend == "mp"
-    default = _engine_args(EngineConfig(model=tiny_model_dir)).distributed_executor_backend
+    assert engine_args(cpu_engine_config(tiny_model_dir), "v1").distributed_executor_backend == UNIPROC_EXECUTOR
+    assert engine_args(cpu_engine_config(tiny_model_dir, executor="mp"), "v1").distributed_executor_backend == "mp"
+    default = engine_args(EngineConfig(model=tiny_model_dir), "v1").distributed_executor_backend
     assert default not in (UNIPROC_EXECUTOR, "mp")  # None: vLLM decides
     for bad in ({"executor": "ray"}, {"executor": "uni", "tensor_parallel_size": 2}, {"cpu_threads": 0}):
         with pytest.raises(ValueError):

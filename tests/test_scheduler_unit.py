@@ -163,6 +163,32 @@ def test_engine_error_on_a_branch_is_a_page_status():
     assert eng.num_unfinished_requests() == 0
 
 
+class _FinishAs(ScriptedEngine):
+    """The scripted engine, but branch 1 ends with another finish reason (vLLM's own, or none)."""
+
+    def __init__(self, reason):
+        super().__init__(chunk=2)
+        self.reason = reason
+
+    async def generate(self, req):
+        async for d in super().generate(req):
+            if d.finished and req.request_id.endswith("/b1"):
+                d.finish_reason = self.reason
+            yield d
+
+
+@pytest.mark.parametrize("reason, status", [("abort", "engine_error"), ("error", "engine_error"),
+                                            (None, "engine_error"), ("something_new", "engine_error"),
+                                            ("repetition", "runaway"), ("length", "token_limit")])
+def test_every_finish_reason_of_vllm_has_a_page_status(reason, status):
+    """vLLM 0.32's finish reasons are stop, length, abort, error, repetition: only stop leaves a page ok,
+    so a page is never 'ok' but invalid."""
+    rec = run(_FinishAs(reason), replay_input(P, page(4), base(), "fork"), "fork")
+    assert rec.status == status and not rec.valid
+    assert rec.finish_reasons["b1"] == reason and "branch 1" in rec.message
+    assert run(_FinishAs("stop"), replay_input(P, page(4), base(), "fork"), "fork").status == "ok"
+
+
 def test_engine_death_propagates():
     eng = ScriptedEngine(chunk=2, fail=lambda r: EngineDeadError("gone") if r.request_id.endswith("/b0") else None)
     with pytest.raises(EngineDeadError):

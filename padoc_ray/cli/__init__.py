@@ -3,7 +3,7 @@
 One module per command group, each with ``register(sub)`` (see :mod:`padoc_ray.cli.common` for the
 convention): ``model`` (build-tiny-model, init-model), ``parse`` (parse-page, demo), ``batch``
 (parse, reannotate: also behind ``jobs/*.py``), ``serve``, ``show``, ``evaluate`` (eval layout|e2e),
-``train``, ``corpus``, ``bench``. Commands parse arguments, build config dataclasses and call library
+``train``, ``corpus``, ``bench``, ``doctor``. Commands parse arguments, build config dataclasses and call library
 code; they hold no parsing, scheduling or metric logic.
 
 Run ``padoc-ray --help`` for the list of commands and ``padoc-ray COMMAND --help`` for each.
@@ -18,7 +18,7 @@ from padoc_ray.cli.common import add_verbose, setup_logging
 
 #: the command groups, in --help order (imported when the parser is built: importing one group, e.g.
 #: ``padoc_ray.cli.evaluate`` alone, loads no other)
-GROUPS = ("model", "parse", "batch", "serve", "corpus", "show", "evaluate", "train", "bench")
+GROUPS = ("model", "parse", "batch", "serve", "corpus", "show", "evaluate", "train", "bench", "doctor")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,9 +25,8 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     add_render(p)
 
 
-def _run_local(model: str, paths: list[str], args, *, pages=None, gt: str | None = None, concurrency: int = 4):
+def _run_local(model: str, paths: list[str], args, *, pages=None, truth=None, concurrency: int = 4):
     from padoc_ray.checkpoint.tokenizer import ModelProtocol
-    from padoc_ray.groundtruth import load_truth
     from padoc_ray.host import HostConfig, PageHost
     from padoc_ray.inputs import load_pages, parse_local
     from padoc_ray.pdf import RenderConfig
@@ -41,28 +40,36 @@ def _run_local(model: str, paths: list[str], args, *, pages=None, gt: str | None
     items = load_pages(paths, render=render, pages=pages)
 
     if not any(it.page is not None for it in items):
-        return items, [None] * len(items)
+        return items, [None] * len(items), model_protocol
     cfg = HostConfig(mode=args.mode, scheduler=_scheduler_cfg(args), pages_in_flight=concurrency)
 
     async def go():
-        host = await PageHost(model, cfg, truth=load_truth(gt), model_protocol=model_protocol).start()
+        host = await PageHost(model, cfg, truth=truth, model_protocol=model_protocol).start()
         try:
             return await parse_local(host, items)
         finally:
             host.shutdown()
 
-    return items, asyncio.run(go())
+    try:
+        return items, asyncio.run(go()), model_protocol
+    except Exception as e:  # noqa: BLE001 - page errors are records; what reaches here is the engine's
+        msg = " ".join(str(e).split())
+        die(f"the engine failed ({type(e).__name__}): {msg[:600]} (padoc-ray doctor checks this machine)", code=1)
 
 
 def cmd_parse_page(args) -> int:
-    from padoc_ray.protocol import to_json, to_markdown
+    from padoc_ray.groundtruth import load_truth
+    from padoc_ray.protocol import quantized, to_json, to_markdown
 
     if not os.path.exists(args.input):
         die(f"no such file: {args.input}")
     if not os.path.isdir(args.model):
         die(f"model directory not found: {args.model} (build one with: padoc-ray build-tiny-model {args.model})")
+    if args.replay and not os.path.exists(args.replay):
+        die(f"ground truth {args.replay} not found")
+    truth = load_truth(args.replay)
     pages = [args.page - 1] if args.page else None
-    items, recs = _run_local(args.model, [args.input], args, pages=pages, gt=args.replay, concurrency=1)
+    items, recs, model_protocol = _run_local(args.model, [args.input], args, pages=pages, truth=truth, concurrency=1)
     if not items:
         die(f"page {args.page} does not exist in {args.input}")
     rc = 0
@@ -71,17 +78,21 @@ def cmd_parse_page(args) -> int:
             print(f"padoc-ray: {it.source}: {it.error.code}: {it.error.message}", file=sys.stderr)
             rc = 1
             continue
+        # with --replay: did the teacher-forced run reproduce its ground-truth page? (None: no truth for it)
+        t = truth.get((os.path.basename(it.source), it.page_index)) if args.replay else None
+        equals = None if t is None else rec.page.regions == quantized(t, model_protocol.vocab).regions
         if args.format == "json":
             obj = json.loads(to_json(rec.page))
             obj.update(status=rec.status, valid=rec.valid, message=rec.message, e2e_s=round(rec.e2e_s, 4),
-                       n_branches=rec.n_branches, f_seq=rec.f_seq, f_padoc=rec.f_padoc)
+                       n_branches=rec.n_branches, f_seq=rec.f_seq, f_padoc=rec.f_padoc, equals_truth=equals)
             print(json.dumps(obj, ensure_ascii=False, indent=2))
         else:
             print(to_markdown(rec.page), end="")
+        shown = "" if equals is None else f" truth={'match' if equals else 'DIFFERS'}"
         print(f"[{it.source} page {it.page_index + 1}: status={rec.status} valid={rec.valid} "
               f"regions={len(rec.page.regions)} branches={rec.n_branches} {rec.e2e_s:.2f}s "
-              f"F_seq={rec.f_seq} F_PaDoc={rec.f_padoc}]", file=sys.stderr)
-        rc = rc or (0 if rec.status == "ok" else 1)
+              f"F_seq={rec.f_seq} F_PaDoc={rec.f_padoc}{shown}]", file=sys.stderr)
+        rc = rc or (0 if rec.status == "ok" and equals is not False else 1)
     return rc
 
 
@@ -176,13 +187,15 @@ def register(sub) -> None:
     pp = add_command(sub, "parse-page", help="parse one page of a PDF or one image with a local engine",
                         description="Parse one PDF page (or an image) on a local vLLM engine, no Ray, and print "
                                     "Markdown or JSON on stdout; a status line goes to stderr. Exit 1 if the page "
-                                    "did not parse cleanly.")
+                                    "did not parse cleanly (or, with --replay, differs from its truth).")
     pp.add_argument("input", metavar="IMAGE_OR_PDF")
     pp.add_argument("--model", required=True, help="checkpoint directory with padoc_protocol.json")
     pp.add_argument("--page", type=int, default=None, help="1-based page of a PDF (default: every page)")
     pp.add_argument("--format", choices=("markdown", "json"), default="markdown", help="output format (default markdown)")
     pp.add_argument("--replay", metavar="GT.json", default=None,
-                    help="teacher-force the model with this OmniDocBench ground truth (matched by file name and page)")
+                    help="teacher-force the model with this OmniDocBench ground truth (matched by file name and "
+                         "page); the result says whether the page equals its truth (JSON: equals_truth), and a "
+                         "page that does not exits 1")
     _add_generation_args(pp)
     pp.set_defaults(func=cmd_parse_page)
 

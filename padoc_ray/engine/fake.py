@@ -2,8 +2,10 @@
 
 It implements :class:`~padoc_ray.engine.interface.Engine`: each request emits its forced tokens
 (or what ``script(request)`` returns) in deltas of ``chunk`` tokens (one delta for a request with
-``stream=False``), taking ``token_delay_s`` per token, honouring ``max_tokens`` and ``stop_token_ids`` like vLLM. It records
-every request it saw and which ones are live, and can be told to fail. Pure: no vllm, no torch.
+``stream=False``), taking ``token_delay_s`` per token, honouring ``max_tokens`` (without a script,
+:attr:`~padoc_ray.engine.interface.GenRequest.generation_limit`) and ``stop_token_ids`` like vLLM.
+It records every request it saw and which ones are live, and can be told to fail. Pure: no vllm,
+no torch.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ class ScriptedEngine:
         fail: Callable[[GenRequest], Exception | None] | None = None,
         block_size: int = 32,
     ):
+        #: no script: every request emits its forced tokens and ends with them, as under vLLM; a script
+        #: stands for what a model writes (it may ignore forcing), bounded by max_tokens alone
+        self._replays = script is None
         self.script = script or (lambda req: list(req.forced_tokens or ()))
         self.chunk, self.token_delay_s, self.fail, self.block_size = chunk, token_delay_s, fail, block_size
         self.requests: list[GenRequest] = []
@@ -60,16 +65,17 @@ class ScriptedEngine:
         try:
             toks = list(self.script(req))
             out: list[int] = []
+            limit = req.generation_limit if self._replays else req.max_tokens
             reason = "length"
             for t in toks:
-                if len(out) >= req.max_tokens:
+                if len(out) >= limit:
                     break
                 out.append(t)
                 if t in req.stop_token_ids:
                     reason = "stop"
                     break
             else:
-                reason = "stop" if len(out) < req.max_tokens else "length"
+                reason = "stop" if len(out) < limit else "length"
             cached = self._cached(req.prompt_ids)
             chunk = self.chunk if req.stream else max(len(out), 1)
             for i in range(0, max(len(out), 1), chunk):

@@ -1,10 +1,12 @@
-"""A vLLM v1 logits processor that forces a per-request token sequence (teacher-forced replay).
+"""Teacher forcing as a logits processor of vLLM's V1 model runner (the CPU runner, and the GPU
+runner under ``VLLM_USE_V2_MODEL_RUNNER=0``). Under Model Runner V2 vLLM forces tokens itself
+(trace replay), so this processor is registered on V1 engines only (:mod:`padoc_ray.engine.runners`).
 
-A request opts in with ``SamplingParams(extra_args={"padoc_forced_tokens": [ids...]})``: its
-n-th generated token is then ``ids[n]`` (every other logit is set to -inf), at any temperature.
-Once the list is used up the request samples freely. Requests without the key are untouched.
-Registered on every padoc-ray engine as ``logits_processors=[FORCING_PROCESSOR]``; the engine
-process imports it by that qualified name.
+A request opts in with ``SamplingParams(extra_args={"padoc_forced_tokens": [ids...]})``: its n-th
+generated token is then :func:`~padoc_ray.engine.interface.forced_token` of those ids (every other
+logit is set to -inf), at any temperature, and the adapter ends the request with its trace
+(``max_tokens`` = :attr:`~padoc_ray.engine.interface.GenRequest.generation_limit`), as trace replay
+does. Requests without the key are untouched. The engine process imports it by its qualified name.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+from .interface import forced_token
 
 FORCED_TOKENS_KEY = "padoc_forced_tokens"
 FORCING_PROCESSOR = "padoc_ray.engine.forcing:ForcedTokensProcessor"
@@ -48,10 +52,10 @@ class ForcedTokensProcessor(LogitsProcessor):
             return logits
         rows, cols = [], []
         for row, (ids, out) in self.rows.items():
-            n = len(out)
-            if n < len(ids) and row < logits.shape[0]:
+            tok = forced_token(ids, len(out))
+            if tok is not None and row < logits.shape[0]:
                 rows.append(row)
-                cols.append(ids[n])
+                cols.append(tok)
         if rows:
             r = torch.tensor(rows, dtype=torch.long, device=logits.device)
             c = torch.tensor(cols, dtype=torch.long, device=logits.device)

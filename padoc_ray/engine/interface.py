@@ -29,7 +29,10 @@ class GenRequest:
     image_uuid: str | None = None  # same for every request of a page: the image is encoded once
     cache_salt: str | None = None  # same for every request of a document: namespaces its cache
     stop_token_ids: Sequence[int] = ()
-    forced_tokens: Sequence[int] | None = None  # teacher-forced replay (see engine.forcing)
+    #: teacher-forced replay: the request's outputs are exactly these ids (see :func:`forced_token`) and it
+    #: ends with them (:attr:`generation_limit`); the engine forces them the way its model runner can
+    #: (vLLM V1: engine.forcing; Model Runner V2: vLLM's own trace replay)
+    forced_tokens: Sequence[int] | None = None
     #: keep this layout stream in the checkpoint's layout grammar with at most this many regions
     #: (see engine.layout_constraint; forced tokens still win); None: unconstrained
     constrain_layout_regions: int | None = None
@@ -37,6 +40,18 @@ class GenRequest:
     seed: int | None = None
     priority: int = 0  # lower runs first, under the priority scheduling policy
     stream: bool = True  # False: one delta at the end (far less per-token work in the frontend)
+
+    @property
+    def generation_limit(self) -> int:
+        """Tokens this request may generate: ``max_tokens``, and for a forced request no more than its
+        trace (vLLM's trace replay ends a request there; the V1 forcing processor is held to the same)."""
+        return min(self.max_tokens, len(self.forced_tokens)) if self.forced_tokens else self.max_tokens
+
+
+def forced_token(trace: Sequence[int], step: int) -> int | None:
+    """The token a teacher-forced request emits as its ``step``-th output (0-based), or None once its
+    trace is used up. The one rule of teacher forcing, whichever model runner applies it."""
+    return trace[step] if 0 <= step < len(trace) else None
 
 
 @dataclass

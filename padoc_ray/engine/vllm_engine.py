@@ -1,9 +1,13 @@
-"""The one module that imports vLLM: an :class:`~padoc_ray.engine.interface.Engine` over ``AsyncLLM``.
+"""The vLLM adapter: an :class:`~padoc_ray.engine.interface.Engine` over ``AsyncLLM``.
 
 It turns :class:`GenRequest` into a token prompt with the page image, its multimodal uuid and the
 document's cache salt, streams DELTA outputs as :class:`GenDelta`, and maps vLLM's errors onto the
-two tiers (``EngineError`` for one request, ``EngineDeadError`` for the engine). It knows nothing
-of layouts, branches or pages.
+two tiers (``EngineError`` for one request, ``EngineDeadError`` for the engine). It asks vLLM which
+model runner it will use (:mod:`padoc_ray.engine.runners`) and registers that runner's logits
+processors: on V1 :mod:`~padoc_ray.engine.forcing` and :mod:`~padoc_ray.engine.layout_constraint`,
+on Model Runner V2 :mod:`~padoc_ray.engine.layout_constraint_v2` with vLLM's trace replay doing the
+teacher forcing. It knows nothing of layouts, branches or pages. vLLM is imported here and in those
+processor modules only.
 """
 
 from __future__ import annotations
@@ -20,12 +24,8 @@ from .interface import EngineDeadError, EngineError, GenDelta, GenRequest
 logger = logging.getLogger(__name__)
 
 
-def _engine_args(cfg: EngineConfig):
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    from .forcing import FORCING_PROCESSOR
-    from .layout_constraint import LAYOUT_PROCESSOR
-
+def engine_kwargs(cfg: EngineConfig) -> dict:
+    """``AsyncEngineArgs`` fields for ``cfg``, before the runner's processors are added."""
     kw = dict(
         model=cfg.model,
         tokenizer=cfg.model,
@@ -40,7 +40,6 @@ def _engine_args(cfg: EngineConfig):
         scheduling_policy=cfg.scheduling_policy,
         tensor_parallel_size=cfg.tensor_parallel_size,
         limit_mm_per_prompt={"image": 1, "video": 0},
-        logits_processors=[FORCING_PROCESSOR, LAYOUT_PROCESSOR],
         disable_log_stats=False,
         skip_tokenizer_init=False,
     )
@@ -55,29 +54,92 @@ def _engine_args(cfg: EngineConfig):
         kw["distributed_executor_backend"] = UNIPROC_EXECUTOR
     elif cfg.executor == "mp":
         kw["distributed_executor_backend"] = "mp"
-    kw.update(cfg.extra)
+    kw.update({k: v for k, v in cfg.extra.items() if k != "logits_processors"})
+    return kw
+
+
+def engine_args(cfg: EngineConfig, runner: str):
+    """The ``AsyncEngineArgs`` of an engine on ``runner`` ("v1" | "v2"): ``cfg``'s fields plus that
+    runner's logits processors (a user's own, ``cfg.extra["logits_processors"]``, after ours) and,
+    on MRv2, vLLM's trace replay for teacher forcing."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from .runners import logits_processors, uses_trace_replay
+
+    kw = engine_kwargs(cfg)
+    kw["logits_processors"] = logits_processors(runner, cfg.extra.get("logits_processors") or ())
+    if uses_trace_replay(runner):
+        kw["enable_trace_replay"] = True
     return AsyncEngineArgs(**kw)
+
+
+def engine_runner(cfg: EngineConfig) -> str:
+    """The model runner vLLM will give an engine with ``cfg`` (it builds its config; we read it)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from .runners import resolve_runner
+
+    return resolve_runner(AsyncEngineArgs(**engine_kwargs(cfg)))
+
+
+def sampling_params(req: GenRequest, runner: str):
+    """vLLM's ``SamplingParams`` for one request on ``runner``. A forced request ends with its trace
+    (``max_tokens`` = :attr:`GenRequest.generation_limit`) on both runners; its tokens travel as
+    ``trace_decode_token_ids`` on MRv2 (vLLM's trace replay) and as our forcing processor's
+    ``extra_args`` key on V1."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    from .layout_mask import CONSTRAIN_LAYOUT_KEY
+    from .runners import uses_trace_replay
+
+    replay = uses_trace_replay(runner)
+    extra: dict = {}
+    trace = list(req.forced_tokens) if req.forced_tokens else None
+    if trace and not replay:
+        from .forcing import FORCED_TOKENS_KEY
+
+        extra[FORCED_TOKENS_KEY] = trace
+    if req.constrain_layout_regions is not None:
+        extra[CONSTRAIN_LAYOUT_KEY] = int(req.constrain_layout_regions)
+    return SamplingParams(
+        max_tokens=req.generation_limit,
+        temperature=req.temperature,
+        seed=req.seed,
+        stop_token_ids=list(req.stop_token_ids),
+        output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
+        detokenize=False,
+        skip_special_tokens=False,
+        extra_args=extra or None,
+        trace_decode_token_ids=trace if replay else None,
+    )
 
 
 UNIPROC_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
 
 
 @contextlib.contextmanager
-def _spawn_env(cfg: EngineConfig):
-    """OMP_NUM_THREADS for the engine processes spawned inside the block (a spawned process reads it
-    when it imports torch); this process's own value is restored afterwards."""
-    if cfg.cpu_threads is None:
+def scoped_env(name: str, value: str | None):
+    """``os.environ[name] = value`` inside the block (None: unchanged), restored afterwards; what a
+    process spawned inside the block sees."""
+    if value is None:
         yield
         return
-    old = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = str(cfg.cpu_threads)
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["OMP_NUM_THREADS"] = old
+            os.environ[name] = old
+
+
+def _spawn_env(cfg: EngineConfig):
+    """OMP_NUM_THREADS for the engine processes spawned inside the block (a spawned process reads it
+    when it imports torch)."""
+    return scoped_env("OMP_NUM_THREADS", None if cfg.cpu_threads is None else str(cfg.cpu_threads))
 
 
 def _first_token_s(out) -> float | None:
@@ -97,32 +159,27 @@ class VllmEngine:
             os.environ.pop("VLLM_CPU_KVCACHE_SPACE")
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from .runners import runner_of
+
         self.cfg = cfg
         self._fault = EngineFault.from_env()  # test-only (padoc_ray.engine.faults); None normally
         with _spawn_env(cfg):
-            self.llm = AsyncLLM.from_engine_args(_engine_args(cfg))
-        logger.info("vLLM engine up: model=%s max_num_seqs=%d", cfg.model, cfg.max_num_seqs)
+            #: "v1" | "v2": vLLM's choice for this configuration, read from its own config
+            self.runner = engine_runner(cfg)
+            self.llm = AsyncLLM.from_engine_args(engine_args(cfg, self.runner))
+        if runner_of(self.llm.vllm_config) != self.runner:  # the same arguments gave another answer
+            got = runner_of(self.llm.vllm_config)
+            self.shutdown()
+            raise RuntimeError(f"vLLM chose model runner {got} after reporting {self.runner}")
+        #: speculative decoding: several logits rows per request, which the layout grammar cannot mask
+        self._speculative = self.llm.vllm_config.speculative_config is not None
+        logger.info("vLLM engine up: model=%s runner=%s max_num_seqs=%d", cfg.model, self.runner, cfg.max_num_seqs)
 
     def _sampling_params(self, req: GenRequest):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        from .forcing import FORCED_TOKENS_KEY
-        from .layout_constraint import CONSTRAIN_LAYOUT_KEY
-
-        extra = {FORCED_TOKENS_KEY: list(req.forced_tokens)} if req.forced_tokens else {}
-        if req.constrain_layout_regions is not None:
-            extra[CONSTRAIN_LAYOUT_KEY] = int(req.constrain_layout_regions)
-        return SamplingParams(
-            max_tokens=req.max_tokens,
-            temperature=req.temperature,
-            seed=req.seed,
-            stop_token_ids=list(req.stop_token_ids),
-            output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
-            detokenize=False,
-            skip_special_tokens=False,
-            extra_args=extra or None,
-        )
+        if req.constrain_layout_regions is not None and self._speculative:
+            raise EngineError(f"request {req.request_id} rejected: the layout constraint (--constrain-layout) "
+                              f"does not work with speculative decoding")
+        return sampling_params(req, self.runner)
 
     def _prompt(self, req: GenRequest) -> dict:
         p: dict = {"prompt_token_ids": list(req.prompt_ids)}

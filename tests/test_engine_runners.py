@@ -1,0 +1,96 @@
+"""What the vLLM adapter hands each model runner: processors, trace replay, sampling parameters.
+
+Model Runner V2 cannot run on CPU; these are its contracts, checked against vLLM 0.32's own code
+(its loaders and its trace-replay rules). The V1 path is unchanged, and runs for real in the
+engine tests."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from padoc_ray.engine.config import EngineConfig, cpu_engine_config
+from padoc_ray.engine.interface import GenRequest, forced_token
+from padoc_ray.engine.layout_mask import CONSTRAIN_LAYOUT_KEY
+from padoc_ray.engine.runners import V1_PROCESSORS, V2_PROCESSORS, logits_processors, uses_trace_replay
+
+TRACE = [11, 12, 13, 2]
+
+
+def _req(**kw) -> GenRequest:
+    base = dict(request_id="r", prompt_ids=[1, 2, 3], max_tokens=100, stop_token_ids=(2,))
+    return GenRequest(**{**base, **kw})
+
+
+def test_the_one_forcing_rule():
+    assert [forced_token(TRACE, k) for k in range(6)] == [11, 12, 13, 2, None, None]
+    assert forced_token(TRACE, -1) is None
+    assert _req(forced_tokens=TRACE).generation_limit == 4  # a forced request ends with its trace
+    assert _req(forced_tokens=TRACE, max_tokens=3).generation_limit == 3
+    assert _req().generation_limit == 100
+
+
+def test_forced_requests_end_where_vllms_trace_replay_ends_them():
+    """vLLM's input processor caps a trace-replay request's max_tokens (input_processor.py,
+    _normalize_trace_replay_params); generation_limit is the same rule, applied on both runners."""
+    from vllm import SamplingParams
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    stub = types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=4096))
+    for max_tokens in (2, 4, 100):
+        sp = SamplingParams(max_tokens=max_tokens, trace_decode_token_ids=list(TRACE))
+        InputProcessor._normalize_trace_replay_params(stub, sp, prompt_len=10)
+        assert sp.max_tokens == _req(forced_tokens=TRACE, max_tokens=max_tokens).generation_limit
+
+
+def test_v2_sampling_params_carry_forced_tokens_as_a_trace():
+    from padoc_ray.engine.forcing import FORCED_TOKENS_KEY
+    from padoc_ray.engine.vllm_engine import sampling_params
+
+    sp = sampling_params(_req(forced_tokens=TRACE, constrain_layout_regions=7), "v2")
+    assert sp.trace_decode_token_ids == TRACE and sp.max_tokens == 4
+    assert sp.extra_args == {CONSTRAIN_LAYOUT_KEY: 7}  # no forcing key: no V1 processor is there to read it
+    vocab = types.SimpleNamespace(get_vocab_size=lambda: 9280)  # vLLM's own checks of a trace request
+    sp._validate_trace_replay(vocab, None)  # (n=1, ids in the vocabulary, no structured outputs ...)
+    free = sampling_params(_req(), "v2")
+    assert free.trace_decode_token_ids is None and free.extra_args is None and free.max_tokens == 100
+    assert FORCED_TOKENS_KEY not in (sp.extra_args or {})
+
+
+def test_v1_sampling_params_are_unchanged():
+    from padoc_ray.engine.forcing import FORCED_TOKENS_KEY
+    from padoc_ray.engine.vllm_engine import sampling_params
+
+    sp = sampling_params(_req(forced_tokens=TRACE, constrain_layout_regions=7, temperature=1.0, seed=5), "v1")
+    assert sp.trace_decode_token_ids is None
+    assert sp.extra_args == {FORCED_TOKENS_KEY: TRACE, CONSTRAIN_LAYOUT_KEY: 7}
+    assert (sp.max_tokens, sp.temperature, sp.seed, sp.stop_token_ids) == (4, 1.0, 5, [2])
+    assert sampling_params(_req(), "v1").extra_args is None
+
+
+def test_engine_arguments_per_runner(tiny_model_dir):
+    from padoc_ray.engine.vllm_engine import engine_args
+
+    v1 = engine_args(cpu_engine_config(tiny_model_dir), "v1")
+    assert v1.logits_processors == list(V1_PROCESSORS) and not v1.enable_trace_replay
+    v2 = engine_args(EngineConfig(model=tiny_model_dir), "v2")
+    assert v2.logits_processors == list(V2_PROCESSORS) and v2.enable_trace_replay
+    assert (v2.max_num_seqs, v2.max_num_batched_tokens, v2.enable_prefix_caching) == (384, 24576, True)
+    # a user's own processors come after ours, on either runner
+    mine = "my_pkg.procs:MyProcessor"
+    own = engine_args(EngineConfig(model=tiny_model_dir, extra={"logits_processors": [mine]}), "v2")
+    assert own.logits_processors == [*V2_PROCESSORS, mine]
+    assert uses_trace_replay("v2") and not uses_trace_replay("v1")
+    with pytest.raises(ValueError, match="model runner"):
+        logits_processors("v3")
+
+
+def test_the_runner_is_vllms_own_decision(tiny_model_dir, monkeypatch):
+    from padoc_ray.engine.vllm_engine import engine_runner
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    assert engine_runner(cpu_engine_config(tiny_model_dir)) == "v1"  # no Triton backend on CPU
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # vLLM's own switch reaches its own rule
+    with pytest.raises(Exception, match="Model Runner V2 requires Triton"):
+        engine_runner(cpu_engine_config(tiny_model_dir))
