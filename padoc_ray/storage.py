@@ -29,9 +29,13 @@ import pyarrow.fs as pafs
 
 logger = logging.getLogger(__name__)
 
-#: listing sizes that are not sizes: a manifest line naming nothing, or naming a URI it may not name
-MISSING = -1
-DISALLOWED = -2
+#: listing sizes that are not sizes (each becomes a row with its own code, see pipeline/limits.py):
+MISSING = -1  #: a manifest line naming nothing (or a dangling link that is followed)
+DISALLOWED = -2  #: a manifest line naming a URI it may not name
+SYMLINK = -3  #: a symbolic link, not followed (--follow-symlinks is off)
+SYMLINK_OUTSIDE = -4  #: a symbolic link whose target is outside the input folder (never read)
+DUPLICATE = -5  #: a followed link to a file or folder listed already (listed once)
+NOT_REGULAR = -6  #: not a regular file: a FIFO, socket or device (never opened)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +49,13 @@ class StorageConfig:
     #: other 5xx answers and dropped connections are retried with jittered exponential backoff; through a
     #: proxy refusing ~11% of requests, never more than twice in a row, every request got through (tests/test_multinode.py)
     retry_attempts: int = 6
+    #: one file's whole read, local or s3://, must finish within this (then read_failed, retried by a
+    #: rerun); also pyarrow's S3 connect/request time-out. 512 MiB (the file-size cap) at 2 MB/s fits
+    read_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not self.read_timeout_s > 0:
+            raise ValueError("read_timeout_s must be > 0")
 
     def resolved_endpoint(self) -> str | None:
         return self.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -65,6 +76,7 @@ def filesystem(uri: str, cfg: StorageConfig = StorageConfig()) -> tuple[pafs.Fil
         kw: dict = {
             "region": cfg.resolved_region(),
             "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=cfg.retry_attempts),
+            "connect_timeout": cfg.read_timeout_s, "request_timeout": cfg.read_timeout_s,
         }
         if ep:
             p = urlparse(ep)
@@ -82,12 +94,93 @@ def to_uri(base_uri: str, fs_path: str) -> str:
     return f"s3://{fs_path}" if is_s3(base_uri) else fs_path
 
 
+class NotRegularFile(OSError):
+    """The path is (now) a FIFO, socket, device or folder: it is never read."""
+
+
+class ChangedDuringRead(OSError):
+    """The file changed while it was read (size, modification time or identity): the bytes are a mix."""
+
+
+_CHUNK = 4 << 20
+
+
+def _read_local(path: str, limit: int | None, deadline: float) -> bytes:
+    """Open without blocking (a FIFO swapped in after the listing would block ``open``), check the
+    opened descriptor (not the path: no window between check and use), read in chunks against the
+    deadline, and compare the file before and after the read."""
+    import stat
+    import time
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            kind = "a FIFO" if stat.S_ISFIFO(before.st_mode) else "a folder" if stat.S_ISDIR(before.st_mode) else \
+                "a socket or device"
+            raise NotRegularFile(f"{path} is {kind}, not a regular file: not read")
+        parts, n = [], 0
+        while limit is None or n < limit:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the read did not finish in time")
+            b = os.read(fd, _CHUNK if limit is None else min(_CHUNK, limit - n))
+            if not b:
+                break
+            parts.append(b)
+            n += len(b)
+        after = os.fstat(fd)
+        now = os.stat(path)
+    finally:
+        os.close(fd)
+    same = (before.st_size, before.st_mtime_ns) == (after.st_size, after.st_mtime_ns) and \
+        (now.st_ino, now.st_dev) == (before.st_ino, before.st_dev)
+    if not same or (limit is None or n < limit) and n != after.st_size:
+        raise ChangedDuringRead(f"{path} changed while it was read ({before.st_size} bytes and mtime "
+                                f"{before.st_mtime_ns} before, {after.st_size} bytes and mtime {after.st_mtime_ns} after"
+                                f"{'' if (now.st_ino, now.st_dev) == (before.st_ino, before.st_dev) else ', replaced'})")
+    return b"".join(parts)
+
+
+def _read_stream(fs, path: str, limit: int | None, deadline: float) -> bytes:
+    import time
+
+    parts, n = [], 0
+    with fs.open_input_stream(path) as f:  # one GET: an object version is read whole or not at all
+        while limit is None or n < limit:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the read did not finish in time")
+            b = f.read(_CHUNK if limit is None else min(_CHUNK, limit - n))
+            if not b:
+                break
+            parts.append(b)
+            n += len(b)
+    return b"".join(parts)
+
+
 def read_bytes(uri: str, cfg: StorageConfig = StorageConfig(), *, max_bytes: int | None = None) -> bytes:
     """The file's bytes; with ``max_bytes``, at most ``max_bytes + 1`` of them (so a caller can tell
-    a file that grew past a limit without holding all of it)."""
-    fs, path = filesystem(uri, cfg)
-    with fs.open_input_stream(path) as f:
-        return f.read() if max_bytes is None else f.read(max_bytes + 1)
+    a file that grew past a limit without holding all of it). The whole read has a deadline
+    (``cfg.read_timeout_s``), on local disks and on S3: it runs in a helper thread, so even a read
+    that blocks in the kernel (a stuck network mount) costs the caller the deadline, not forever.
+    Raises :class:`NotRegularFile`, :class:`ChangedDuringRead`, ``TimeoutError`` (all OSErrors) or
+    the storage's own OSError."""
+    import concurrent.futures
+    import time
+
+    limit = None if max_bytes is None else max_bytes + 1
+    deadline = time.monotonic() + cfg.read_timeout_s
+    if is_s3(uri):
+        fs, path = filesystem(uri, cfg)
+        job = lambda: _read_stream(fs, path, limit, deadline)  # noqa: E731
+    else:
+        job = lambda: _read_local(os.path.abspath(uri), limit, deadline)  # noqa: E731
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="padoc-read")
+    try:
+        return pool.submit(job).result(timeout=cfg.read_timeout_s + 1)
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError(f"reading {uri} did not finish within {cfg.read_timeout_s:g} s") from None
+    finally:
+        pool.shutdown(wait=False)  # a read stuck in the kernel is left behind, not waited for
 
 
 def write_bytes(uri: str, data: bytes, cfg: StorageConfig = StorageConfig()) -> None:
@@ -174,9 +267,81 @@ def output_inside_input(input_spec: str, output: str) -> bool:
     return under_prefix(out, normalize_uri(spec))
 
 
+def _walk_local(root: str, pattern: str | None, follow_symlinks: bool) -> list[tuple[str, int]]:
+    """Every entry below ``root`` (``pattern``: only its own entries matching it), without following
+    symbolic links unless asked, and then only to targets inside ``root``: nothing outside the input
+    folder is read, the walk ends (a folder is entered once, by device and inode), and no file is
+    listed twice (real paths first: links are followed after the plain walk, and a link to something
+    listed already is the duplicate). Entries not listed as files get a sentinel size (each a row)."""
+    import stat
+
+    root = os.path.abspath(root)
+    real_root = os.path.realpath(root)
+    st0 = os.stat(root)
+    out: list[tuple[str, int]] = []
+    seen_dirs, seen_files = {(st0.st_dev, st0.st_ino)}, set()
+    stack, links = [root], []
+
+    def take(path: str, st) -> None:
+        key = (st.st_dev, st.st_ino)
+        if stat.S_ISDIR(st.st_mode):
+            if pattern is None:  # a glob lists its folder's files only
+                seen_dirs.add(key)
+                stack.append(path)
+        elif stat.S_ISREG(st.st_mode):
+            seen_files.add(key)
+            out.append((path, st.st_size))
+        else:
+            out.append((path, NOT_REGULAR))
+
+    while stack or links:
+        while stack:
+            folder = stack.pop()
+            try:
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except OSError as e:
+                logger.warning("cannot list %s: %s", folder, e)
+                continue
+            for e in entries:
+                if e.name.startswith(".") or e.name.endswith(".tmp"):
+                    continue
+                if pattern is not None and not fnmatch.fnmatch(e.name, pattern):
+                    continue
+                try:
+                    if e.is_symlink():
+                        links.append(e.path) if follow_symlinks else out.append((e.path, SYMLINK))
+                        continue
+                    take(e.path, e.stat(follow_symlinks=False))
+                except OSError:
+                    out.append((e.path, MISSING))  # gone since its folder was read
+        links.sort()
+        while links and not stack:
+            path = links.pop(0)
+            if not under_prefix(os.path.realpath(path), real_root):
+                out.append((path, SYMLINK_OUTSIDE))
+                continue
+            try:
+                st = os.stat(path)  # the target
+            except OSError:
+                out.append((path, MISSING))  # dangling
+                continue
+            if (st.st_dev, st.st_ino) in (seen_dirs if stat.S_ISDIR(st.st_mode) else seen_files):
+                out.append((path, DUPLICATE))
+            else:
+                take(path, st)
+    return sorted(out)
+
+
 def list_inputs(spec: str, cfg: StorageConfig = StorageConfig(),
-                allowed_prefixes: Sequence[str] = ()) -> list[tuple[str, int]]:
+                allowed_prefixes: Sequence[str] = (), *, follow_symlinks: bool = False) -> list[tuple[str, int]]:
     """(uri, size) of every file named by ``spec``, sorted by uri; local URIs are absolute paths.
+
+    A local folder or glob is walked without following symbolic links: each link is listed with
+    size :data:`SYMLINK` (a row of its own, never read). With ``follow_symlinks`` a link is
+    followed only when its target is inside the folder (else :data:`SYMLINK_OUTSIDE`), a folder is
+    entered once (a link back to one walked already, or to a file listed already, is
+    :data:`DUPLICATE`), so the walk ends and lists no file twice. FIFOs, sockets and devices are
+    :data:`NOT_REGULAR` (never opened).
 
     ``spec`` is a folder or ``s3://bucket/prefix`` (every file below it, recursively), a glob
     (``dir/*.pdf``; ``*`` and ``?`` within the last path part), or a manifest: a text file whose
@@ -198,6 +363,9 @@ def list_inputs(spec: str, cfg: StorageConfig = StorageConfig(),
                 continue
             fs, path = filesystem(uri, cfg)
             info = fs.get_file_info(path)
+            if info.type == pafs.FileType.Unknown and not is_s3(uri):  # a FIFO, socket or device
+                out[uri] = NOT_REGULAR
+                continue
             out[uri] = info.size if info.type == pafs.FileType.File else MISSING  # recorded later
         return sorted(out.items())
     pattern = None
@@ -209,8 +377,15 @@ def list_inputs(spec: str, cfg: StorageConfig = StorageConfig(),
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.File and pattern is None:
         return [(normalize_uri(spec), info.size)]
+    if info.type == pafs.FileType.Unknown and pattern is None and not is_s3(base):
+        return [(normalize_uri(spec), NOT_REGULAR)]
     if info.type != pafs.FileType.Directory and not (is_s3(base) and info.type == pafs.FileType.NotFound):
         raise InputError(f"--input {spec}: no such file or folder")
+    if not is_s3(base):
+        out = _walk_local(path, pattern, follow_symlinks)
+        if not out:
+            raise InputError(f"--input {spec}: no files found")
+        return out
     try:
         infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     except OSError as e:

@@ -33,8 +33,15 @@ def ref_current_rows(table: pa.Table) -> pa.Table:
     uris = table.column("source_uri").to_pylist()
     pages = table.column("page_index").to_pylist()
     times = [-1 if t is None else t for t in pa.compute.cast(table.column("processed_at"), pa.int64()).to_pylist()]
+    docs = table.column("doc_id").to_pylist() if "doc_id" in table.column_names else [None] * len(uris)
+    version = {}  # input -> (time, row) of its newest row with a doc_id: rows of other doc_ids are stale
+    for i, (u, t, d) in enumerate(zip(uris, times, docs)):
+        if d and (u not in version or t >= version[u][0]):
+            version[u] = (t, i)
     newest, last_doc, last_page = {}, {}, {}
     for i, (u, p, t) in enumerate(zip(uris, pages, times)):
+        if docs[i] and docs[i] != docs[version[u][1]]:
+            continue
         if (u, p) not in newest or t >= times[newest[(u, p)]]:
             newest[(u, p)] = i
         latest = last_doc if p < 0 else last_page
@@ -87,7 +94,7 @@ def ref_plan(listed, existing: pa.Table, cfg: BatchConfig):
             if doc is not None and doc["error_code"] == refusal[0]:
                 complete += 1
             else:
-                todo.append({"uri": uri, "size": size, "done": []})
+                todo.append({"uri": uri, "size": size, "done": [], "doc_id": None})
             continue
         if doc is not None:
             count = doc["page_count"]
@@ -101,7 +108,8 @@ def ref_plan(listed, existing: pa.Table, cfg: BatchConfig):
         if count is not None and set(rows.select_pages(count, cfg.pages, cfg.max_pages_per_doc)) <= set(done):
             complete += 1
             continue
-        todo.append({"uri": uri, "size": size, "done": done})
+        todo.append({"uri": uri, "size": size, "done": done,
+                     "doc_id": next((r["doc_id"] for r in prev if r["doc_id"]), None) if done else None})
     return todo, complete
 
 
@@ -129,13 +137,15 @@ def random_output(rng: random.Random, n_docs: int):
         doc_id = rng.choice([f"sha{d}", sha, sha, sha.upper(), "", None])
         for _ in range(rng.choice([0, 1, 1, 2, 3])):  # runs that wrote rows of this input
             t0 = rng.randint(0, 50)  # small: equal times happen (ties: the later row wins)
+            # now and then the file changed between runs: this run's rows are of another version
+            run_doc = doc_id if rng.random() < 0.75 else rng.choice([f"new{d}", sha[::-1]])
             if rng.random() < 0.3:
                 out.append(_row(uri, -1, rng.choice([None, count]), rng.choice(DOC_CODES) or "corrupt_pdf", t0,
-                                doc_id=rng.choice([doc_id, None])))
+                                doc_id=rng.choice([run_doc, None])))
             else:
                 for p in rng.sample(range(min(count, 12)), rng.randint(0, min(count, 12))):
                     out.append(_row(uri, p, rng.choice([count, count, None]), rng.choice(PAGE_CODES) or "ok",
-                                    rng.choice([t0, t0 + rng.randint(0, 3), None]), doc_id=doc_id,
+                                    rng.choice([t0, t0 + rng.randint(0, 3), None]), doc_id=run_doc,
                                     err=rng.choice([None, None, ""])))
     rng.shuffle(out)
     out.append(_row("s3://b/unlisted.pdf", 0, 1, "ok", 5))  # rows of inputs no longer listed: ignored

@@ -60,7 +60,8 @@ def test_plan_skips_complete_documents_and_done_pages(tmp_path):
     listed = [("a", 1), ("b", 1), ("c", 1), ("d", 1)]
     todo, complete = plan(listed, existing, cfg)
     assert complete == 2
-    assert todo == [{"uri": "b", "size": 1, "done": [0]}, {"uri": "d", "size": 1, "done": []}]
+    # done pages carry the version they are of: a raster task that reads other bytes parses them all again
+    assert todo == [{"uri": "b", "size": 1, "done": [0], "doc_id": "db"}, {"uri": "d", "size": 1, "done": [], "doc_id": None}]
     cfg2 = BatchConfig(input="x", output="y", model="m", max_pages_per_doc=1)
     assert [t["uri"] for t in plan(listed, existing, cfg2)[0]] == ["d"]
 

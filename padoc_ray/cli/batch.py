@@ -66,6 +66,13 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
                     help="a folder or s3://bucket/prefix that a manifest --input may name (repeatable; replaces the "
                          "default, the manifest's own folder). Lines outside get a row with status disallowed_uri and are never "
                          "read")
+    io.add_argument("--follow-symlinks", action="store_true",
+                    help="follow symbolic links in an --input folder whose target is inside it (each folder entered "
+                         "once, no file listed twice). Default: links are not followed; each gets a row with status "
+                         "symlink, and one pointing outside the folder (symlink_outside_input) is never read")
+    io.add_argument("--read-timeout", type=float, default=StorageConfig.read_timeout_s, metavar="SECONDS",
+                    help=f"one input file's whole read, local or s3://, must finish within this, else its row says "
+                         f"read_failed and a rerun tries again (default {StorageConfig.read_timeout_s:g})")
     io.add_argument("--wait-lock", type=float, default=0.0, metavar="SECONDS",
                     help="when another run holds --output, wait this long for it (default 0: refuse with exit code 2)")
     io.add_argument("--leftover-grace", type=float, default=3600.0, metavar="SECONDS",
@@ -151,7 +158,7 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
                         scheduler=SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
                                                   deadline_s=args.page_deadline,
                                                   constrain_layout=args.constrain_layout)),
-        storage=StorageConfig(endpoint=args.s3_endpoint), num_actors=args.actors,
+        storage=StorageConfig(endpoint=args.s3_endpoint, read_timeout_s=args.read_timeout), num_actors=args.actors,
         gpus_per_actor=args.gpus_per_actor, cpus_per_actor=args.cpus_per_actor,
         engine_resources=getattr(args, "engine_resources", {}),
         raster_cpus=args.raster_cpus, replay_gt=args.replay, rows_per_file=args.rows_per_file,
@@ -159,7 +166,7 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
         engine_batch_pages=args.engine_batch_pages, raster_docs_per_task=args.raster_docs_per_task,
         limits=InputLimits(max_doc_pages=args.doc_page_limit or None, max_image_frames=args.image_frame_limit,
                            max_file_bytes=int(args.file_size_limit_mb * 2**20) or None),
-        manifest_allow=tuple(args.manifest_allow), lock_wait_s=args.wait_lock, leftover_grace_s=args.leftover_grace,
+        manifest_allow=tuple(args.manifest_allow), follow_symlinks=args.follow_symlinks, lock_wait_s=args.wait_lock, leftover_grace_s=args.leftover_grace,
     )
 
 

@@ -169,10 +169,13 @@ def pages_by_source(output: str, storage: StorageConfig | None = None) -> dict[t
     from padoc_ray.output.rows import page_from_row
 
     t = read_rows(join(output, "pages"), storage, ["source_uri", "page_index", "page_count", "status", "image_width",
-                                                  "image_height", "regions", "processed_at"])
+                                                  "image_height", "regions", "processed_at", "doc_id"])
     out: dict[tuple[str, int], tuple[str, Page | None, int | None]] = {}
-    for r in sorted(t.to_pylist(), key=lambda r: r["processed_at"]):  # the newest row wins
-        if r["page_index"] < 0:
+    rows = sorted(t.to_pylist(), key=lambda r: r["processed_at"])
+    # a source's rows of an older version (another doc_id than its newest row's) are not its pages
+    newest = {r["source_uri"]: r["doc_id"] for r in rows if r["doc_id"]}
+    for r in rows:  # the newest row wins
+        if r["page_index"] < 0 or (r["doc_id"] and r["doc_id"] != newest[r["source_uri"]]):
             continue
         page = page_from_row(r, on_bad_region=lambda *_: None) if r["status"] == "ok" else None
         out[(os.path.basename(r["source_uri"]), r["page_index"])] = (r["status"], page, r["page_count"])

@@ -61,6 +61,9 @@ class BatchConfig:
     limits: InputLimits = field(default_factory=InputLimits)  #: caps per input (pages, frames, bytes)
     #: prefixes (folders, s3://bucket/prefix) a manifest --input may name; empty: the manifest's own folder
     manifest_allow: tuple[str, ...] = ()
+    #: follow symbolic links in an --input folder, only to targets inside it (False: each link is a
+    #: row with status symlink, never read; see padoc_ray.storage.list_inputs)
+    follow_symlinks: bool = False
     #: unreadable Parquet files under pages/ that no run's name claims are removed by the driver once
     #: older than this (seconds; an earlier run's are removed at once, the live run's never)
     leftover_grace_s: float = 3600.0

@@ -94,6 +94,32 @@ class DocIds:
             strings = pa.nulls(m, pa.string())
         return pc.if_else(pa.array(is_hex), hexes, strings)
 
+    def fingerprint(self, pos: np.ndarray) -> np.ndarray:
+        """A key per position that is equal exactly when the values are (positions are per stored
+        occurrence, so two rows of one doc_id may have different positions): int64 >= 0, and -1 where
+        ``pos`` is -1. A hex value's key is its first 63 bits (a sha256 prefix); a string's, a hash."""
+        pos = np.asarray(pos, np.int64)
+        out = np.full(len(pos), -1, np.int64)
+        is_hex = pos >= 0
+        hp = pos[is_hex]
+        if len(hp):
+            got = np.empty((len(hp), 8), np.uint8)
+            blk = hp // BLOCK
+            for b in np.unique(blk).tolist():
+                sel = blk == b
+                got[sel] = self._blocks[b][hp[sel] % BLOCK, :8]
+            out[is_hex] = (got.view(">u8").ravel() >> np.uint64(1)).astype(np.int64)
+        is_str = pos <= -2
+        if is_str.any():
+            import hashlib
+
+            uniq, inv = np.unique(pos[is_str], return_inverse=True)
+            vals = pa.chunked_array(self._strings, pa.string()).take(pa.array(-2 - uniq)).to_pylist()
+            keys = np.array([int.from_bytes(hashlib.blake2b(v.encode(), digest_size=8).digest(), "big") >> 1
+                             for v in vals], np.int64)
+            out[is_str] = keys[inv]
+        return out
+
     @property
     def nbytes(self) -> int:
         return len(self._blocks) * BLOCK * 32 + sum(s.nbytes for s in self._strings)

@@ -191,7 +191,8 @@ def run_batch(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
 
 def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
     t0 = time.perf_counter()
-    listed = ledger.listing_table(list_inputs(cfg.input, cfg.storage, cfg.manifest_allow))
+    listed = ledger.listing_table(list_inputs(cfg.input, cfg.storage, cfg.manifest_allow,
+                                              follow_symlinks=cfg.follow_symlinks))
     sizes = listed.column("size").to_numpy()
     pages_uri = join(cfg.output, "pages")
     fs, files, proven = page_files_for_run(pages_uri, cfg.storage, cleanup_for_run=cfg.run_id, grace_s=cfg.leftover_grace_s)
@@ -218,12 +219,14 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
         seen = set(files)
         book = scan_pages(fs, [f for f in now if f not in seen], listed.column("uri"), cfg.run_id, book=book)
         book.facts = ledger.analyze(book, ranges=cfg.pages, max_pages=cfg.max_pages_per_doc)
+    changed = ledger.changed_inputs(book, [(t["uri"], t["doc_id"]) for t in work if t.get("doc_id")])
     book.drop_rows()  # the documents table needs the facts only
     doc_status, unaccounted = write_documents(book, join(cfg.output, "documents"), cfg.storage, cfg.run_id)
     summary = {
         "run_id": cfg.run_id, "input": cfg.input, "output": cfg.output, "model": cfg.model, "mode": cfg.mode,
         "inputs": listed.num_rows, "inputs_already_complete": complete, "inputs_processed": len(work) + len(refused),
         "inputs_refused_from_listing": len(refused),
+        "inputs_changed": changed,  # inputs whose bytes changed since pages of theirs were written: parsed again
         "rows_written": book.run_rows, "pages_written": book.run_pages,
         "page_status": {str(k): v for k, v in book.run_status.items()}, "document_status": doc_status,
         "all_inputs_accounted": not unaccounted,

@@ -239,19 +239,35 @@ class Facts:
     complete: int = 0  # inputs complete (plan only)
 
 
-def current_mask(u: np.ndarray, page: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Rows that say where each input stands now (rules of current_rows below); u: small ints."""
+def current_mask(u: np.ndarray, page: np.ndarray, t: np.ndarray, doc: np.ndarray | None = None) -> np.ndarray:
+    """Rows that say where each input stands now (rules of current_rows below); u: small ints,
+    doc: a key per row, equal exactly when the rows' doc_ids are (-1: none)."""
     mask = np.zeros(len(u), bool)
     if len(u):
-        pos, order = _pick(u, page, t, current=True)
+        pos, order = _pick(u, page, t, current=True, doc=doc)
         mask[order[pos]] = True
     return mask
 
 
-def _pick(u, page, t, *, current: bool):
+def _stale(us: np.ndarray, ts: np.ndarray, ds: np.ndarray, ustarts: np.ndarray) -> np.ndarray:
+    """Rows (in sorted order) of an older version of their input: a doc_id other than the one of the
+    input's newest row that has a doc_id (ties: the later row). Rows without a doc_id are never stale."""
+    lowest = np.iinfo(np.int64).min
+    n = len(us)
+    ugid = np.repeat(np.arange(len(ustarts)), np.diff(np.append(ustarts, n)))
+    has = ds != -1
+    key = np.where(has, ts.astype(np.int64), lowest)
+    newest = np.maximum.reduceat(key, ustarts)
+    last = np.maximum.reduceat(np.where(has & (key == newest[ugid]), np.arange(n), -1), ustarts)
+    latest = np.where(last >= 0, ds[np.maximum(last, 0)], -1)
+    return has & (ds != latest[ugid])
+
+
+def _pick(u, page, t, *, current: bool, doc=None):
     """(rows in the table, sorted by input and page; the sort order). current: the newest row per
     (input, page) (ties: the later row), and per input either its document-level rows (when
-    newer than all its page rows) or its page rows; else the last row per (input, page)."""
+    newer than all its page rows) or its page rows; rows of an older version of the input (another
+    doc_id than its newest, see :func:`_stale`) are never current. Else the last row per (input, page)."""
     lo = int(page.min()) if len(page) else 0
     span = int(page.max()) - lo + 1 if len(page) else 1
     order = np.argsort(u.astype(np.int64) * span + (page.astype(np.int64) - lo), kind="stable")
@@ -259,23 +275,21 @@ def _pick(u, page, t, *, current: bool):
     starts = seg_starts(us, ps)
     n = len(order)
     idx = np.arange(n)
-    if current:
-        ts = t[order]
-        tmax = np.maximum.reduceat(ts, starts)
-        gid = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
-        chosen = np.maximum.reduceat(np.where(ts == tmax[gid], idx, -1), starts)
-        del ts, gid
-    else:
-        chosen = np.append(starts[1:], n) - 1
     if not current:
-        return chosen, order
-    ustarts = seg_starts(us)
+        return np.append(starts[1:], n) - 1, order
     lowest = np.iinfo(np.int64).min
+    ustarts = seg_starts(us)
     tt = t[order]
-    doc_t = np.maximum.reduceat(np.where(ps < 0, tt, lowest), ustarts)
-    page_t = np.maximum.reduceat(np.where(ps >= 0, tt, lowest), ustarts)
-    has_doc = np.logical_or.reduceat(ps < 0, ustarts)
-    has_page = np.logical_or.reduceat(ps >= 0, ustarts)
+    live = ~_stale(us, tt, doc[order], ustarts) if doc is not None else np.ones(n, bool)
+    tmax = np.maximum.reduceat(np.where(live, tt, np.iinfo(tt.dtype).min), starts)  # the dtype's null time
+    gid = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+    chosen = np.maximum.reduceat(np.where(live & (tt == tmax[gid]), idx, -1), starts)
+    del gid
+    chosen = chosen[chosen >= 0]  # a page only an older version has: not current (to do again)
+    doc_t = np.maximum.reduceat(np.where((ps < 0) & live, tt, lowest), ustarts)
+    page_t = np.maximum.reduceat(np.where((ps >= 0) & live, tt, lowest), ustarts)
+    has_doc = np.logical_or.reduceat((ps < 0) & live, ustarts)
+    has_page = np.logical_or.reduceat((ps >= 0) & live, ustarts)
     doc_wins = has_doc & (~has_page | (doc_t > page_t))
     ugid = np.searchsorted(ustarts, chosen, side="right") - 1
     keep = (ps[chosen] < 0) == doc_wins[ugid]
@@ -318,9 +332,12 @@ def _partition(book, f: Facts, present, lo, hi, rows, ranges, max_pages, current
     if len(u) == 0 and sizes is None:
         return
     t = g(book.t) if current else None
-    chosen, order = _pick(u, page, t, current=current) if len(u) else (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    del t
     count, status, err, doc = g(book.count), g(book.status), g(book.err), g(book.doc)
+    versions = book.doc_ids.fingerprint(doc) if current else None  # equal exactly when the doc_ids are
+    chosen, order = _pick(u, page, t, current=current, doc=versions) if len(u) else (np.zeros(0, np.int64),
+                                                                                     np.zeros(0, np.int64))
+    del versions
+    del t
     # rows of the table (current: the current rows; else all rows), sorted by input and page
     table_pos = chosen if current else np.arange(len(order))
     rows_t = order[table_pos]  # row numbers (row order within an input = ascending)
@@ -388,13 +405,15 @@ def _plan_part(book, f, present, lo, hi, sizes, cfg_limits, ranges, max_pages, p
     s = sizes[lo:hi]
     code_of = book._code_of
     lim = cfg_limits
-    # the listing's refusal of each input (limits.listing_refusal): 0 none, else 1 + its index in `refusals`
-    refusals = (limits.MISSING_FILE, limits.DISALLOWED_URI, limits.FILE_TOO_LARGE)
+    # the listing's refusal of each input (limits.listing_refusal): 0 none, else 1 + its index in REFUSALS
+    refusals = [code for _, code in limits.REFUSALS]
     refusal = np.zeros(hi - lo, np.int8)
-    refusal[s < 0] = 1
-    refusal[s == -2] = 2
+    refusal[s < 0] = 1 + refusals.index(limits.MISSING_FILE)  # any other negative size: missing
+    for i, (size, _) in enumerate(limits.REFUSALS, 1):
+        if size is not None:
+            refusal[s == size] = i
     if lim.max_file_bytes is not None:
-        refusal[(s >= 0) & (s > lim.max_file_bytes)] = 3
+        refusal[(s >= 0) & (s > lim.max_file_bytes)] = 1 + refusals.index(limits.FILE_TOO_LARGE)
     dl = f.doc_level[lo:hi]
     derr = f.doc_err[lo:hi]
     refused = refusal > 0
@@ -441,8 +460,23 @@ def plan(book: Ledger, sizes: np.ndarray, cfg_limits: limits.InputLimits, ranges
     book.facts = f
     idx = sorted(f.todo_done)
     uris = book.listed.take(pa.array(idx, pa.int64())).to_pylist() if idx else []
-    return ([{"uri": u, "size": int(sizes[i]), "done": f.todo_done[i]} for u, i in zip(uris, idx)],
-            f.complete)
+    # the doc_id the done pages belong to: a raster task that reads other bytes parses them all again
+    docs = book.doc_ids.take(np.array([f.doc[i] if f.todo_done[i] else -1 for i in idx], np.int64)).to_pylist() \
+        if idx else []
+    return ([{"uri": u, "size": int(sizes[i]), "done": f.todo_done[i], "doc_id": d}
+             for u, i, d in zip(uris, idx, docs)], f.complete)
+
+
+def changed_inputs(book: Ledger, recorded: Sequence[tuple[str, str]]) -> int:
+    """How many of ``recorded`` (uri, the doc_id its done pages had when the run was planned) now
+    stand at another doc_id (their bytes changed, and they were parsed again): needs ``book.facts``."""
+    if not recorded or book.facts is None:
+        return 0
+    listed = book.listed.combine_chunks() if isinstance(book.listed, pa.ChunkedArray) else book.listed
+    pos = pc.index_in(pa.array([u for u, _ in recorded], pa.string()), value_set=listed.cast(pa.string()))
+    pos = np.asarray(pc.fill_null(pos, -1).to_numpy(zero_copy_only=False), np.int64)
+    now = book.doc_ids.take(np.where(pos >= 0, book.facts.doc[np.maximum(pos, 0)], -1)).to_pylist()
+    return sum(1 for (_, was), d in zip(recorded, now) if d is not None and d != was)
 
 
 def document_batches(book: Ledger, f: Facts, chunk: int = 1 << 20) -> Iterable[pa.RecordBatch]:
@@ -511,16 +545,26 @@ def documents_table(pages: pa.Table, listed: Sequence[tuple[str, int]], ranges, 
 
 def current_rows(table: pa.Table) -> pa.Table:
     """The rows that say where each input stands now (``table`` needs ``source_uri``,
-    ``page_index`` and ``processed_at``).
+    ``page_index`` and ``processed_at``; with ``doc_id``, versions are told apart).
 
     ``pages/`` only grows: a rerun that tries a document again (after ``read_failed``,
     ``missing_file``, a refusal or cap that no longer applies) adds rows next to the old ones. For
-    each input the newest document-level row wins when it is newer than all its page rows;
-    otherwise its page rows do, the newest row per page."""
+    each input only the rows of its newest version count (the doc_id of its newest row that has
+    one: a file whose bytes changed is parsed again in full, and its old rows stay in the files but
+    are never current); of those, the newest document-level row wins when it is newer than all its
+    page rows, otherwise its page rows do, the newest row per page."""
     if table.num_rows == 0:
         return table
     uri = pc.dictionary_encode(table.column("source_uri").combine_chunks(), null_encoding="encode")
     u = np.asarray(uri.indices.to_numpy(zero_copy_only=False), np.int64)
     page = ints(table.column("page_index"), -1, np.int32)
     t = ints(pc.cast(table.column("processed_at"), pa.int64()), -1, np.int64)
-    return table.filter(pa.array(current_mask(u, page, t)))
+    doc = None
+    if "doc_id" in table.column_names:
+        d = pc.dictionary_encode(table.column("doc_id").combine_chunks())
+        doc = np.asarray(pc.fill_null(d.indices, -1).to_numpy(zero_copy_only=False), np.int64)
+        # an empty doc_id is no doc_id (as in the ledger)
+        empty = [i for i, v in enumerate(d.dictionary.to_pylist()) if not v]
+        if empty:
+            doc[np.isin(doc, empty)] = -1
+    return table.filter(pa.array(current_mask(u, page, t, doc)))

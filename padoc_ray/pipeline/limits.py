@@ -1,13 +1,14 @@
 """Caps that keep one input from exhausting the batch job, and what a rerun retries.
 
 Each cap has its own code in the rows. ``file_too_large`` and ``disallowed_uri`` (like
-``missing_file``) are decided by the driver from the listing, before any work is queued; the
+``missing_file``, and the link and special-file codes) are decided by the driver from the listing, before any work is queued; the
 page cap is decided when a document is opened, before any of its pages is rendered; the frame cap
 when an image is opened, before any frame is decoded (:class:`padoc_ray.pdf.ImageDocument`).
 
 A document-level row is final unless it says something a rerun can change: a read that failed, a
 file that was missing or refused by the listing (decided again on every run), or a cap that the
-current configuration no longer exceeds. Pure: no pyarrow, ray, vllm or torch.
+current configuration no longer exceeds. No ray, vllm or torch (the listing's sentinel sizes come from
+:mod:`padoc_ray.storage`, which produces them).
 """
 
 from __future__ import annotations
@@ -15,21 +16,39 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from padoc_ray import storage
 from padoc_ray.pdf import TOO_MANY_FRAMES, PdfError
 
 MISSING_FILE = "missing_file"  #: a manifest line naming nothing
-READ_FAILED = "read_failed"  #: the bytes could not be read (retried by a rerun)
+READ_FAILED = "read_failed"  #: the bytes could not be read, or not in time (retried by a rerun)
 DISALLOWED_URI = "disallowed_uri"  #: a manifest line outside the allowed prefixes (never read)
 FILE_TOO_LARGE = "file_too_large"  #: over ``max_file_bytes`` (never read)
 TOO_MANY_PAGES = "too_many_pages"  #: more selected pages than ``max_doc_pages`` (no page rendered)
+SYMLINK = "symlink"  #: a symbolic link in the input folder, not followed (never read)
+SYMLINK_OUTSIDE = "symlink_outside_input"  #: a link to outside the input folder (never read)
+DUPLICATE_LINK = "duplicate_link"  #: a followed link to a file or folder listed already (listed once)
+NOT_REGULAR_FILE = "not_regular_file"  #: a FIFO, socket or device (never opened), at listing or read time
+CHANGED_DURING_READ = "changed_during_read"  #: the file changed while it was read (retried by a rerun)
 
+#: sizes the listing gives inputs it does not list as files (padoc_ray.storage), with their row
+_SENTINELS: dict[int, tuple[str, str]] = {
+    storage.DISALLOWED: (DISALLOWED_URI, "the manifest may not name this URI: only URIs under its own folder or a "
+                                         "--manifest-allow prefix are read"),
+    storage.MISSING: (MISSING_FILE, "listed but not found (a manifest line naming nothing, or a dangling link)"),
+    storage.SYMLINK: (SYMLINK, "a symbolic link: not followed (--follow-symlinks follows links whose target is "
+                               "inside the input folder)"),
+    storage.SYMLINK_OUTSIDE: (SYMLINK_OUTSIDE, "a symbolic link to outside the input folder: never read"),
+    storage.DUPLICATE: (DUPLICATE_LINK, "a symbolic link to a file or folder listed already: parsed once, "
+                                        "under its own path"),
+    storage.NOT_REGULAR: (NOT_REGULAR_FILE, "not a regular file (a FIFO, socket or device): never opened"),
+}
 #: codes decided from the listing alone: the driver writes these rows itself
-LISTING_CODES = frozenset({MISSING_FILE, DISALLOWED_URI, FILE_TOO_LARGE})
+LISTING_CODES = frozenset({code for code, _ in _SENTINELS.values()} | {FILE_TOO_LARGE})
 #: document-level codes a rerun always tries again (the listing's are decided again)
-RETRIED_CODES = LISTING_CODES | {READ_FAILED}
-
-#: listing sizes that are not sizes (see padoc_ray.storage.MISSING / DISALLOWED)
-_MISSING, _DISALLOWED = -1, -2
+RETRIED_CODES = LISTING_CODES | {READ_FAILED, CHANGED_DURING_READ}
+#: the listing's refusals in the order the ledger numbers them (1 + index; 0: none)
+REFUSALS: tuple[tuple[int | None, str], ...] = (*((size, code) for size, (code, _) in _SENTINELS.items()),
+                                                 (None, FILE_TOO_LARGE))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,11 +76,8 @@ class InputLimits:
 
 def listing_refusal(size: int | None, limits: InputLimits) -> tuple[str, str] | None:
     """(code, message) when an input must not be queued, from its listed size alone."""
-    if size == _DISALLOWED:
-        return DISALLOWED_URI, ("the manifest may not name this URI: only URIs under its own folder or a "
-                                "--manifest-allow prefix are read")
     if size is not None and size < 0:
-        return MISSING_FILE, "listed in the manifest but not found"
+        return _SENTINELS.get(size, _SENTINELS[storage.MISSING])
     if size is not None and limits.max_file_bytes is not None and size > limits.max_file_bytes:
         return FILE_TOO_LARGE, (f"{size} bytes, over the limit of {limits.max_file_bytes} "
                                 f"(--file-size-limit-mb {limits.max_file_bytes / 2**20:g})")

@@ -26,8 +26,9 @@ from padoc_ray import metrics
 from padoc_ray.pdf import doc_id_of
 from padoc_ray.output import rows
 from padoc_ray.pipeline.config import BatchConfig
+from padoc_ray.pipeline import limits
 from padoc_ray.pipeline.limits import listing_refusal, page_cap_error
-from padoc_ray.storage import read_bytes
+from padoc_ray.storage import ChangedDuringRead, NotRegularFile, read_bytes
 from padoc_ray.raster import DocFailed, Opened, PageFailed, renderer_for
 
 logger = logging.getLogger(__name__)
@@ -43,25 +44,33 @@ def _doc_error(base: dict, doc_id: str | None, code: str, message: str, page_cou
 
 
 def rasterize(batch: pa.Table, cfg: BatchConfig, model_id: str) -> Iterator[pa.Table]:
-    """Input rows: ``uri``, ``size``, ``done`` (page indices already written). Yields page rows."""
+    """Input rows: ``uri``, ``size``, ``done`` (page indices already written) and ``doc_id`` (the version
+    those pages are of; a file whose bytes differ now is parsed again in full). Yields page rows."""
     for item in batch.to_pylist():
         uri, done = item["uri"], set(item["done"] or ())
         base = dict(run_id=cfg.run_id, uri=uri, mode=cfg.mode, model_id=model_id)
         if item["size"] is not None and item["size"] < 0:
-            yield _doc_error(base, None, "missing_file", "listed in the manifest but not found")
+            yield _doc_error(base, None, *listing_refusal(item["size"], cfg.limits))
             continue
-        yield from _rasterize_doc(uri, done, cfg, base)
+        yield from _rasterize_doc(uri, done, cfg, base, item.get("doc_id"))
 
 
-def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> Iterator[pa.Table]:
+def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
+                   done_doc_id: str | None = None) -> Iterator[pa.Table]:
     """Render page by page in this worker's renderer process (crash- and hang-isolated, see
     padoc_ray.raster.renderer); rows leave in tables of up to ``raster_pages_per_block`` pages (or
     ``raster_block_mb`` of images), so a large document is never held whole and small ones do not
     cost one Ray object per page."""
     try:
         data = read_bytes(uri, cfg.storage, max_bytes=cfg.limits.max_file_bytes)
-    except OSError as e:
-        yield _doc_error(base, None, "read_failed", str(e))
+    except NotRegularFile as e:  # swapped for a FIFO (or folder) after the listing
+        yield _doc_error(base, None, limits.NOT_REGULAR_FILE, str(e))
+        return
+    except ChangedDuringRead as e:  # a mix of two versions: nothing of it is parsed (a rerun reads it again)
+        yield _doc_error(base, None, limits.CHANGED_DURING_READ, str(e))
+        return
+    except OSError as e:  # TimeoutError included: the read has a deadline (StorageConfig.read_timeout_s)
+        yield _doc_error(base, None, limits.READ_FAILED, str(e) or type(e).__name__)
         return
     too_large = listing_refusal(len(data), cfg.limits)  # the file grew past the cap after it was listed
     if too_large is not None:
@@ -69,6 +78,10 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict) -> It
                                                    f"(--file-size-limit-mb)")
         return
     doc_id = doc_id_of(data)
+    if done and done_doc_id and doc_id != done_doc_id:
+        # the file's bytes changed since its done pages were written: those pages are of another version
+        logger.info("doc %s changed since its rows were written (was %s): parsed again in full", uri, done_doc_id[:12])
+        done = set()
     renderer = renderer_for(cfg.renderer)
     page_count, repaired = None, None
     pending: list[dict] = []
