@@ -257,3 +257,27 @@ def test_current_rows_keep_only_the_newest_version_of_an_input():
     # a read_failed row (no doc_id) newer than the pages still wins, as before
     table = pa.Table.from_pylist([row(0, "d1", t[0]), {**row(-1, None, t[3]), "status": "read_failed"}])
     assert [r["status"] for r in current_rows(table).to_pylist()] == ["read_failed"]
+
+
+def test_a_file_swapped_for_a_fifo_after_the_listing_does_not_hang_the_run(local_ray, tiny_model_dir, tmp_path,
+                                                                           monkeypatch):
+    """The listing sees a regular file; before any raster task reads it, it becomes a FIFO that nobody
+    writes to (today's reads would wait forever): the run ends, with that file's own row."""
+    from padoc_ray.pipeline import job
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    (inp / "a.pdf").write_bytes(text_pdf(1))
+    (inp / "b.pdf").write_bytes(text_pdf(1))
+    real = job.list_inputs
+
+    def list_then_swap(*a, **kw):
+        listed = real(*a, **kw)
+        (inp / "b.pdf").unlink()
+        os.mkfifo(inp / "b.pdf")
+        return listed
+
+    monkeypatch.setattr(job, "list_inputs", list_then_swap)
+    summary, s = _timed(lambda: _run(inp, out, model=tiny_model_dir), limit_s=180)
+    docs = {os.path.basename(r["source_uri"]): r["status"] for r in pq.read_table(out / "documents").to_pylist()}
+    assert docs == {"a.pdf": "ok", "b.pdf": "not_regular_file"} and summary["all_inputs_accounted"]
