@@ -10,6 +10,7 @@ changes go through ``monkeypatch`` (or a ``MonkeyPatch`` context in wider-scoped
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import json
 import os
@@ -209,10 +210,11 @@ def _env(**extra) -> dict:
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
-    """`ray start --head` on loopback (2 CPUs), in a process group of its own, with token
-    authentication on (the tests' token, :func:`ray_token_path`; clients get it from :func:`_env`);
-    at the end exactly that group is stopped (never `ray stop`, which ends every Ray cluster on the
-    machine)."""
+    """`ray start --head` on loopback (2 CPUs), in a session of its own, with token authentication
+    on (the tests' token, :func:`ray_token_path`; clients get it from :func:`_env`). At the end every
+    process of this cluster is stopped (:func:`stop_session`: its session, what names or carries its
+    temp dir, their descendants; Ray's workers run in process groups of their own) and the teardown fails if
+    any is left. Never `ray stop`, which ends every Ray cluster on the machine."""
     port, dash = _free_port(), _free_port()
     # a short folder: Ray's dashboard puts AF_UNIX sockets (at most 107 bytes a path) under
     # TEMP/session_<date>_<pid>/sockets/, which pytest's (and pytest-xdist's) own tmp paths overflow
@@ -226,23 +228,27 @@ def ray_cluster(tmp_path_factory):
            f"--temp-dir={tmp}", *(f"--{k}={v}" for k, v in ports.items())]
     log = os.path.join(tmp, "ray_start.log")
     with open(log, "w") as f:  # output to a file: a pipe nobody reads can block the child
-        starter = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env(),
-                                   start_new_session=True)  # every process of this cluster joins this group
-        rc = starter.wait(timeout=180)
-    assert rc == 0, open(log).read()[-3000:]
-    _wait_for_dashboard(dash, tmp, starter.pid)
-    info = {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}", "temp_dir": tmp,
-            "metrics": f"http://127.0.0.1:{ports['metrics-export-port']}/metrics"}  # Prometheus endpoint
+        starter = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env(**{CLUSTER_ENV: tmp}),
+                                   start_new_session=True)  # every process of this cluster stays in this session
+    started = False
     try:
+        rc = starter.wait(timeout=180)
+        assert rc == 0, open(log).read()[-3000:]
+        _wait_for_dashboard(dash, tmp)
+        info = {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}", "temp_dir": tmp,
+                "metrics": f"http://127.0.0.1:{ports['metrics-export-port']}/metrics"}  # Prometheus endpoint
+        started = True
         yield info
     finally:
-        stop_process_group(starter.pid)
-        shutil.rmtree(tmp, ignore_errors=True)
+        try:  # a cluster that failed to start is stopped as well, without hiding why it failed
+            stop_session(starter, tmp, check=started)  # fails the teardown if a process of it is left
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _wait_for_dashboard(port: int, temp_dir: str, pgid: int, timeout_s: float = 120.0) -> None:
+def _wait_for_dashboard(port: int, temp_dir: str, timeout_s: float = 120.0) -> None:
     """`ray start` returns before the dashboard (what `ray job submit` talks to) answers, and does not
-    fail when it cannot start: wait for any HTTP answer, else stop the cluster and show its log."""
+    fail when it cannot start: wait for any HTTP answer, else fail with its log (the caller stops it)."""
     import urllib.error
     import urllib.request
 
@@ -257,8 +263,87 @@ def _wait_for_dashboard(port: int, temp_dir: str, pgid: int, timeout_s: float = 
             time.sleep(0.5)
     logs = sorted(glob.glob(os.path.join(temp_dir, "session_*", "logs", "dashboard.*")))
     tail = "".join(f"--- {p}\n{open(p, errors='replace').read()[-2000:]}" for p in logs[-2:])
-    stop_process_group(pgid)
     raise AssertionError(f"the Ray dashboard on port {port} did not answer within {timeout_s:.0f} s\n{tail}")
+
+
+CLUSTER_ENV = "PADOC_TEST_RAY_CLUSTER"  #: set for `ray start` (its temp dir): every process of the cluster inherits it
+
+
+def session_processes(leader: subprocess.Popen, temp_dir: str | None = None) -> list:
+    """The live processes (psutil) that ``leader`` (a child started with ``start_new_session=True``)
+    started, directly or not: every process of its session (Ray's raylet, GCS, dashboard and workers
+    put themselves in process groups of their own, but stay in the session, also when orphaned);
+    with ``temp_dir`` (a `ray start` cluster's) also every process whose command line names it or
+    whose environment carries it (:data:`CLUSTER_ENV`: a job submitted with `ray job submit` runs its
+    driver in a session of its own); and the descendants of all of these. Nothing else: other Ray
+    clusters on the machine are in other sessions, with other temp dirs. Once ``leader`` has been
+    reaped, a live process with its pid is someone else's (the kernel reuses a session's id only
+    when nothing is left in it), and the session no longer counts."""
+    import psutil
+
+    sid = leader.pid
+    by_session = leader.poll() is None or not psutil.pid_exists(sid)
+    mark = f"{CLUSTER_ENV}={temp_dir}".encode() if temp_dir else None
+    me = os.getpid()
+    found: dict[int, psutil.Process] = {}
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if p.pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            ours = by_session and os.getsid(p.pid) == sid
+            if not ours and temp_dir:
+                ours = any(a == temp_dir or temp_dir + os.sep in a for a in (p.info["cmdline"] or ()))
+                if not ours:
+                    with open(f"/proc/{p.pid}/environ", "rb") as f:
+                        ours = mark in f.read().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if ours:
+            found[p.pid] = p
+    for p in list(found.values()):
+        try:
+            for c in p.children(recursive=True):
+                if c.pid != me and c.status() != psutil.STATUS_ZOMBIE:
+                    found.setdefault(c.pid, c)
+        except psutil.Error:
+            continue
+    return sorted(found.values(), key=lambda p: p.pid)
+
+
+def stop_session(leader: subprocess.Popen, temp_dir: str | None = None, grace_s: float = 10.0,
+                 check: bool = False) -> None:
+    """Stop every process ``leader`` started (:func:`session_processes`), the leader too: SIGTERM,
+    then SIGKILL after ``grace_s``, in rounds until none is left (a dying raylet may still start
+    one). With ``check``, raise AssertionError naming any process still there after that."""
+    import psutil
+
+    for _ in range(3):
+        procs = session_processes(leader, temp_dir)
+        if not procs:
+            break
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, alive = psutil.wait_procs(procs, timeout=grace_s)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(alive, timeout=5)
+        if leader.poll() is not None:
+            leader.wait()
+    if leader.poll() is None:
+        leader.wait(timeout=10)
+    if check:
+        left = session_processes(leader, temp_dir)
+        assert not left, f"processes started by pid {leader.pid} outlived their teardown: " + "; ".join(
+            f"{p.pid} {_cmdline(p)[:120]}" for p in left)
+
+
+def _cmdline(p) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except Exception:  # noqa: BLE001 - gone, or not ours to read
+        return "?"
 
 
 def stop_process_group(pgid: int, grace_s: float = 10.0) -> None:

@@ -46,3 +46,84 @@ def test_pages_cancelled_early_do_not_break_the_next_request_for_them(cpu_engine
             assert [r.status for r in again] == ["ok"] * len(pages), [(r.page_id, r.status, r.message) for r in again]
 
     loop_thread.run(go(), timeout=600)
+
+
+def test_a_sigkilled_engine_core_is_an_engine_death_within_seconds(tiny_model_dir, record_property):
+    """A real engine crash: vLLM's engine core process (the child of the process hosting the
+    AsyncLLM) is SIGKILLed while pages run on an engine of this test's own. Every page then ends
+    with EngineDeadError, none hangs, within a bound (vLLM's own engine-core monitor notices: about
+    0.1 s measured here; the bound is 60 s), and the host refuses every later page at once."""
+    import signal
+    import time
+
+    import psutil
+
+    from padoc_ray.engine.faults import engine_core_pids
+    from padoc_ray.engine.interface import EngineDeadError
+
+    truth = load_truth(os.path.join(ROOT, "examples", "ground_truth.json"))
+    pages = [it.page for it in load_pages(sorted(glob.glob(os.path.join(ROOT, "examples", "*.pdf"))))]
+    host = PageHost(tiny_model_dir, HostConfig(pages_in_flight=4), truth=truth)
+
+    async def go():
+        before = set(engine_core_pids())  # the session's shared engine, if a test started it
+        await host.start()
+        try:
+            cores = sorted(set(engine_core_pids()) - before)
+            assert len(cores) == 1, cores  # this engine's core: one process, a child of this one
+            first = await host.parse(pages[0])  # the engine works before the crash
+            assert first.status == "ok", first.message
+            tasks = [asyncio.create_task(host.parse(p)) for p in pages * 3]
+            while host.unfinished_requests() == 0:  # mid-page: requests of running pages are in the engine
+                await asyncio.sleep(0.01)
+            killed_at = time.monotonic()
+            os.kill(cores[0], signal.SIGKILL)
+            done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+            detect_s = time.monotonic() - killed_at
+            record_property("engine_death_detected_s", round(detect_s, 3))
+            print(f"engine core SIGKILL -> every page ended in {detect_s:.3f} s")
+            errors = [r for r in done if isinstance(r, BaseException)]
+            assert errors and all(isinstance(e, EngineDeadError) for e in errors), [repr(e) for e in errors]
+            assert all(r.status == "ok" for r in done if not isinstance(r, BaseException))  # done before the kill
+            assert host.dead is not None and host.engine.llm.errored
+            t = time.monotonic()
+            with pytest.raises(EngineDeadError, match="died earlier"):
+                await host.parse(pages[0])
+            assert time.monotonic() - t < 1.0
+            assert not psutil.pid_exists(cores[0]) or psutil.Process(cores[0]).status() == psutil.STATUS_ZOMBIE
+        finally:
+            host.shutdown()
+            await asyncio.sleep(0.1)
+
+    asyncio.run(go())
+
+
+def test_engine_fault_spec(monkeypatch, tmp_path):
+    """PADOC_RAY_ENGINE_FAULTS: "how" defaults to "raise", "kill_engine_core" is the real crash,
+    anything else is refused; the fault fires once over all processes (its marker file)."""
+    import json
+
+    from padoc_ray.engine.faults import ENGINE_FAULTS_ENV, EngineFault, engine_core_pids
+
+    marker = tmp_path / "died"
+    monkeypatch.setenv(ENGINE_FAULTS_ENV, json.dumps({"die_at_request": 2, "once": str(marker)}))
+    f = EngineFault.from_env()
+    assert f.how == "raise" and [f.fires(), f.fires(), f.fires()] == [False, True, False]
+    assert int(marker.read_text()) == os.getpid()
+    g = EngineFault(1, str(marker), "kill_engine_core")
+    assert g.how == "kill_engine_core" and not g.fires()  # the marker exists: never again
+    with pytest.raises(ValueError, match="how must be one of"):
+        EngineFault(1, str(marker), "segfault")
+    import subprocess
+    import sys
+
+    from padoc_ray.engine.faults import kill_engine_core
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:  # a process without an engine core: nothing to kill is an error, never a silent no-op
+        assert engine_core_pids(sleeper.pid) == []
+        with pytest.raises(RuntimeError, match="no vLLM engine core process"):
+            kill_engine_core(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=10)

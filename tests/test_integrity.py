@@ -21,7 +21,7 @@ from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
 from padoc_ray.storage import StorageConfig
 
-from .conftest import _env, stop_process_group
+from .conftest import _env, stop_session
 from .pdf_factory import text_pdf
 from .test_hostile_inputs import many_page_pdf, tiff_frames
 
@@ -210,14 +210,17 @@ def test_two_concurrent_runs_on_one_output_write_every_row_once(tiny_model_dir, 
         (inp / f"d{i}.pdf").write_bytes(text_pdf(3, label=f"Doc {i}"))
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=_env(),
                               start_new_session=True)
-    assert holder.stdout.readline().strip() == "held"
-    os.remove(out / "pages" / "half.parquet")
-    args = ["--input", str(inp), "--output", str(out), "--model", tiny_model_dir, "--engine", "noop",
-            "--address", "local", "--wait-lock", "600", "--rows-per-file", "2"]
-    logs = [tmp_path / f"run{i}.out" for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-m", "padoc_ray.cli", "parse", *args], stdout=open(log, "w"),
-                              stderr=subprocess.DEVNULL, env=_env(), start_new_session=True) for log in logs]
-    try:
+    procs: list[subprocess.Popen] = []
+    try:  # every child is stopped whatever fails, from the holder's first line on
+        assert holder.stdout.readline().strip() == "held"
+        os.remove(out / "pages" / "half.parquet")
+        args = ["--input", str(inp), "--output", str(out), "--model", tiny_model_dir, "--engine", "noop",
+                "--address", "local", "--wait-lock", "600", "--rows-per-file", "2"]
+        logs = [tmp_path / f"run{i}.out" for i in range(2)]
+        for log in logs:
+            with open(log, "w") as f:
+                procs.append(subprocess.Popen([sys.executable, "-m", "padoc_ray.cli", "parse", *args], stdout=f,
+                                              stderr=subprocess.DEVNULL, env=_env(), start_new_session=True))
         deadline = time.time() + 400
         while time.time() < deadline and not all("waiting up to 600 s" in log.read_text() for log in logs):
             assert all(p.poll() is None for p in procs), [log.read_text()[-2000:] for log in logs]
@@ -227,9 +230,9 @@ def test_two_concurrent_runs_on_one_output_write_every_row_once(tiny_model_dir, 
         holder.wait(timeout=30)
         assert [p.wait(timeout=900) for p in procs] == [0, 0], [log.read_text()[-2000:] for log in logs]
     finally:
-        for p in (*procs, holder):
-            if p.poll() is None:
-                stop_process_group(p.pid)
+        for p in (*procs, holder):  # each run with its own local Ray cluster: its whole session
+            stop_session(p)
+        holder.stdout.close()
     todo = sorted(int(log.read_text().split(" to do")[0].rsplit(" ", 1)[-1]) for log in logs)
     assert todo == [0, 4]  # the second planned after the first had finished
     got = pq.read_table(out / "pages").to_pylist()

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pypdfium2 as pdfium
 import pytest
 
-from .conftest import BIN, ROOT, _env, stop_process_group
+from .conftest import BIN, ROOT, _env, stop_session
 from .pdf_factory import write_bad_input_folder
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -208,16 +208,18 @@ def _gt_for_copies(path, n: int) -> str:
 
 
 def test_engine_deaths_restart_the_actor_and_every_page_lands_once(ray_cluster, tiny_model_dir, tmp_path):
-    """Two ways an engine actor dies mid-run, in one job: (1) its engine dies (an injected
-    EngineDeadError on the 12th request: the actor process exits, Ray restarts it and retries its
-    batches), then (2) the restarted actor is SIGKILLed while pages remain. Each time a new actor
-    process takes over; the job completes with every page written exactly once, all ok, some of
-    them after the kill. --max-live-branches rides along (every page still completes)."""
+    """Two ways an engine actor dies mid-run, in one job: (1) its engine really crashes (the
+    ``kill_engine_core`` fault of padoc_ray.engine.faults: at the 12th request's first output the
+    actor SIGKILLs its own vLLM engine core process; vLLM notices, every page in flight gets
+    EngineDeadError, the actor process exits, Ray restarts it and retries its batches), then (2) the
+    restarted actor is SIGKILLed while pages remain. Each time a new actor process takes over; the
+    job completes with every page written exactly once, all ok, some of them after the kill.
+    --max-live-branches rides along (every page still completes)."""
     n = 4  # 20 pages
     _example_copies(tmp_path / "in", n)
     gt = _gt_for_copies(tmp_path / "gt.json", n)
     out, marker = tmp_path / "out", tmp_path / "engine_died"
-    fault = {"die_at_request": 12, "once": str(marker)}
+    fault = {"die_at_request": 12, "once": str(marker), "how": "kill_engine_core"}
     runtime_env = {"env_vars": {"PADOC_RAY_ENGINE_FAULTS": json.dumps(fault)},
                    "excludes": [".venv", "models", "out", ".git", "*.parquet"]}
     cmd = [os.path.join(BIN, "ray"), "job", "submit", "--address", ray_cluster["dashboard"], "--working-dir", ROOT,
@@ -255,8 +257,7 @@ def test_engine_deaths_restart_the_actor_and_every_page_lands_once(ray_cluster, 
             time.sleep(0.5)
         rc = proc.wait(timeout=60)
     finally:
-        if proc.poll() is None:
-            stop_process_group(proc.pid)
+        stop_session(proc)
         log.close()
     text = open(tmp_path / "job.log").read()
     assert rc == 0, text[-4000:]
@@ -265,6 +266,7 @@ def test_engine_deaths_restart_the_actor_and_every_page_lands_once(ray_cluster, 
     assert seen[0] == died and len(seen) >= 3, seen
     said = f"engine died in actor pid {died}: exiting so Ray restarts the actor"
     assert said in text or _logged(ray_cluster, said)
+    assert _logged(ray_cluster, "test fault: SIGKILL of vLLM engine core process")  # a real crash, not a raise
     # (2) the kill hit a restarted actor while pages were still to do; yet another one finished them
     assert killed is not None and killed != died and seen.index(killed) < len(seen) - 1, (seen, killed)
     assert 0 < rows_at_kill < 20
@@ -357,12 +359,16 @@ def test_interrupted_driver_completes_on_rerun_without_duplicates(ray_cluster, t
             ray_cluster["gcs"], "--replay", gt, "--rows-per-file", "1", "--pages-in-flight", "2"]
     proc = subprocess.Popen(parse_cmd(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
                             start_new_session=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and len(glob.glob(str(out / "pages" / "*.parquet"))) < 3:
-        time.sleep(0.2)
-    assert glob.glob(str(out / "pages" / "*.parquet")), "no page was written before the deadline"
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver dies mid-run
-    proc.wait(timeout=60)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and len(glob.glob(str(out / "pages" / "*.parquet"))) < 3:
+            assert proc.poll() is None, f"the driver exited with {proc.returncode} before it was killed"
+            time.sleep(0.2)
+        assert glob.glob(str(out / "pages" / "*.parquet")), "no page was written before the deadline"
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver dies mid-run
+        proc.wait(timeout=60)
+    finally:  # a failing assert above must not leave the driver (or anything it started) running
+        stop_session(proc)
     run = subprocess.run(parse_cmd(*args), capture_output=True, text=True, env=_env(), timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     rows = read_pages(str(out))
