@@ -409,3 +409,20 @@ def test_the_renderer_is_recycled_mid_document_without_losing_or_repeating_a_pag
         assert r.recycles >= 3 and r.restarts == 0
     finally:
         r.close()
+
+
+def test_parse_flags_reach_the_render_limits():
+    import argparse
+
+    from padoc_ray.cli.batch import add_batch_args, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_batch_args(p)
+    base = ["--input", "x", "--output", "y", "--model", "m"]
+    cfg = config_from_args(p.parse_args(base))
+    assert cfg.render.max_page_draws == 1_000_000 and cfg.renderer.page_budget_s == 10.0
+    assert cfg.renderer.memory_limit_mb == 8192
+    cfg = config_from_args(p.parse_args(base + ["--page-draw-limit", "5", "--page-render-budget", "0",
+                                                "--render-memory-limit-mb", "1024"]))
+    assert cfg.render.max_page_draws == 5 and cfg.renderer.page_budget_s is None
+    assert cfg.renderer.memory_limit_mb == 1024
