@@ -95,3 +95,45 @@ def xref_broken_pdf(data: bytes) -> bytes:
     """``data`` with its cross-reference table and trailer cut off and every ``endobj`` removed:
     beyond pdfium's own repair, while qpdf's reconstruction still finds every object."""
     return data[: data.rfind(b"xref")].replace(b"endobj", b"")
+
+
+def form_bomb_pdf(pages: int = 1, depth: int = 6, fanout: int = 10, size: int = 200) -> bytes:
+    """Pages that draw a chain of ``depth`` form XObjects, each drawing the next ``fanout`` times:
+    ``fanout ** depth`` draws of the innermost form per page from a file of a few KB (shared by
+    every page). Written by hand; ``depth=0`` is a page with one rectangle and no XObject."""
+    objs: list[bytes] = []  # object i + 1
+
+    def add(body: bytes) -> int:
+        objs.append(body)
+        return len(objs)
+
+    def stream(dict_body: bytes, content: bytes) -> bytes:
+        return b"<< " + dict_body + b" /Length %d >>\nstream\n" % len(content) + content + b"\nendstream"
+
+    catalog, pages_obj = add(b""), add(b"")
+    inner = add(stream(b"/Type /XObject /Subtype /Form /BBox [0 0 10 10]", b"0 0 1 1 re f"))
+    for _ in range(depth - 1):  # each level draws the one below ``fanout`` times
+        draws = b" ".join(b"/X Do" for _ in range(fanout))
+        inner = add(stream(b"/Type /XObject /Subtype /Form /BBox [0 0 10 10] /Resources << /XObject << /X %d 0 R >> >>"
+                           % inner, draws))
+    if depth:
+        content = b" ".join(b"/X Do" for _ in range(fanout))
+        res = b"/Resources << /XObject << /X %d 0 R >> >>" % inner
+    else:
+        content, res = b"0 0 10 10 re f", b""
+    body = add(stream(b"", content))
+    kids = [add(b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 %d %d] %s /Contents %d 0 R >>"
+                % (pages_obj, size, size, res, body)) for _ in range(pages)]
+    objs[catalog - 1] = b"<< /Type /Catalog /Pages %d 0 R >>" % pages_obj
+    objs[pages_obj - 1] = (b"<< /Type /Pages /Count %d /Kids [" % pages + b" ".join(b"%d 0 R" % k for k in kids)
+                           + b"] >>")
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for i, o in enumerate(objs):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % (i + 1) + o + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, catalog, xref)
+    return bytes(out)

@@ -174,3 +174,93 @@ def test_broken_and_huge_images_get_codes(monkeypatch):
     with pytest.raises(PdfError) as ei:
         open_document(b"plain text")
     assert ei.value.code == "not_pdf"
+
+
+# ---- issue 27: the cost of a page before it is rendered, and messages without addresses ----------------
+def _cyclic_form_pdf() -> bytes:
+    """A page drawing a form that draws itself twice (a cycle), beside a 10x10 rectangle."""
+    import io
+
+    import pikepdf
+
+    pdf = pikepdf.new()
+    pdf.add_blank_page(page_size=(200, 200))
+    form = pdf.make_stream(b"0 0 10 10 re f /X Do /X Do")
+    form.Type, form.Subtype, form.BBox = pikepdf.Name.XObject, pikepdf.Name.Form, [0, 0, 10, 10]
+    form.Resources = pikepdf.Dictionary(XObject=pikepdf.Dictionary(X=form))
+    page = pdf.pages[0]
+    page.obj.Resources = pikepdf.Dictionary(XObject=pikepdf.Dictionary(X=form))
+    page.obj.Contents = pdf.make_stream(b"/X Do")
+    out = io.BytesIO()
+    pdf.save(out)
+    return out.getvalue()
+
+
+def test_draw_counts_follow_the_nesting_and_stop_past_the_limit():
+    import time
+
+    from padoc_ray.pdf import DrawCounter
+
+    from .pdf_factory import form_bomb_pdf
+
+    assert DrawCounter(form_bomb_pdf(1, depth=0)).page_draws(0, 10**9) == 0
+    assert DrawCounter(form_bomb_pdf(1, depth=1)).page_draws(0, 10**9) == 10
+    assert DrawCounter(form_bomb_pdf(1, depth=3)).page_draws(0, 10**9) == 10 + 100 + 1000
+    assert DrawCounter(form_bomb_pdf(1, depth=3, fanout=2)).page_draws(0, 10**9) == 2 + 4 + 8
+    # shared forms are walked once: 40 levels of 10 (10^40 draws) and 50 pages are counted at once
+    c = DrawCounter(form_bomb_pdf(50, depth=40))
+    t = time.monotonic()
+    assert all(c.page_draws(i, 10**60) == sum(10**k for k in range(1, 41)) for i in range(50))
+    assert time.monotonic() - t < 2
+    assert 1000 < DrawCounter(form_bomb_pdf(1, depth=40)).page_draws(0, 1000) < 10**6  # the walk stops there
+    assert DrawCounter(form_bomb_pdf(1, depth=3)).page_draws(5, 10) == 0  # no such page: pdfium says so
+    assert DrawCounter(b"%PDF-1.4 garbage").page_draws(0, 10) == 0  # qpdf cannot read it: pdfium decides
+
+
+def test_a_form_that_draws_itself_is_refused():
+    """pdfium nests such a form down to its depth limit: loading this page hangs it for minutes."""
+    import time
+
+    from padoc_ray.pdf import DrawCounter, open_pdf, render_page
+
+    data = _cyclic_form_pdf()
+    c = DrawCounter(data)
+    assert c.page_draws(0, 10**9) > 10**9 and c.cyclic(0)
+    t = time.monotonic()
+    with pytest.raises(PdfError) as ei:
+        render_page(open_pdf(data), 0, RenderConfig(longest_side=200))
+    assert time.monotonic() - t < 5
+    assert ei.value.code == "page_too_complex" and "draws itself" in ei.value.message
+
+
+def test_a_page_that_draws_too_much_is_refused_before_pdfium_loads_it():
+    import time
+
+    from padoc_ray.pdf import PAGE_TOO_COMPLEX, open_pdf, render_page
+
+    from .pdf_factory import form_bomb_pdf
+
+    doc = open_pdf(form_bomb_pdf(2, depth=7))  # pdfium loading such a page takes a minute, then aborts
+    t = time.monotonic()
+    with pytest.raises(PdfError) as ei:
+        render_page(doc, 1, RenderConfig(longest_side=200))
+    assert time.monotonic() - t < 5
+    assert ei.value.code == PAGE_TOO_COMPLEX
+    assert "more than 1,000,000 XObjects" in ei.value.message and "max_page_draws" in ei.value.message
+    with pytest.raises(ValueError):
+        RenderConfig(max_page_draws=-1)
+
+
+def test_corrupt_image_messages_say_what_is_wrong_without_object_addresses():
+    from padoc_ray.pdf import open_document
+
+    messages = set()
+    for data in (b"\xff\xd8\xff\xe0" + bytes(200), b"\x89PNG\r\n\x1a\n" + bytes(100), b"GIF89a" + bytes(50)):
+        for _ in range(2):
+            with pytest.raises(PdfError) as ei:
+                open_document(data)
+            assert ei.value.code == "corrupt_image"
+            assert " at 0x" not in ei.value.message and "object" not in ei.value.message, ei.value.message
+            messages.add(ei.value.message)
+    assert len(messages) <= 3  # the same bytes, the same message
+    assert any("cannot identify" in m or "damaged" in m for m in messages)

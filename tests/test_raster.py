@@ -284,3 +284,145 @@ def test_bench_raster_reports_the_contract_keys(tmp_path):
     res = json.loads(out.read_text())["results"]
     for key in ("pypdfium2_render/1proc", "padoc_raster_stage/1proc", "padoc_raster_stage_in_process/1proc"):
         assert res[key]["pages"] == 5 and res[key]["pages_per_s"] > 0
+
+
+# ---- issue 27: time limits that count the renderer's time, pages that cost minutes, safeguards ----------
+def test_the_document_clock_stands_still_while_the_consumer_waits(faults):
+    """Backpressure: the consumer holds every page 0.25 s, three times the document limit in all;
+    only the renderer's own time counts, so every page is ok. A page that really overruns the
+    limit (hang@6) still gets render_timeout, with the pages after it."""
+    faults({"slow.pdf": "hang@6"})
+    r = IsolatedRenderer(RendererConfig(page_timeout_s=60, doc_timeout_s=2.0))
+    try:
+        _events(r, text_pdf(1), "warm.pdf")  # the process is started (its start counts against a document)
+        for name, n in (("fine.pdf", 24), ("slow.pdf", 8)):
+            got = []
+            t = time.monotonic()
+            for ev in r.render_document(text_pdf(n), name, ALL, RENDER, "zstd"):
+                got.append(ev)
+                if name == "fine.pdf":
+                    time.sleep(0.25)
+            if name == "fine.pdf":
+                assert time.monotonic() - t > 3 * 2.0
+                assert _summary(got) == [("opened", 24)] + [(i, "ok") for i in range(24)]
+            else:
+                assert time.monotonic() - t < 30
+                assert _summary(got) == [("opened", 8)] + [(i, "ok") for i in range(6)] + [
+                    (6, "render_timeout"), (7, "render_timeout")]
+                assert "2 s of renderer time" in got[7].message
+    finally:
+        r.close()
+
+
+def test_a_document_gets_renderer_time_in_proportion_to_its_pages(faults):
+    """page_budget_s * selected pages (at least page_timeout_s) caps a document with few pages
+    far below doc_timeout_s: 4 hanging pages cost max(1, 4 * 0.5) = 2 s, not 4 page time-outs."""
+    faults({"slow.pdf": "hang"})
+    cfg = RendererConfig(page_timeout_s=1.0, doc_timeout_s=600, page_budget_s=0.5)
+    assert cfg.doc_limit_s(4) == 2.0 and cfg.doc_limit_s(1) == 1.0
+    assert cfg.doc_limit_s(10_000) == 600 and RendererConfig(page_budget_s=None).doc_limit_s(3) == 600
+    r = IsolatedRenderer(cfg)
+    try:
+        t = time.monotonic()
+        ev = _events(r, text_pdf(4), "slow.pdf")
+        assert time.monotonic() - t < 20
+        assert _summary(ev) == [("opened", 4)] + [(i, "render_timeout") for i in range(4)]
+        assert "longer than 1 s" in ev[1].message  # page 0: its own limit came first
+        assert "2 s of renderer time" in ev[2].message and ev[4].message.startswith("not rendered")
+    finally:
+        r.close()
+    with pytest.raises(ValueError):
+        RendererConfig(page_budget_s=0)
+
+
+def test_a_form_xobject_bomb_gets_page_too_complex_quickly_and_good_files_render():
+    """Forms nested 7 deep, 10 draws each (10^7 draws a page, 3 KB): pdfium aborts on such a page
+    after a minute; the draw count refuses every page before pdfium loads it, without a crash."""
+    from .pdf_factory import form_bomb_pdf
+
+    bomb = form_bomb_pdf(pages=30, depth=7)
+    assert len(bomb) < 20_000
+    for r in (IsolatedRenderer(), InProcessRenderer()):
+        try:
+            assert _summary(_events(r, text_pdf(2), "a.pdf")) == [("opened", 2), (0, "ok"), (1, "ok")]
+            t = time.monotonic()
+            ev = _events(r, bomb, "bomb.pdf")
+            assert time.monotonic() - t < 10
+            assert _summary(ev) == [("opened", 30)] + [(i, "page_too_complex") for i in range(30)]
+            assert "more than 1,000,000" in ev[1].message and "--page-draw-limit" in ev[1].message
+            assert _summary(_events(r, text_pdf(2), "b.pdf")) == [("opened", 2), (0, "ok"), (1, "ok")]
+            # a lower limit refuses a shallower tree; no limit lets a small one render
+            low = RenderConfig(longest_side=300, max_page_draws=1000)
+            ev = list(r.render_document(form_bomb_pdf(1, depth=3), "c.pdf", ALL, low, "zstd"))
+            assert _summary(ev) == [("opened", 1), (0, "page_too_complex")] and "counted 1,110" in ev[1].message
+            off = RenderConfig(longest_side=300, max_page_draws=0)
+            assert _summary(list(r.render_document(form_bomb_pdf(1, depth=3), "c.pdf", ALL, off, "zstd")))[-1] == (
+                0, "ok")
+        finally:
+            r.close()
+    assert r.restarts == 0 if isinstance(r, IsolatedRenderer) else True
+
+
+def _mixed_size_pdf(sizes) -> bytes:
+    import io
+
+    from reportlab.pdfgen import canvas
+
+    buf = io.BytesIO()
+    c = canvas.Canvas(buf, invariant=1)
+    for size in sizes:
+        c.setPageSize(size)
+        c.drawString(10, 10, "x")
+        c.showPage()
+    c.save()
+    return buf.getvalue()
+
+
+def test_a_page_over_the_renderers_memory_limit_fails_alone():
+    """With a 768 MB address-space limit (the renderer itself takes ~330 MB), a 13889x13889 pixel
+    page (a 770 MB bitmap) gets render_out_of_memory; the next page and the next document render
+    in the same process."""
+    big = RenderConfig(dpi=100, max_pixels=200_000_000)
+    r = IsolatedRenderer(RendererConfig(memory_limit_mb=768))
+    try:
+        ev = list(r.render_document(_mixed_size_pdf([(10000, 10000), (300, 300)]), "m.pdf", ALL, big, "zstd"))
+        assert _summary(ev) == [("opened", 2), (0, "render_out_of_memory"), (1, "ok")]
+        assert "13889x13889" in ev[1].message and "memory_limit_mb" in ev[1].message
+        assert _summary(_events(r, text_pdf(2), "next.pdf")) == [("opened", 2), (0, "ok"), (1, "ok")]
+        assert r.restarts == 0
+    finally:
+        r.close()
+
+
+def test_the_renderer_is_recycled_mid_document_without_losing_or_repeating_a_page():
+    r = IsolatedRenderer(RendererConfig(recycle_after_pages=3))
+    try:
+        seen, pids = [], []
+        for name, n in (("a.pdf", 8), ("b.pdf", 2)):
+            for ev in r.render_document(text_pdf(n, label=name), name, ALL, RENDER, "zstd"):
+                if isinstance(ev, PageRendered):
+                    seen.append((name, ev.index))
+                    pids.append(r._proc.pid if r._proc is not None else None)
+        assert seen == [("a.pdf", i) for i in range(8)] + [("b.pdf", 0), ("b.pdf", 1)]
+        live = [p for p in pids if p is not None]
+        assert len(set(live)) >= 3, pids  # 10 pages, a fresh process every 3
+        assert r.recycles >= 3 and r.restarts == 0
+    finally:
+        r.close()
+
+
+def test_parse_flags_reach_the_render_limits():
+    import argparse
+
+    from padoc_ray.cli.batch import add_batch_args, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_batch_args(p)
+    base = ["--input", "x", "--output", "y", "--model", "m"]
+    cfg = config_from_args(p.parse_args(base))
+    assert cfg.render.max_page_draws == 1_000_000 and cfg.renderer.page_budget_s == 10.0
+    assert cfg.renderer.memory_limit_mb == 8192
+    cfg = config_from_args(p.parse_args(base + ["--page-draw-limit", "5", "--page-render-budget", "0",
+                                                "--render-memory-limit-mb", "1024"]))
+    assert cfg.render.max_page_draws == 5 and cfg.renderer.page_budget_s is None
+    assert cfg.renderer.memory_limit_mb == 1024

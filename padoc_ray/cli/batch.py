@@ -132,6 +132,17 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
     rend.add_argument("--doc-timeout", type=float, default=RendererConfig.doc_timeout_s, metavar="SECONDS",
                       help="all pages of one document may take at most this long to render; the pages not "
                            "rendered by then get render_timeout (default %(default)g; 0: no limit)")
+    rend.add_argument("--page-render-budget", type=float, default=RendererConfig.page_budget_s, metavar="SECONDS",
+                      help="renderer seconds per selected page: a document's time limit is this times its selected "
+                           "pages, at least --render-timeout, at most --doc-timeout; only the renderer's own time "
+                           "counts, not time spent waiting for the engines (default %(default)g; 0: --doc-timeout "
+                           "alone)")
+    rend.add_argument("--page-draw-limit", type=int, default=RenderConfig.max_page_draws, metavar="N",
+                      help="a page whose content would draw more XObjects than this (nested forms multiply) gets "
+                           "page_too_complex without being rendered (default %(default)d; 0: no limit)")
+    rend.add_argument("--render-memory-limit-mb", type=int, default=RendererConfig.memory_limit_mb, metavar="MB",
+                      help="address-space limit of the renderer process; a page needing more gets "
+                           "render_out_of_memory or render_crashed, alone (default %(default)d; 0: none)")
     rend.add_argument("--no-render-isolation", action="store_true",
                       help="render inside the raster task's own process: no crash isolation and no time-outs "
                            "(a renderer crash then fails the whole task); for benchmarks")
@@ -149,9 +160,10 @@ def config_from_args(args: argparse.Namespace) -> BatchConfig:
     return BatchConfig(
         input=getattr(args, "input", ""), output=getattr(args, "output", ""), model=args.model,
         mode=getattr(args, "mode", "fork"),
-        render=RenderConfig(longest_side=args.longest_side, dpi=args.dpi),
+        render=RenderConfig(longest_side=args.longest_side, dpi=args.dpi, max_page_draws=args.page_draw_limit),
         renderer=RendererConfig(isolate=not args.no_render_isolation, page_timeout_s=args.render_timeout,
-                                doc_timeout_s=args.doc_timeout or None),
+                                doc_timeout_s=args.doc_timeout or None, page_budget_s=args.page_render_budget or None,
+                                memory_limit_mb=args.render_memory_limit_mb),
         pages=tuple(args.pages) if args.pages is not None else None, max_pages_per_doc=args.max_pages_per_doc,
         host=HostConfig(engine=args.engine, engine_overrides=overrides, pages_in_flight=args.pages_in_flight,
                         max_live_branches=args.max_live_branches, mode=getattr(args, "mode", "fork"),

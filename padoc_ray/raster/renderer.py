@@ -7,12 +7,19 @@ or outlives a deadline is killed and replaced; only the document being rendered 
 * opening (or repairing) a document, and each page, must finish within ``page_timeout_s``; the
   page that overruns gets ``render_timeout`` and rendering goes on with the next page in a
   fresh process;
-* the whole document must finish within ``doc_timeout_s``: pages not rendered by then get
-  ``render_timeout``;
+* the whole document must finish within its time limit: ``page_budget_s`` times its selected
+  pages (at least ``page_timeout_s``), capped by ``doc_timeout_s``; pages not rendered by then get
+  ``render_timeout``. Only the renderer's own time counts: while the caller holds a yielded
+  event (a consumer under backpressure), the document's clock stands still;
 * a page whose renderer crashed is tried ``crash_tries`` times in all, then gets
   ``render_crashed``; after ``max_crashes_per_doc`` crashes the rest of the document gets
   ``render_crashed`` too; a document that cannot even be opened gets one document-level row
-  with the code.
+  with the code;
+* the renderer process is replaced after ``recycle_after_pages`` pages, between documents or in
+  the middle of one (the document is reopened in the fresh process and goes on where it was).
+
+A page whose content would draw too many XObjects is refused before pdfium loads it
+(``page_too_complex``, :class:`padoc_ray.pdf.DrawCounter`, ``RenderConfig.max_page_draws``).
 
 :class:`InProcessRenderer` renders in the caller's process with the same interface and no
 protection (for benchmarks and for tools that render one known-good page). Knows nothing of Ray.
@@ -46,18 +53,55 @@ class RendererConfig:
     isolate: bool = True  #: render in a separate process (crash and hang protection)
     page_timeout_s: float = 120.0  #: opening a document, or rendering one page, takes at most this
     doc_timeout_s: float | None = 600.0  #: all of a document's pages take at most this (None: no limit)
+    #: renderer seconds per selected page: a document's limit is this times its selected pages, at
+    #: least page_timeout_s, at most doc_timeout_s (None: doc_timeout_s alone). A legitimate page
+    #: renders in well under a second (the slowest measured: README, issue 27), so a 3-page document
+    #: holds a raster slot for at most 120 s, not 600 s; 60 pages or more get the whole doc_timeout_s
+    page_budget_s: float | None = 10.0
     crash_tries: int = 2  #: tries of a page whose renderer crashed, before it gets render_crashed
     max_crashes_per_doc: int = 3  #: crashes after which the rest of a document gets render_crashed
     recycle_after_pages: int = 5000  #: a fresh renderer process after this many pages (bounds leaks)
     memory_limit_mb: int = 8192  #: address-space limit of the renderer process (0: none)
 
     def __post_init__(self) -> None:
-        if self.page_timeout_s <= 0 or (self.doc_timeout_s is not None and self.doc_timeout_s <= 0):
+        if self.page_timeout_s <= 0 or (self.doc_timeout_s is not None and self.doc_timeout_s <= 0) or (
+                self.page_budget_s is not None and self.page_budget_s <= 0):
             raise ValueError("render time-outs must be > 0")
         if self.crash_tries < 1 or self.max_crashes_per_doc < 1 or self.recycle_after_pages < 1:
             raise ValueError("crash_tries, max_crashes_per_doc and recycle_after_pages must be >= 1")
         if self.memory_limit_mb < 0:
             raise ValueError("memory_limit_mb cannot be negative")
+
+    def doc_limit_s(self, pages: int | None) -> float:
+        """The renderer time a document of ``pages`` selected pages may take (None: not yet known)."""
+        limit = self.doc_timeout_s if self.doc_timeout_s else float("inf")
+        if pages is not None and self.page_budget_s is not None:
+            limit = min(limit, max(self.page_timeout_s, self.page_budget_s * pages))
+        return limit
+
+
+class _WorkClock:
+    """The time a renderer spends on one document: runs while its generator runs, stands still
+    while the generator is suspended at a ``yield`` (its consumer is busy elsewhere)."""
+
+    def __init__(self, limit_s: float):
+        self.limit_s = limit_s
+        self._spent = 0.0
+        self._since: float | None = None
+
+    def resume(self) -> None:
+        self._since = time.monotonic()
+
+    def pause(self) -> None:
+        if self._since is not None:
+            self._spent += time.monotonic() - self._since
+            self._since = None
+
+    def spent(self) -> float:
+        return self._spent + (time.monotonic() - self._since if self._since is not None else 0.0)
+
+    def left(self) -> float:
+        return self.limit_s - self.spent()
 
 
 # ---- what rendering a document yields -----------------------------------------------------------------
@@ -151,6 +195,7 @@ class IsolatedRenderer:
         self._pages = 0  # pages rendered by the current process
         self._owner = os.getpid()  # a forked copy of this object must never talk to our renderer
         self.restarts = 0  # processes started after a crash or a time-out (for tests and logs)
+        self.recycles = 0  # processes replaced after recycle_after_pages pages
         atexit.register(self.close)
 
     # ---- the child process ----
@@ -231,16 +276,38 @@ class IsolatedRenderer:
                         encoding: str, *, max_frames: int | None = None) -> Iterator[Event]:
         """Open ``data`` and render the pages ``select(page_count)`` names, yielding :class:`Opened`
         then one event per page (in order), or a single :class:`DocFailed` (after :class:`Opened`
-        when ``select`` refused the document). ``max_frames`` caps the frames of a page image."""
+        when ``select`` refused the document). ``max_frames`` caps the frames of a page image.
+        The document's time limit counts the time spent in here only, not the time the caller
+        holds an event before asking for the next."""
+        clock = _WorkClock(self.cfg.doc_limit_s(None))
+        events = self._render_document(data, name, select, render, encoding, max_frames, clock)
+        try:
+            while True:
+                clock.resume()
+                try:
+                    ev = next(events)
+                except StopIteration:
+                    return
+                finally:
+                    clock.pause()
+                yield ev
+        finally:
+            events.close()
+
+    def _render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig, encoding: str,
+                         max_frames: int | None, clock: _WorkClock) -> Iterator[Event]:
         cfg = self.cfg
-        doc_deadline = time.monotonic() + cfg.doc_timeout_s if cfg.doc_timeout_s else float("inf")
         todo: deque[int] | None = None  # pages still to render (known once opened)
         crashes = 0
         tries: dict[int, int] = {}
         clean = False
+        doc_bound = False  # whether the last deadline was the document's, not the page's
 
         def deadline() -> float:
-            return min(time.monotonic() + cfg.page_timeout_s, doc_deadline)
+            nonlocal doc_bound
+            left = clock.left()
+            doc_bound = left <= cfg.page_timeout_s
+            return time.monotonic() + min(cfg.page_timeout_s, left)
 
         def rest(code: str, message: str) -> Iterator[PageFailed]:
             while todo:
@@ -250,6 +317,7 @@ class IsolatedRenderer:
             while True:
                 if self._proc is not None and self._pages >= cfg.recycle_after_pages:
                     self.close()
+                    self.recycles += 1
                 # (re)open the document in a live renderer
                 try:
                     self._send(("open", data, name, max_frames))
@@ -259,7 +327,7 @@ class IsolatedRenderer:
                     self.restarts += 1
                     if isinstance(e, _TimedOut):
                         code = RENDER_TIMEOUT
-                        msg = _doc_late(cfg) if time.monotonic() >= doc_deadline else (
+                        msg = _doc_late(clock) if doc_bound else (
                             f"opening the document took longer than {cfg.page_timeout_s:g} s (renderer killed)")
                     else:
                         crashes += 1
@@ -287,6 +355,7 @@ class IsolatedRenderer:
                         yield DocFailed(e.code, e.message, count)
                         clean = True
                         return
+                    clock.limit_s = cfg.doc_limit_s(len(todo))
                 # stream the pages still to do; a crash or time-out ends this pass, the next reopens
                 sent = False
                 while todo:
@@ -299,9 +368,10 @@ class IsolatedRenderer:
                         self._kill()
                         self.restarts += 1
                         i = todo.popleft()
-                        if time.monotonic() >= doc_deadline:
-                            yield PageFailed(i, RENDER_TIMEOUT, f"page {i}: {_doc_late(cfg)} (renderer killed)")
-                            yield from rest(RENDER_TIMEOUT, f"not rendered: {_doc_late(cfg)}")
+                        if doc_bound:
+                            late = _doc_late(clock)
+                            yield PageFailed(i, RENDER_TIMEOUT, f"page {i}: {late} (renderer killed)")
+                            yield from rest(RENDER_TIMEOUT, f"not rendered: {late}")
                             clean = True
                             return
                         yield PageFailed(i, RENDER_TIMEOUT, f"page {i}: rendering took longer than "
@@ -328,10 +398,16 @@ class IsolatedRenderer:
                     if reply[1] != i:  # the protocol is strictly ordered; anything else is a bug
                         raise RuntimeError(f"renderer answered page {reply[1]}, expected {i}")
                     self._pages += 1
+                    recycle = bool(todo) and self._pages >= cfg.recycle_after_pages
+                    if recycle:  # mid-stream: a fresh process reopens the document for the rest
+                        self._kill()
+                        self.recycles += 1
                     if reply[0] == "page":
                         yield PageRendered(i, reply[2], reply[3])
                     else:
                         yield PageFailed(i, reply[2], reply[3])
+                    if recycle:
+                        break
                 if not todo:
                     if self._proc is not None:
                         self._send(("close",))
@@ -342,8 +418,9 @@ class IsolatedRenderer:
                 self._kill()
 
 
-def _doc_late(cfg: RendererConfig) -> str:
-    return f"the document's rendering time limit ({cfg.doc_timeout_s:g} s) passed"
+def _doc_late(clock: _WorkClock) -> str:
+    return (f"the document's rendering time limit ({clock.limit_s:g} s of renderer time: doc_timeout_s, or "
+            f"page_budget_s per selected page) passed")
 
 
 def _has_fileno(stream) -> bool:
