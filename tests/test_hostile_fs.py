@@ -281,3 +281,23 @@ def test_a_file_swapped_for_a_fifo_after_the_listing_does_not_hang_the_run(local
     summary, s = _timed(lambda: _run(inp, out, model=tiny_model_dir), limit_s=180)
     docs = {os.path.basename(r["source_uri"]): r["status"] for r in pq.read_table(out / "documents").to_pylist()}
     assert docs == {"a.pdf": "ok", "b.pdf": "not_regular_file"} and summary["all_inputs_accounted"]
+
+
+def test_an_s3_read_has_its_deadline_too(s3, monkeypatch):
+    """An S3 store that does not answer in time (a proxy that holds the object's GET for 20 s): the
+    read ends at its deadline (pyarrow's request time-out, or our own deadline: an OSError either way,
+    read_failed in the job), not when the store answers."""
+    from .s3_proxy import S3Proxy
+
+    for k, v in s3["env"].items():
+        monkeypatch.setenv(k, v)
+    s3["client"].create_bucket(Bucket="slow-bucket")
+    s3["client"].put_object(Bucket="slow-bucket", Key="in/a.pdf", Body=text_pdf(1))
+    with S3Proxy(s3["endpoint"], delay_s=20.0, delay_prefix="/slow-bucket/in/") as proxy:
+        cfg = StorageConfig(endpoint=proxy.endpoint, read_timeout_s=1.0, retry_attempts=1)
+        t0 = time.monotonic()
+        with pytest.raises(OSError, match="(?i)timeout|did not finish"):
+            _timed(lambda: read_bytes("s3://slow-bucket/in/a.pdf", cfg), limit_s=10)
+        assert time.monotonic() - t0 < 10
+    fast = StorageConfig(endpoint=s3["endpoint"], read_timeout_s=5.0)
+    assert read_bytes("s3://slow-bucket/in/a.pdf", fast) == text_pdf(1)
