@@ -73,13 +73,7 @@ class DocIds:
         raw = np.zeros((m, 32), np.uint8)
         hp = pos[is_hex]
         if len(hp):
-            got = np.empty((len(hp), 32), np.uint8)
-            blk = hp // BLOCK
-            for b in np.unique(blk).tolist():
-                sel = blk == b
-                got[sel] = self._blocks[b][hp[sel] % BLOCK]
-            raw[is_hex] = got
-            del got
+            raw[is_hex] = self._raw(hp, 32)
         chars = np.empty((m, 64), np.uint8)
         chars[:, 0::2] = _DIGITS[raw >> 4]
         chars[:, 1::2] = _DIGITS[raw & 15]
@@ -94,6 +88,15 @@ class DocIds:
             strings = pa.nulls(m, pa.string())
         return pc.if_else(pa.array(is_hex), hexes, strings)
 
+    def _raw(self, hp: np.ndarray, width: int) -> np.ndarray:
+        """The first ``width`` raw bytes of the hex values at positions ``hp`` (all >= 0)."""
+        got = np.empty((len(hp), width), np.uint8)
+        blk = hp // BLOCK
+        for b in np.unique(blk).tolist():
+            sel = blk == b
+            got[sel] = self._blocks[b][hp[sel] % BLOCK, :width]
+        return got
+
     def fingerprint(self, pos: np.ndarray) -> np.ndarray:
         """A key per position that is equal exactly when the values are (positions are per stored
         occurrence, so two rows of one doc_id may have different positions): int64 >= 0, and -1 where
@@ -103,12 +106,7 @@ class DocIds:
         is_hex = pos >= 0
         hp = pos[is_hex]
         if len(hp):
-            got = np.empty((len(hp), 8), np.uint8)
-            blk = hp // BLOCK
-            for b in np.unique(blk).tolist():
-                sel = blk == b
-                got[sel] = self._blocks[b][hp[sel] % BLOCK, :8]
-            out[is_hex] = (got.view(">u8").ravel() >> np.uint64(1)).astype(np.int64)
+            out[is_hex] = (self._raw(hp, 8).view(">u8").ravel() >> np.uint64(1)).astype(np.int64)
         is_str = pos <= -2
         if is_str.any():
             import hashlib
