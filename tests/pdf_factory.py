@@ -127,6 +127,12 @@ def form_bomb_pdf(pages: int = 1, depth: int = 6, fanout: int = 10, size: int = 
     objs[catalog - 1] = b"<< /Type /Catalog /Pages %d 0 R >>" % pages_obj
     objs[pages_obj - 1] = (b"<< /Type /Pages /Count %d /Kids [" % pages + b" ".join(b"%d 0 R" % k for k in kids)
                            + b"] >>")
+    return serialize_pdf(objs, catalog)
+
+
+def serialize_pdf(objs: list[bytes], root: int) -> bytes:
+    """A PDF file of the object bodies ``objs`` (object i + 1 is ``objs[i]``) with its xref table;
+    ``root``: the catalog's object number."""
     out = bytearray(b"%PDF-1.4\n")
     offsets = []
     for i, o in enumerate(objs):
@@ -135,5 +141,5 @@ def form_bomb_pdf(pages: int = 1, depth: int = 6, fanout: int = 10, size: int = 
     xref = len(out)
     out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
     out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, catalog, xref)
+    out += b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, root, xref)
     return bytes(out)

@@ -32,16 +32,9 @@ def many_page_pdf(n: int, size: int = 200) -> bytes:
         kids.append(f"{i + 3} 0 R".encode())
         objs.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 {size} {size}] >>".encode())
     objs[1] = b"<< /Type /Pages /Count %d /Kids [" % n + b" ".join(kids) + b"] >>"
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for i, body in enumerate(objs):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % (i + 1) + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1)
-    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
-    return bytes(out)
+    from .pdf_factory import serialize_pdf
+
+    return serialize_pdf(objs, 1)
 
 
 def tiff_frames(sizes: list[tuple[int, int]]) -> bytes:
