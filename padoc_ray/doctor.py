@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from padoc_ray import status
+
 RUNNER_CHOICES = ("auto", "v1", "v2")
 
 
@@ -188,7 +190,7 @@ def diagnose(cfg: DoctorConfig) -> dict:
             else:
                 if s["runner"] != runner:
                     problems.append(f"the engine ran on runner {s['runner']}, not {runner}")
-                if not (s["status"] == "ok" and s["valid"] and s["equals_truth"]):
+                if not (s["status"] == status.OK and s["valid"] and s["equals_truth"]):
                     problems.append(f"the smoke page came back status={s['status']} valid={s['valid']} "
                                     f"equals_truth={s['equals_truth']}: {s['message']}")
         elif cfg.start:

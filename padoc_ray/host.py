@@ -38,12 +38,11 @@ from padoc_ray.protocol import Page
 from padoc_ray.scheduler import PageInput, PageRecord, SchedulerConfig, replay_input, run_page
 from padoc_ray.scheduler.runner import branch_admission
 from padoc_ray.scheduler.state import DECODE_MODES
+from padoc_ray.status import IMAGE_UNREADABLE, INTERNAL_ERROR
 
 logger = logging.getLogger(__name__)
 
 ENGINES = ("vllm", "noop")
-IMAGE_UNREADABLE = "image_unreadable"  #: a page's image could not be decoded (one error row)
-INTERNAL_ERROR = "internal_error"  #: an unexpected exception while a page ran (one error row)
 
 
 @dataclass(frozen=True, kw_only=True)

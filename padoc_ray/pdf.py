@@ -14,18 +14,21 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
-# error codes (stable strings; they end up in Parquet rows)
-EMPTY_FILE = "empty_file"
-NOT_PDF = "not_pdf"
-ENCRYPTED = "encrypted_pdf"
-CORRUPT = "corrupt_pdf"
-NO_PAGES = "no_pages"
-PAGE_LOAD_FAILED = "page_load_failed"
-ABSURD_PAGE_SIZE = "absurd_page_size"
-RENDER_FAILED = "render_failed"
-CORRUPT_IMAGE = "corrupt_image"
-PAGE_TOO_COMPLEX = "page_too_complex"
-RENDER_OUT_OF_MEMORY = "render_out_of_memory"
+# error codes: padoc_ray.status lists them all (stable strings; they end up in Parquet rows)
+from padoc_ray.status import (  # noqa: F401 - re-exported for the callers of pdf.py
+    ABSURD_PAGE_SIZE,
+    CORRUPT_IMAGE,
+    CORRUPT_PDF,
+    EMPTY_FILE,
+    ENCRYPTED_PDF,
+    NO_PAGES,
+    NOT_PDF,
+    PAGE_LOAD_FAILED,
+    PAGE_TOO_COMPLEX,
+    RENDER_FAILED,
+    RENDER_OUT_OF_MEMORY,
+    TOO_MANY_FRAMES,
+)
 
 _IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"II*\x00", b"MM\x00*", b"BM", b"GIF87a", b"GIF89a")
 
@@ -108,7 +111,7 @@ def open_pdf(data: bytes, *, repair: bool = True):
         try:
             doc = pdfium.PdfDocument(fixed)
         except pdfium.PdfiumError as e:
-            raise PdfError(CORRUPT, "pdfium could not open it, nor the copy qpdf repaired") from e
+            raise PdfError(CORRUPT_PDF, "pdfium could not open it, nor the copy qpdf repaired") from e
         repaired = True
     if len(doc) == 0:
         doc.close()
@@ -135,10 +138,10 @@ def _repair_or_diagnose(data: bytes, repair: bool) -> bytes:
         pikepdf = None
     if pikepdf is None or not repair:
         if b"/Encrypt" in data:
-            raise PdfError(ENCRYPTED, "the PDF is encrypted and needs a password")
+            raise PdfError(ENCRYPTED_PDF, "the PDF is encrypted and needs a password")
         if _PAGES_COUNT_ZERO.search(data) and not _PAGES_COUNT_NONZERO.search(data):
             raise PdfError(NO_PAGES, "the PDF has no pages")
-        raise PdfError(CORRUPT, "pdfium could not open it" + ("" if repair else " (repair disabled)"))
+        raise PdfError(CORRUPT_PDF, "pdfium could not open it" + ("" if repair else " (repair disabled)"))
     import io
 
     try:
@@ -149,14 +152,14 @@ def _repair_or_diagnose(data: bytes, repair: bool) -> bytes:
             pdf.save(out, encryption=False)
             return out.getvalue()
     except pikepdf.PasswordError as e:
-        raise PdfError(ENCRYPTED, "the PDF is encrypted and needs a password") from e
+        raise PdfError(ENCRYPTED_PDF, "the PDF is encrypted and needs a password") from e
     except PdfError:
         raise
     except Exception as e:  # noqa: BLE001 - qpdf raises several kinds for damaged files
         if _PAGES_COUNT_ZERO.search(data) and not _PAGES_COUNT_NONZERO.search(data):
             raise PdfError(NO_PAGES, "the PDF has no pages") from e
         detail = re.sub(r"(stream )?<_io\.BytesIO object at 0x[0-9a-fA-F]+>:?\s*", "", str(e)).strip()
-        raise PdfError(CORRUPT, f"neither pdfium nor qpdf could open it (qpdf: {detail[:300]})") from e
+        raise PdfError(CORRUPT_PDF, f"neither pdfium nor qpdf could open it (qpdf: {detail[:300]})") from e
 
 
 def is_image(data: bytes) -> bool:
@@ -488,7 +491,6 @@ def iter_pages(doc, indices: list[int] | None = None, cfg: RenderConfig = Render
 
 
 # ---- caps on images with many frames (hostile inputs) ---------------------------------------------------
-TOO_MANY_FRAMES = "too_many_frames"
 #: an image with more frames than this is refused (a multi-page TIFF scan has tens to hundreds)
 MAX_IMAGE_FRAMES = 1000
 #: formats whose frames each have their own size (other formats' frames share the canvas of frame 0,

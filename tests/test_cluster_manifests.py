@@ -420,4 +420,4 @@ def test_rayservice_deploys_on_a_local_cluster(deployed_service, buckets):
                      body, timeout=60)
     assert code == 200, out[:2000]
     res = json.loads(out)
-    assert res["status"] == "success" and res["pages"] and all(p["status"] == "ok" for p in res["pages"])
+    assert res["status"] == "ok" and res["pages"] and all(p["status"] == "ok" for p in res["pages"])

@@ -22,6 +22,7 @@ from padoc_ray.output import commits, reader, rows
 from padoc_ray.pipeline import job, ledger, limits
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
+from padoc_ray.status import SKIPPED_CODES
 from padoc_ray.storage import DISALLOWED, StorageConfig
 from tests.conftest import _env
 
@@ -65,7 +66,7 @@ def ref_documents(pages: pa.Table, listed, ranges, max_pages) -> list[dict]:
         if doc_err is not None:
             code = doc_err["error_code"]
             out.append(dict(source_uri=uri, doc_id=doc_id, page_count=count, pages_selected=0, pages_ok=0,
-                            pages_failed=0, status="skipped" if code in rows.SKIPPED_CODES else code, error_code=code))
+                            pages_failed=0, status="skipped" if code in SKIPPED_CODES else code, error_code=code))
             continue
         selected = rows.select_pages(count, ranges, max_pages) if count is not None else []
         ok = sum(1 for i in selected if i in pages_rows and pages_rows[i]["status"] == "ok")

@@ -31,7 +31,7 @@ PURE_MODULES = [
     "padoc_ray.engine", "padoc_ray.engine.interface", "padoc_ray.engine.config", "padoc_ray.engine.fake",
     "padoc_ray.engine.faults",
     "padoc_ray.eval.pageiou", "padoc_ray.eval.agreement", "padoc_ray.eval.consensus", "padoc_ray.eval.importers",
-    "padoc_ray.trainer.tree", "padoc_ray.trainer.config", "padoc_ray.groundtruth",
+    "padoc_ray.trainer.tree", "padoc_ray.trainer.config", "padoc_ray.groundtruth", "padoc_ray.status",
 ]
 #: pure at import; may look for torch when asked (engine.config: is there a GPU?)
 IMPORT_ONLY = {"padoc_ray.engine.config"}

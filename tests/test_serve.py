@@ -206,7 +206,7 @@ def test_http_gives_the_batch_jobs_and_parse_pages_results(svc, tiny_model_dir, 
 def test_markdown_format_and_page_selection(svc):
     r = svc.parse(os.path.join(EXAMPLES, "report.pdf"), pages="2", format="markdown")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/markdown")
-    assert r.headers["x-padoc-status"] == "success"
+    assert r.headers["x-padoc-status"] == "ok"
     full = _pages(svc.parse(os.path.join(EXAMPLES, "report.pdf")))
     assert r.text == f"<!-- page 2: ok -->\n\n{full[1]['markdown']}"
     assert list(_pages(svc.parse(os.path.join(EXAMPLES, "report.pdf"), pages="2"))) == [1]
@@ -217,7 +217,7 @@ def test_json_body_with_base64_content(svc):
         body = {"content_base64": base64.b64encode(f.read()).decode(), "filename": "memo.pdf", "mode": "sequential"}
     r = requests.post(f"{svc.url}/v1/parse", json=body, headers=svc.headers, timeout=300)
     got = r.json()
-    assert r.status_code == 200 and got["mode"] == "sequential" and got["status"] == "success", r.text
+    assert r.status_code == 200 and got["mode"] == "sequential" and got["status"] == "ok", r.text
     p = got["pages"][0]
     assert p["mode"] == "sequential" and p["n_branches"] == 0
     assert p["markdown"] == _pages(svc.parse(os.path.join(EXAMPLES, "memo.pdf")))[0]["markdown"]
@@ -230,7 +230,7 @@ def test_stream_sends_one_line_per_page_as_they_finish(svc):
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
     lines = [json.loads(x) for x in r.iter_lines() if x]
     assert [x["type"] for x in lines] == ["document", "page", "page", "result"]
-    assert lines[0]["page_count"] == 2 and lines[-1] == {"type": "result", "status": "success", "pages": 2}
+    assert lines[0]["page_count"] == 2 and lines[-1] == {"type": "result", "status": "ok", "pages": 2}
     assert sorted(x["page_index"] for x in lines[1:3]) == [0, 1]
     assert all(x["status"] == "ok" and x["markdown"] for x in lines[1:3])
 
@@ -395,7 +395,7 @@ def test_32_concurrent_clients_are_all_served(svc):
 
     with cf.ThreadPoolExecutor(32) as ex:
         got = list(ex.map(one, range(32)))
-    assert all(code == 200 and status == "success" for code, status, _, _ in got), [g[:2] for g in got]
+    assert all(code == 200 and status == "ok" for code, status, _, _ in got), [g[:2] for g in got]
     first = {}
     for _, _, name, pages in got:  # the same document gives the same Markdown under load
         md = [p["markdown"] for p in pages]
@@ -480,7 +480,7 @@ def test_an_async_job_survives_its_ingress_replica_being_killed(svc, long_doc):
     assert _ingress_pids(svc) and _ingress_pids(svc) != [pid]  # Serve replaced the replica
     r = requests.get(f"{svc.url}/v1/jobs/{job['id']}/result", headers=svc.headers, timeout=60)
     res = r.json()
-    assert r.status_code == 200 and res["status"] == "success", r.text[:500]
+    assert r.status_code == 200 and res["status"] == "ok", r.text[:500]
     assert [p["page_index"] for p in res["pages"]] == list(range(LONG_PAGES))  # each page exactly once
     report = _pages(svc.parse(os.path.join(EXAMPLES, "report.pdf")))
     assert all(p["markdown"] == report[p["page_index"] % 2]["markdown"] for p in res["pages"])

@@ -30,6 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from padoc_ray.status import CORRUPT_PDF, DEADLINE, NOT_PDF, OK, READ_FAILED, RUNAWAY, TOKEN_LIMIT
+
 FORMAT = 1  #: bump when the synthetic layout changes (the cache key holds it)
 BENCH_RUN = "bench-driver"  #: the measuring run's id
 LEFTOVER = "being-written.parquet"
@@ -75,14 +77,14 @@ def _doc_rows(d: np.ndarray, ppd: int, run: int) -> dict[str, np.ndarray]:
     starts = np.repeat(np.cumsum(n) - n, n)
     page = (np.arange(len(doc)) - starts).astype(np.int32)
     c = doc % 1000
-    status = np.full(len(doc), "ok", dtype=object)
+    status = np.full(len(doc), OK, dtype=object)
     if run == 0:
-        for k, code in ((1, "corrupt_pdf"), (2, "not_pdf"), (3, "read_failed")):
+        for k, code in ((1, CORRUPT_PDF), (2, NOT_PDF), (3, READ_FAILED)):
             page[c == k] = -1
             status[c == k] = code
-        status[(c >= 5) & (c <= 24) & (page == ppd - 1)] = "runaway"
-        status[c == 25] = "token_limit"
-        status[(c >= 26) & (c <= 30) & (page == 0)] = "deadline"
+        status[(c >= 5) & (c <= 24) & (page == ppd - 1)] = RUNAWAY
+        status[c == 25] = TOKEN_LIMIT
+        status[(c >= 26) & (c <= 30) & (page == 0)] = DEADLINE
     return {"doc": doc, "page": page, "status": status}
 
 
@@ -91,12 +93,12 @@ def _table(r: dict, ppd: int, run: int, t_base: int) -> pa.Table:
 
     doc, page, status = r["doc"], r["page"], r["status"]
     n = len(doc)
-    ok = status == "ok"
+    ok = status == OK
     st = pa.array(status, pa.string())
     doc_level = page < 0
     out_tok = ((doc * 7 + page) % 900 + 100).astype(np.int32)
     docid = pc.utf8_lpad(pc.cast(pa.array(doc * 2654435761 + 97, pa.int64()), pa.string()), 64, "0")
-    read_failed = status == "read_failed"
+    read_failed = status == READ_FAILED
     cols = {
         "run_id": pa.array(np.full(n, RUNS[run], dtype=object), pa.string()),
         "processed_at": pa.array(t_base + np.arange(n, dtype=np.int64), pa.timestamp("ms", tz="UTC")),

@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from padoc_ray import status
 from padoc_ray.bench.serve_report import quantile
 
 
@@ -103,7 +104,7 @@ async def _direct(model: str, truth: dict, items: list[Item], concurrencies, n: 
                             page = replace(page, image=await asyncio.to_thread(render_locked, items[k]))
                         rec = await host.parse(replace(page, salt=uuid.uuid4().hex))
                         lat.append(time.perf_counter() - t)
-                        ok += rec.status == "ok"
+                        ok += rec.status == status.OK
 
                 t0 = time.perf_counter()
                 await asyncio.gather(*(worker() for _ in range(c)))
@@ -176,7 +177,7 @@ def _http(model: str, gt: str, items: list[Item], concurrencies, n: int, host_cf
             r = s.post(f"{url}/v1/parse", params={"pages": str(it.page_index + 1)}, headers=headers,
                        files={"file": (it.name, it.data, "application/pdf")}, timeout=600)
             dt = time.perf_counter() - t
-            return dt, r.status_code == 200 and r.json()["status"] == "success"
+            return dt, r.status_code == 200 and r.json()["status"] == status.DOC_OK
 
         for k in range(warmup):
             one(k)

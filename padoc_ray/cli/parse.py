@@ -9,6 +9,7 @@ import os
 import sys
 
 from padoc_ray.cli.common import DEFAULT_MODEL, EXAMPLES_DIR, add_command, add_mode, add_render, add_stream_limits, die
+from padoc_ray import status
 
 
 def _scheduler_cfg(args):
@@ -92,7 +93,7 @@ def cmd_parse_page(args) -> int:
         print(f"[{it.source} page {it.page_index + 1}: status={rec.status} valid={rec.valid} "
               f"regions={len(rec.page.regions)} branches={rec.n_branches} {rec.e2e_s:.2f}s "
               f"F_seq={rec.f_seq} F_PaDoc={rec.f_padoc}{shown}]", file=sys.stderr)
-        rc = rc or (0 if rec.status == "ok" and equals is not False else 1)
+        rc = rc or (0 if rec.status == status.OK and equals is not False else 1)
     return rc
 
 

@@ -30,15 +30,25 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from padoc_ray.eval.pageiou import (
+    CLASSES,
+    REPORT_CLASSES,
+    SCORE_MODES,
+    Aggregator,
+    ClassSummary,
+    LayoutBox,
+    PageIoUConfig,
+    PageResult,
+    Problem,
+    evaluate_page,
+    iter_scores,
+    mode_key,
+)
 from padoc_ray.groundtruth import TruthIndex, match_rows, pdf_source, row_label
 from padoc_ray.output.reader import RowsInputError, read_rows
 from padoc_ray.output.rows import page_from_row
-from padoc_ray.eval.pageiou import (
-    CLASSES, SCORE_MODES, REPORT_CLASSES, Aggregator, ClassSummary, LayoutBox, PageIoUConfig, PageResult, Problem,
-    evaluate_page, iter_scores, mode_key,
-)
 from padoc_ray.protocol.page import size_is_swapped
-
+from padoc_ray.status import OK
 
 #: page-level problem kinds (box-level kinds are in pageiou.PROBLEM_KINDS)
 PAGE_PROBLEM_KINDS = {
@@ -202,7 +212,7 @@ def load_parquet_predictions(path: str, gt: Side) -> Side:
         page = page_from_row(row, on_bad_region=bad)  # the one row -> Page converter
         boxes = [LayoutBox(r.category, *r.box.as_tuple()) for r in page.regions]
         status = row.get("status")
-        if status is not None and status != "ok":
+        if status is not None and status != OK:
             out.problems.append((key, Problem("page", "pred_status", f"prediction status {status!r}")))
         out.pages[key] = PageBoxes(key, boxes, None, status)
     return out

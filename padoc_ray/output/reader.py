@@ -22,6 +22,7 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from padoc_ray import status
 from padoc_ray.output import commits
 from padoc_ray.output.rows import PAGE_SCHEMA
 from padoc_ray.protocol import Page
@@ -177,6 +178,6 @@ def pages_by_source(output: str, storage: StorageConfig | None = None) -> dict[t
     for r in rows:  # the newest row wins
         if r["page_index"] < 0 or (r["doc_id"] and r["doc_id"] != newest[r["source_uri"]]):
             continue
-        page = page_from_row(r, on_bad_region=lambda *_: None) if r["status"] == "ok" else None
+        page = page_from_row(r, on_bad_region=lambda *_: None) if r["status"] == status.OK else None
         out[(os.path.basename(r["source_uri"]), r["page_index"])] = (r["status"], page, r["page_count"])
     return out

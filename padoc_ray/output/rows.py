@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from padoc_ray import status
 from padoc_ray.protocol import Box, Page, Region, to_markdown
 
 REGION_TYPE = pa.struct([
@@ -72,8 +73,6 @@ DOCUMENT_SCHEMA = pa.schema([
     ("error_code", pa.string()),  # the document's code, or for `failed` the most common page code
 ])
 
-#: document-level codes that mean "not a document we parse" rather than a failure
-SKIPPED_CODES = frozenset({"not_pdf"})
 
 
 def now() -> dt.datetime:
@@ -142,7 +141,7 @@ def page_row(base: dict, rec, *, render_s: float | None = None) -> dict:
             "tokens": rec.region_tokens[i] if i < len(rec.region_tokens) else None,
             "errors": list(r.errors),
         })
-    ok = rec.status == "ok"
+    ok = rec.status == status.OK
     return {
         **base, "processed_at": now(), "status": rec.status, "valid": rec.valid,
         "error_code": None if ok else rec.status, "error_message": None if ok else (rec.message or None),

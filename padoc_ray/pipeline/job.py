@@ -27,6 +27,7 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from padoc_ray import status
 from padoc_ray.output import commits, reader, rows
 from padoc_ray.pipeline import columns, ledger, limits
 from padoc_ray.pipeline.config import BatchConfig
@@ -263,7 +264,7 @@ def write_documents(book: ledger.Ledger, documents_uri: str, storage: StorageCon
             for v in pc.value_counts(st).to_pylist():
                 counts[str(v["values"])] = counts.get(str(v["values"]), 0) + int(v["counts"])
             if len(unaccounted) < 100:
-                lost = pc.is_in(st, pa.array(["incomplete", "missing"]))
+                lost = pc.is_in(st, pa.array(sorted(status.UNACCOUNTED)))
                 unaccounted += batch.column("source_uri").filter(lost).to_pylist()[:100 - len(unaccounted)]
     fs.move(tmp, dpath.rstrip("/") + "/documents.parquet")
     return counts, unaccounted

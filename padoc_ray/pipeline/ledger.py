@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from padoc_ray import status
 from padoc_ray.pipeline import limits
 from padoc_ray.pipeline.columns import (
     as_dict,
@@ -131,7 +132,7 @@ class Ledger:
             return batch.column(name) if name in names else pa.nulls(n, typ)
 
         self.rows_read += n
-        status = self._lut(col("status", pa.string()))
+        st_codes = self._lut(col("status", pa.string()))
         page = ints(col("page_index", pa.int32()), _NOPAGE, np.int32)
         if self.run_id is not None:
             mine = equals(col("run_id", pa.string()), self.run_id)
@@ -139,7 +140,7 @@ class Ledger:
                 real = mine & (page >= 0)
                 self.run_rows += int(mine.sum())
                 self.run_pages += int(real.sum())
-                for code, k in Counter(status[real].tolist()).items():
+                for code, k in Counter(st_codes[real].tolist()).items():
                     self.run_status[self.codes[code] if code >= 0 else None] += k
                 self.run_tokens += int(ints(col("output_tokens", pa.int32()), 0, np.int64)[mine].sum())
         c = self._cols
@@ -152,7 +153,7 @@ class Ledger:
             self._t0 = pc.min(t).as_py()
         c["t"].append(time_offsets(t, self._t0 or 0))
         c["count"].append(small(ints(col("page_count", pa.int32()), -1, np.int32)))
-        c["status"].append(small(status))
+        c["status"].append(small(st_codes))
         c["err"].append(small(self._lut(col("error_code", pa.string()))))
         c["doc"].append(self._doc_positions(col("doc_id", pa.string())))
 
@@ -332,7 +333,7 @@ def _partition(book, f: Facts, present, lo, hi, rows, ranges, max_pages, current
     if len(u) == 0 and sizes is None:
         return
     t = g(book.t) if current else None
-    count, status, err, doc = g(book.count), g(book.status), g(book.err), g(book.doc)
+    count, st_codes, err, doc = g(book.count), g(book.status), g(book.err), g(book.doc)
     versions = book.doc_ids.fingerprint(doc) if current else None  # equal exactly when the doc_ids are
     chosen, order = _pick(u, page, t, current=current, doc=versions) if len(u) else (np.zeros(0, np.int64),
                                                                                      np.zeros(0, np.int64))
@@ -366,8 +367,8 @@ def _partition(book, f: Facts, present, lo, hi, rows, ranges, max_pages, current
     f.n_sel[lo:hi] = n_selected(f.count[lo:hi], ranges, max_pages)
     rank = selection_rank(pp, ranges)
     selected = (rank >= 0) & (f.count[pu] >= 0) & (pp < f.count[pu]) & (rank < f.n_sel[pu])
-    okc = book._code_of.get("ok", -2)
-    st = status[prow]
+    okc = book._code_of.get(status.OK, -2)
+    st = st_codes[prow]
     good = selected & (st == okc)
     bad = selected & (st != okc)
     f.ok[lo:hi] = np.bincount(pu[good] - lo, minlength=hi - lo)
@@ -481,24 +482,25 @@ def changed_inputs(book: Ledger, recorded: Sequence[tuple[str, str]]) -> int:
 
 def document_batches(book: Ledger, f: Facts, chunk: int = 1 << 20) -> Iterable[pa.RecordBatch]:
     """The documents table (rows.DOCUMENT_SCHEMA), one input per row in listing order, in batches."""
-    from padoc_ray.output.rows import DOCUMENT_SCHEMA, SKIPPED_CODES
+    from padoc_ray.output.rows import DOCUMENT_SCHEMA
 
     codes = book.codes
-    extra = ["ok", "partial", "failed", "incomplete", "missing", "skipped"]
+    extra = list(status.DOCUMENT_STATUSES)
     names = codes + [x for x in extra if x not in book._code_of]
     at = {s: i for i, s in enumerate(names)}
     dic = pa.array(names, pa.string())
-    skipped = np.array([s in SKIPPED_CODES for s in codes] + [False], bool)
+    skipped = np.array([s in status.SKIPPED_CODES for s in codes] + [False], bool)
     for a in range(0, book.n, chunk):
         b = min(book.n, a + chunk)
         sl = slice(a, b)
         dl, derr, cnt = f.doc_level[sl], f.doc_err[sl], f.count[sl]
         n_sel, ok, failed = f.n_sel[sl], f.ok[sl], f.failed[sl]
         missing = n_sel - ok - failed
-        status = np.where(cnt < 0, at["missing"], np.where(missing > 0, at["incomplete"], np.where(
-            failed == 0, at["ok"], np.where(ok == 0, at["failed"], at["partial"]))))
-        status = np.where(dl, np.where(skipped[derr], at["skipped"], derr), status)
-        err = np.where(dl, derr, np.where(status == at["failed"], f.fail_code[sl], -1))
+        # status.rollup, vectorized: incomplete while pages lack rows, else ok / partial / failed
+        doc_st = np.where(cnt < 0, at[status.DOC_MISSING], np.where(missing > 0, at[status.DOC_INCOMPLETE], np.where(
+            failed == 0, at[status.DOC_OK], np.where(ok == 0, at[status.DOC_FAILED], at[status.DOC_PARTIAL]))))
+        doc_st = np.where(dl, np.where(skipped[derr], at[status.DOC_SKIPPED], derr), doc_st)
+        err = np.where(dl, derr, np.where(doc_st == at[status.DOC_FAILED], f.fail_code[sl], -1))
         zero = np.where(dl | (cnt < 0), 0, 1)
         doc_ids = book.doc_ids.take(f.doc[sl])
         yield pa.RecordBatch.from_arrays([
@@ -508,7 +510,7 @@ def document_batches(book: Ledger, f: Facts, chunk: int = 1 << 20) -> Iterable[p
             pa.array(n_sel * zero, pa.int32()),
             pa.array(ok * zero, pa.int32()),
             pa.array(failed * zero, pa.int32()),
-            pc.take(dic, pa.array(status, pa.int32(), mask=status < 0)),
+            pc.take(dic, pa.array(doc_st, pa.int32(), mask=doc_st < 0)),
             pc.take(dic, pa.array(err, pa.int32(), mask=err < 0)),
         ], schema=DOCUMENT_SCHEMA)
 
@@ -532,7 +534,7 @@ def listing_table(listed: Sequence[tuple[str, int]] | pa.Table) -> pa.Table:
 def documents_table(pages: pa.Table, listed: Sequence[tuple[str, int]], ranges, max_pages) -> pa.Table:
     """One row per listed input, from the page rows written so far (this run and earlier ones).
 
-    An input with a document-level row gets that error (``skipped`` for :data:`padoc_ray.output.rows.SKIPPED_CODES`);
+    An input with a document-level row gets that error (``skipped`` for :data:`padoc_ray.status.SKIPPED_CODES`);
     otherwise the last row of each selected page counts (``ok``, else failed); ``missing`` when
     no row gives a page count, ``incomplete`` while selected pages have no row, else ``ok``,
     ``failed`` (with the most common page code; ties: the first in name order) or ``partial``.

@@ -17,18 +17,21 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from padoc_ray import storage
-from padoc_ray.pdf import TOO_MANY_FRAMES, PdfError
-
-MISSING_FILE = "missing_file"  #: a manifest line naming nothing
-READ_FAILED = "read_failed"  #: the bytes could not be read, or not in time (retried by a rerun)
-DISALLOWED_URI = "disallowed_uri"  #: a manifest line outside the allowed prefixes (never read)
-FILE_TOO_LARGE = "file_too_large"  #: over ``max_file_bytes`` (never read)
-TOO_MANY_PAGES = "too_many_pages"  #: more selected pages than ``max_doc_pages`` (no page rendered)
-SYMLINK = "symlink"  #: a symbolic link in the input folder, not followed (never read)
-SYMLINK_OUTSIDE = "symlink_outside_input"  #: a link to outside the input folder (never read)
-DUPLICATE_LINK = "duplicate_link"  #: a followed link to a file or folder listed already (listed once)
-NOT_REGULAR_FILE = "not_regular_file"  #: a FIFO, socket or device (never opened), at listing or read time
-CHANGED_DURING_READ = "changed_during_read"  #: the file changed while it was read (retried by a rerun)
+from padoc_ray.pdf import PdfError
+from padoc_ray.status import (  # noqa: F401 - the codes of this module's caps and refusals, re-exported
+    CHANGED_DURING_READ,
+    DISALLOWED_URI,
+    DUPLICATE_LINK,
+    FILE_TOO_LARGE,
+    MISSING_FILE,
+    NOT_REGULAR_FILE,
+    READ_FAILED,
+    RETRIED_CODES,
+    SYMLINK,
+    TOO_MANY_FRAMES,
+    TOO_MANY_PAGES,
+)
+from padoc_ray.status import SYMLINK_OUTSIDE_INPUT as SYMLINK_OUTSIDE
 
 #: sizes the listing gives inputs it does not list as files (padoc_ray.storage), with their row
 _SENTINELS: dict[int, tuple[str, str]] = {
@@ -44,8 +47,6 @@ _SENTINELS: dict[int, tuple[str, str]] = {
 }
 #: codes decided from the listing alone: the driver writes these rows itself
 LISTING_CODES = frozenset({code for code, _ in _SENTINELS.values()} | {FILE_TOO_LARGE})
-#: document-level codes a rerun always tries again (the listing's are decided again)
-RETRIED_CODES = LISTING_CODES | {READ_FAILED, CHANGED_DURING_READ}
 #: the listing's refusals in the order the ledger numbers them (1 + index; 0: none)
 REFUSALS: tuple[tuple[int | None, str], ...] = (*((size, code) for size, (code, _) in _SENTINELS.items()),
                                                  (None, FILE_TOO_LARGE))

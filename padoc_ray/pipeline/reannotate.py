@@ -46,6 +46,7 @@ from padoc_ray.groundtruth import GroundTruthError, parse_truth, source_for
 from padoc_ray.output import rows
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.protocol.page import Page, page_to_omnidocbench
+from padoc_ray.status import OK
 from padoc_ray.storage import StorageConfig, filesystem, is_s3, join, list_inputs, read_bytes, write_bytes
 
 logger = logging.getLogger(__name__)
@@ -272,7 +273,7 @@ def compare(slots: list[PageSlot], sets: dict[str, dict], cfg: AgreementConfig, 
     for g in slots:
         base = {"run_id": run_id, "image_path": g.image_path, "source_uri": g.source_uri,
                 "page_index": g.page_index}
-        row = {**base, "kind": "page", "status": "ok", "reason": None, "prediction_status": {}, "parsed": 0,
+        row = {**base, "kind": "page", "status": OK, "reason": None, "prediction_status": {}, "parsed": 0,
                "consensus": None, "consensus_reason": None, "consensus_regions": None, "coverage": None,
                "unanimous": None, "difficulty": None, **{k: None for k in PAIR_FIELDS}}
         if g.problem:

@@ -39,11 +39,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from padoc_ray.pdf import PdfError, RenderConfig
+from padoc_ray.status import RENDER_CRASHED, RENDER_TIMEOUT
 
 logger = logging.getLogger(__name__)
 
-RENDER_CRASHED = "render_crashed"
-RENDER_TIMEOUT = "render_timeout"
 
 
 @dataclass(frozen=True, kw_only=True)

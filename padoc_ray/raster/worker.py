@@ -29,6 +29,8 @@ import signal
 import sys
 import time
 
+from padoc_ray.status import RENDER_FAILED
+
 FAULTS_ENV = "PADOC_RAY_RENDER_FAULTS"
 
 
@@ -119,7 +121,7 @@ def serve(conn) -> None:
             except PdfError as e:
                 conn.send(("doc_error", e.code, e.message, getattr(e, "count", None)))
             except Exception as e:  # noqa: BLE001 - a bug or an unforeseen library error: still one row
-                conn.send(("doc_error", "render_failed", f"opening failed: {type(e).__name__}: {e}", None))
+                conn.send(("doc_error", RENDER_FAILED, f"opening failed: {type(e).__name__}: {e}", None))
             else:
                 conn.send(("opened", len(doc), not isinstance(doc, ImageDocument) and is_repaired(doc)))
             del data
@@ -132,7 +134,7 @@ def serve(conn) -> None:
                 except PdfError as e:
                     conn.send(("page_error", i, e.code, e.message))
                 except Exception as e:  # noqa: BLE001
-                    conn.send(("page_error", i, "render_failed", f"page {i}: {type(e).__name__}: {e}"))
+                    conn.send(("page_error", i, RENDER_FAILED, f"page {i}: {type(e).__name__}: {e}"))
                 else:
                     conn.send(("page", i, meta, payload))
 

@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from padoc_ray import status
 from padoc_ray.engine.interface import Engine, EngineDeadError, EngineError, GenRequest
 from padoc_ray.protocol import DecodeDepth, Page, assemble_page, decode_depth, depth_from_trace, parse_branch
 from padoc_ray.protocol.codec import ParsedBranch
@@ -240,7 +241,7 @@ class _Page:
             # F_seq is what the stream really took; F_PaDoc what the same regions would take forked
             depth = DecodeDepth(f_seq=len(st.main.tokens), f_padoc=min(d.f_padoc, len(st.main.tokens)))
         if self.mode == "fork":
-            region_finish = [("skipped" if r.index in st.skipped else
+            region_finish = [(status.REGION_SKIPPED if r.index in st.skipped else
                               st.branches[r.index].finish_reason if r.index in st.branches else None) for r in regions]
             region_tokens = [len(st.branches[r.index].tokens) if r.index in st.branches else 0 for r in regions]
         else:

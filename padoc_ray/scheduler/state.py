@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Sequence
 
+from padoc_ray import status
 from padoc_ray.protocol import Vocab
 from padoc_ray.protocol.codec import RawRegion, StreamParser, child_prompt
 
@@ -213,7 +214,7 @@ class PageState:
         tr = self.branches[index]
         tr.tokens.extend(ids)
         if self._branch_guards[index].tripped(tr.tokens):
-            tr.stopped = "runaway"
+            tr.stopped = status.RUNAWAY
             self.flag(PageStatus.RUNAWAY, f"branch {index} repeats itself")
             return True
         return False

@@ -35,6 +35,7 @@ from ray.serve.config import AutoscalingConfig, BackpressureConfig
 from ray.serve.exceptions import BackPressureError, RequestCancelledError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from padoc_ray import status
 from padoc_ray.pdf import PdfError, doc_id_of
 from padoc_ray.output import rows
 from padoc_ray.storage import normalize_uri, read_bytes, s3_key_is_plain, under_prefix
@@ -64,7 +65,7 @@ showing it in a browser. When the service has a token (PADOC_RAY_API_TOKEN), eve
 api = FastAPI(title="padoc-ray", version="1", description=API_DESCRIPTION)
 
 #: page statuses that still carry the page's content (limits cut it short, nothing else went wrong)
-CONTENT_STATUSES = frozenset({"ok", "malformed_layout", "token_limit", "branch_limit", "runaway"})
+CONTENT_STATUSES = status.CONTENT_CODES
 
 
 # ---- request bodies (also the OpenAPI schema) --------------------------------------------------------
@@ -194,7 +195,7 @@ class _Guard:
             tenant = cfg.token_sha256[:16]
         scope.setdefault("state", {})["tenant"] = tenant
         cap = cfg.max_upload_bytes + (1 << 20)  # room for the multipart/JSON envelope around the document
-        too_large = _error(413, "file_too_large", f"request body over the limit of {cfg.max_upload_bytes} bytes")
+        too_large = _error(413, status.FILE_TOO_LARGE, f"request body over the limit of {cfg.max_upload_bytes} bytes")
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > cap):
             return await too_large(scope, receive, send)
@@ -223,7 +224,7 @@ class _Guard:
 
 
 _HTTP_CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
-               413: "file_too_large", 415: "unsupported_media_type", 422: "bad_request"}
+               413: status.FILE_TOO_LARGE, 415: "unsupported_media_type", 422: "bad_request"}
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -283,18 +284,20 @@ class Ingress:
         try:
             uri = normalize_uri(uri)
         except ValueError:
-            raise BadRequest("disallowed_uri", "not an allowed storage URI") from None
+            raise BadRequest(status.DISALLOWED_URI, "not an allowed storage URI") from None
         if not uri.startswith("s3://") or not s3_key_is_plain(uri) or \
                 not any(under_prefix(uri, p) for p in self.cfg.allowed_s3):
-            raise BadRequest("disallowed_uri", "this service reads no storage URI but those under its allowed "
-                                               "prefixes", 403)
+            raise BadRequest(status.DISALLOWED_URI, "this service reads no storage URI but those under its allowed "
+                                                     "prefixes", status.http_status(status.DISALLOWED_URI))
         cap = self.cfg.max_upload_bytes
         try:
             data = await asyncio.to_thread(read_bytes, uri, self.cfg.storage, max_bytes=cap)
         except (OSError, ValueError):
-            raise BadRequest("read_failed", "the object could not be read (missing, or no access)", 422) from None
+            raise BadRequest(status.READ_FAILED, "the object could not be read (missing, or no access)",
+                             status.http_status(status.READ_FAILED)) from None
         if len(data) > cap:
-            raise BadRequest("file_too_large", f"the object is over the limit of {cap} bytes", 413)
+            raise BadRequest(status.FILE_TOO_LARGE, f"the object is over the limit of {cap} bytes",
+                             status.http_status(status.FILE_TOO_LARGE))
         return data, _label(uri.rsplit("/", 1)[-1], "document")
 
     async def _document(self, request: Request) -> tuple[bytes, str, dict]:
@@ -306,7 +309,7 @@ class Ingress:
             form = await request.form()
             upload = form.get("file")
             if upload is None or isinstance(upload, str):
-                raise BadRequest("missing_file", "multipart field 'file' (the document) is required")
+                raise BadRequest(status.MISSING_FILE, "multipart field 'file' (the document) is required")
             for k in ("pages", "mode", "format"):
                 v = form.get(k)
                 if isinstance(v, str) and v:
@@ -340,7 +343,8 @@ class Ingress:
         if opts["format"] not in (None, "json", "markdown"):
             raise BadRequest("bad_request", "format is json or markdown", 422)
         if len(data) > self.cfg.max_upload_bytes:
-            raise BadRequest("file_too_large", f"over the limit of {self.cfg.max_upload_bytes} bytes", 413)
+            raise BadRequest(status.FILE_TOO_LARGE, f"over the limit of {self.cfg.max_upload_bytes} bytes",
+                             status.http_status(status.FILE_TOO_LARGE))
         return data, name, opts
 
     # ---- one document through render + engine ----
@@ -366,7 +370,7 @@ class Ingress:
                     row = await resp
                     break
                 except BackPressureError:
-                    row = rows.error_row(rp.row, "overloaded", "every engine replica is at capacity; retry later")
+                    row = rows.error_row(rp.row, status.OVERLOADED, "every engine replica is at capacity; retry later")
                     break
                 except (asyncio.CancelledError, RequestCancelledError):
                     resp.cancel()  # we are leaving (client gone, deadline, job cancelled): no retry
@@ -374,7 +378,7 @@ class Ingress:
                 except Exception as e:  # noqa: BLE001 - the replica failed (died, restarting)
                     logger.warning("page %d of %s: engine call failed (%s), try %d", i, name, type(e).__name__,
                                    attempt + 1)
-                    row = rows.error_row(rp.row, "engine_unavailable", "the engine failed while parsing this page")
+                    row = rows.error_row(rp.row, status.ENGINE_UNAVAILABLE, "the engine failed while parsing this page")
                     await asyncio.sleep(1.0)
                 finally:
                     live.pop(i, None)
@@ -404,7 +408,7 @@ class Ingress:
                             t.add_done_callback(tasks.discard)
                 await asyncio.gather(*list(tasks))
             except Exception as e:  # noqa: BLE001
-                await out.put(("failed", "render_failed", f"{type(e).__name__}"))
+                await out.put(("failed", status.RENDER_FAILED, f"{type(e).__name__}"))
             finally:
                 await out.put(done)
 
@@ -444,7 +448,7 @@ class Ingress:
         return sorted(got, key=lambda r: r["page_index"]), count, selected
 
     def _result(self, name: str, page_rows: list[dict], count: int | None, mode: str) -> dict:
-        ok = sum(r["status"] == "ok" for r in page_rows)
+        ok = sum(r["status"] == status.OK for r in page_rows)
         return {
             "status": document_status(page_rows), "model": self.cfg.served_model_id, "mode": mode,
             "document": {"name": name, "doc_id": page_rows[0]["doc_id"] if page_rows else None, "page_count": count,
@@ -462,7 +466,7 @@ class Ingress:
     # ---- routes ----
     @api.get("/healthz", summary="the process is up")
     async def healthz(self) -> dict:
-        return {"status": "ok"}
+        return {"status": status.OK}
 
     @api.get("/readyz", summary="the engine is loaded and answers a probe")
     async def readyz(self):
@@ -510,12 +514,12 @@ class Ingress:
             return _error(e.status, e.code, e.message)
         except TimeoutError:
             self._count("parse", 504)
-            return _error(504, "request_timeout", f"not finished within {budget:g} s; use /v1/jobs for large "
+            return _error(504, status.REQUEST_TIMEOUT, f"not finished within {budget:g} s; use /v1/jobs for large "
                                                   f"documents")
         result = self._result(name, page_rows, count, opts["mode"] or self.cfg.host.mode)
-        if all(p["status"] == "overloaded" for p in result["pages"]) and result["pages"]:
+        if all(p["status"] == status.OVERLOADED for p in result["pages"]) and result["pages"]:
             self._count("parse", 503)
-            return _error(503, "overloaded", "every engine replica is at capacity; retry later",
+            return _error(503, status.OVERLOADED, "every engine replica is at capacity; retry later",
                           headers={"Retry-After": "2"})
         self._count("parse", 200)
         return self._markdown(result) if opts["format"] == "markdown" else result
@@ -551,7 +555,7 @@ class Ingress:
                         seen = {r["page_index"] for r in got}
                         for i in first[2]:
                             if i not in seen:
-                                r = {"page_index": i, "status": "request_timeout", "error_code": "request_timeout",
+                                r = {"page_index": i, "status": status.REQUEST_TIMEOUT, "error_code": status.REQUEST_TIMEOUT,
                                      "error_message": f"not finished within {budget:g} s",
                                      "markdown": None}
                                 got.append(r)
@@ -608,14 +612,14 @@ class Ingress:
                 if isinstance(ev, tuple) and ev[0] == "opened":
                     count = ev[1]
         if count is None:
-            raise BadRequest("render_failed", "the document could not be opened", 422)
+            raise BadRequest(status.RENDER_FAILED, "the document could not be opened", 422)
         return count
 
     def _job_view(self, st: dict, pages_done: int, cancelling: bool = False) -> dict:
-        status = st["status"]
-        if cancelling and status not in FINAL:
-            status = "cancelling"
-        return {"id": st["id"], "status": status, "pages_done": pages_done, "pages_total": st["pages_total"],
+        state = st["status"]
+        if cancelling and state not in FINAL:
+            state = status.JOB_CANCELLING
+        return {"id": st["id"], "status": state, "pages_done": pages_done, "pages_total": st["pages_total"],
                 "document_status": st.get("document_status"), "error": st.get("error"), "name": st["name"],
                 "created": st["created"], "updated": st["updated"]}
 
@@ -639,10 +643,11 @@ class Ingress:
         st = await asyncio.to_thread(self._own_job, job_id, self._tenant(request))
         if st is None:
             return _error(404, "job_not_found", "no such job")
-        if st["status"] == "failed":
+        if st["status"] == status.JOB_FAILED:
             err = st.get("error") or {}
-            return _error(doc_error_status(err.get("code", "")), err.get("code", "failed"), err.get("message", ""))
-        if st["status"] != "done":
+            code = err.get("code") or status.JOB_FAILED
+            return _error(doc_error_status(code), code, err.get("message", ""))
+        if st["status"] != status.JOB_DONE:
             return _error(409, "job_not_finished", f"the job is {st['status']}", headers={"Retry-After": "2"})
         page_rows = await asyncio.to_thread(self.jobs.page_rows, job_id)
         count = next((r["page_count"] for r in page_rows if r["page_count"] is not None), None)
@@ -670,7 +675,7 @@ class Ingress:
     async def _run_job(self, job_id: str) -> None:
         store = self.jobs
         st = await asyncio.to_thread(store.get, job_id)
-        st.update(status="running", owner=self.replica_id, heartbeat=time.time())
+        st.update(status=status.JOB_RUNNING, owner=self.replica_id, heartbeat=time.time())
         await asyncio.to_thread(store.put, st)
         beat = asyncio.create_task(self._heartbeat(job_id, st, asyncio.current_task()))
         try:
@@ -686,16 +691,16 @@ class Ingress:
                     if isinstance(item, dict):
                         await asyncio.to_thread(store.write_page, job_id, item)
             page_rows = await asyncio.to_thread(store.page_rows, job_id)
-            st.update(status="done", document_status=document_status(page_rows))
+            st.update(status=status.JOB_DONE, document_status=document_status(page_rows))
         except BadRequest as e:
-            st.update(status="failed", error={"code": e.code, "message": e.message})
+            st.update(status=status.JOB_FAILED, error={"code": e.code, "message": e.message})
         except asyncio.CancelledError:
             if not await asyncio.to_thread(store.cancelled, job_id):
                 raise  # the replica is shutting down: another one takes the job over
-            st.update(status="cancelled")
+            st.update(status=status.JOB_CANCELLED)
         except Exception as e:  # noqa: BLE001
             logger.exception("job %s failed", job_id)
-            st.update(status="failed", error={"code": "internal_error", "message": type(e).__name__})
+            st.update(status=status.JOB_FAILED, error={"code": status.INTERNAL_ERROR, "message": type(e).__name__})
         finally:
             beat.cancel()
         await asyncio.to_thread(store.put, st)
@@ -766,7 +771,8 @@ class Ingress:
                 raise BadRequest("bad_image_url", "this service fetches no URLs: send a base64 data URL "
                                                   "(or an allowed s3:// URI)")
             if len(data) > cfg.max_upload_bytes:
-                raise BadRequest("file_too_large", f"over the limit of {cfg.max_upload_bytes} bytes", 413)
+                raise BadRequest(status.FILE_TOO_LARGE, f"over the limit of {cfg.max_upload_bytes} bytes",
+                                 status.http_status(status.FILE_TOO_LARGE))
             padoc = body.padoc or PadocOptions()
             name = _label(padoc.filename, name)
             opts = {"pages": "1", "mode": padoc.mode, "format": None}
@@ -775,26 +781,27 @@ class Ingress:
         except BadRequest as e:
             return _openai_error(e.status, e.code, e.message)
         except TimeoutError:
-            return _openai_error(504, "request_timeout", f"not finished within {cfg.request_timeout_s:g} s",
+            return _openai_error(504, status.REQUEST_TIMEOUT, f"not finished within {cfg.request_timeout_s:g} s",
                                  "timeout_error")
         row = page_rows[0]
-        status = row["status"]
-        if status == "overloaded":
-            r = _openai_error(503, "overloaded", "every engine replica is at capacity; retry later", "server_error")
+        code = row["status"]
+        if code == status.OVERLOADED:
+            r = _openai_error(503, status.OVERLOADED, "every engine replica is at capacity; retry later",
+                              "server_error")
             r.headers["Retry-After"] = "2"
             return r
-        if status not in CONTENT_STATUSES:
-            return _openai_error(422 if status.startswith("render") else 500, status,
-                                 row.get("error_message") or status, "server_error")
+        if code not in CONTENT_STATUSES:
+            return _openai_error(status.http_status(code, 500), code, row.get("error_message") or code,
+                                 "server_error")
         completion = int(row.get("output_tokens") or 0)
         prompt = int(row.get("prompt_tokens") or 0)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": cfg.served_model_id,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": row.get("markdown") or ""},
-                         "finish_reason": "stop" if status == "ok" else "length", "logprobs": None}],
+                         "finish_reason": "stop" if code == status.OK else "length", "logprobs": None}],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
-            "padoc": {"status": status, "valid": row.get("valid"), "n_branches": row.get("n_branches"),
+            "padoc": {"status": code, "valid": row.get("valid"), "n_branches": row.get("n_branches"),
                       "regions": len(row.get("regions") or [])},
         }
 

@@ -20,10 +20,9 @@ from typing import Any, AsyncIterator
 from padoc_ray.pdf import PdfError
 from padoc_ray.output import rows
 from padoc_ray.raster import DocFailed, IsolatedRenderer, Opened, PageFailed, RendererConfig
+from padoc_ray.status import PAGE_OUT_OF_RANGE, RENDER_FAILED, TOO_MANY_PAGES, http_status
+from padoc_ray.status import document_status as status_rollup
 
-#: document-level codes that mean "too much", answered 413 (the rest of the document codes: 422)
-TOO_LARGE_CODES = frozenset({"too_many_pages", "too_many_frames", "file_too_large"})
-PAGE_OUT_OF_RANGE = "page_out_of_range"
 
 
 class BadRequest(ValueError):
@@ -39,8 +38,8 @@ def parse_page_spec(spec: str | None, limit: int) -> tuple[int, ...] | None:
     try:
         return rows.parse_page_ranges(spec, limit)
     except rows.PageRangeError as e:
-        raise BadRequest("too_many_pages", f"pages: {e}", 413) if e.too_many else BadRequest("bad_pages", f"pages: {e}",
-                                                                                             422) from None
+        raise BadRequest(TOO_MANY_PAGES, f"pages: {e}", http_status(TOO_MANY_PAGES)) if e.too_many else \
+            BadRequest("bad_pages", f"pages: {e}", 422) from None
 
 
 def select(count: int, wanted: tuple[int, ...] | None, max_pages: int) -> list[int]:
@@ -51,21 +50,19 @@ def select(count: int, wanted: tuple[int, ...] | None, max_pages: int) -> list[i
         raise PdfError(PAGE_OUT_OF_RANGE, f"page {missing[0]} does not exist: the document has {count} page(s)")
     chosen = list(range(count)) if wanted is None else list(wanted)
     if len(chosen) > max_pages:
-        raise PdfError("too_many_pages", f"{len(chosen)} pages selected, over this service's limit of {max_pages} "
+        raise PdfError(TOO_MANY_PAGES, f"{len(chosen)} pages selected, over this service's limit of {max_pages} "
                                          f"per request (select fewer with pages=, or use /v1/jobs)")
     return chosen
 
 
 def doc_error_status(code: str) -> int:
-    return 413 if code in TOO_LARGE_CODES else 422
+    """The HTTP status of a document that failed as a whole (413 for the caps, else 422 mostly)."""
+    return http_status(code)
 
 
 def document_status(page_rows: list[dict]) -> str:
-    """success (every page ok) | partial_success | failure (no page ok)."""
-    ok = sum(1 for r in page_rows if r.get("status") == "ok")
-    if page_rows and ok == len(page_rows):
-        return "success"
-    return "partial_success" if ok else "failure"
+    """ok (every page ok) | partial | failed (no page ok): :func:`padoc_ray.status.document_status`."""
+    return status_rollup(r.get("status") for r in page_rows)
 
 
 #: row fields a response leaves out (internal, or not the client's business)
@@ -170,7 +167,7 @@ class RenderPool:
                         else:
                             put(RenderedPage({**b, **ev.meta}, ev.image_bytes))
             except Exception as e:  # noqa: BLE001 - a bug in rendering is this document's failure
-                put(("failed", "render_failed", f"{type(e).__name__}: {e}"))
+                put(("failed", RENDER_FAILED, f"{type(e).__name__}: {e}"))
             finally:
                 put(done)
 

@@ -27,9 +27,10 @@ import pyarrow.parquet as pq
 
 from padoc_ray.output import rows
 from padoc_ray.storage import StorageConfig, filesystem, is_s3, join, write_bytes
+from padoc_ray import status
 
 _ID = re.compile(r"^[0-9a-f]{32}$")
-FINAL = frozenset({"done", "cancelled", "failed"})
+FINAL = status.JOB_FINAL
 
 
 def valid_id(job_id: str) -> bool:
@@ -63,7 +64,7 @@ class JobStore:
         job_id = uuid.uuid4().hex
         write_bytes(self._uri(job_id, "input"), data, self.storage)
         now = time.time()
-        state = {"id": job_id, "tenant": tenant, "name": name, "status": "queued", "pages_total": pages_total,
+        state = {"id": job_id, "tenant": tenant, "name": name, "status": status.JOB_QUEUED, "pages_total": pages_total,
                  "options": options, "created": now, "updated": now, "owner": owner, "heartbeat": now,
                  "document_status": None, "error": None}
         self.put(state)
@@ -73,7 +74,12 @@ class JobStore:
         if not valid_id(job_id):
             return None
         raw = self._read(self._path(job_id, "job.json"))
-        return json.loads(raw) if raw else None
+        if not raw:
+            return None
+        state = json.loads(raw)
+        # jobs written before the one document-status vocabulary said success / partial_success / failure
+        state["document_status"] = status.normalize_document_status(state.get("document_status"))
+        return state
 
     def put(self, state: dict) -> None:
         state = {**state, "updated": time.time()}

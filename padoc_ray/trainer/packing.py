@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from padoc_ray.protocol import Page, PageFormatError, SerializeError, page_from_omnidocbench, serialize_padoc
+from padoc_ray.status import IMAGE_UNREADABLE, OK
 
 from .config import PackingConfig
 from .tree import TreeLayout
@@ -48,7 +49,6 @@ IGNORE = -100  #: label of a position that is not trained
 
 # ---- skip codes (stable strings, counted in the training summary) ---------------------------------
 IMAGE_MISSING = "image_missing"  # the page's image file does not exist
-IMAGE_UNREADABLE = "image_unreadable"  # it exists but PIL / pdfium cannot read it
 BAD_ANNOTATION = "bad_annotation"  # the page JSON / row cannot be read as a page
 SERIALIZE_FAILED = "serialize_failed"  # the page cannot be written as tokens (unknown category, NaN box)
 PROMPT_TOO_LONG = "prompt_too_long"  # prompt + image tokens alone exceed max_len
@@ -219,7 +219,7 @@ def pages_from_batch_output(path: str) -> tuple[list[PageRef], list[Skipped]]:
     refs, skipped = [], []
     for r in rows:
         name = f"{r['source_uri']}#{r['page_index']}"
-        if r["status"] != "ok":
+        if r["status"] != OK:
             skipped.append(Skipped(name, BAD_ANNOTATION, f"status {r['status']}"))
             continue
         try:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import glob
 import os
 
-from padoc_ray.groundtruth import TruthIndex, match_rows, row_label
+from padoc_ray import status
 from padoc_ray.eval.e2e.gt import E2EInputError, GtPage, Problem
+from padoc_ray.groundtruth import TruthIndex, match_rows, row_label
 
 
 def _md_candidates(folder: str, name: str) -> list[str]:
@@ -90,7 +91,7 @@ def rows_to_markdown(rows: list[dict], pages: list[GtPage]) -> tuple[dict[str, s
                                     "no row for this page (evaluated as an empty page)"))
             continue
         md = row.get("markdown")
-        if row.get("status") not in (None, "ok"):
+        if row.get("status") not in (None, status.OK):
             code = f" ({row['error_code']})" if row.get("error_code") else ""
             problems.append(Problem(page.name, "prediction", f"prediction status {row.get('status')!r}{code}"))
         if not isinstance(md, str):
