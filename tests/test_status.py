@@ -169,3 +169,13 @@ def test_legacy_document_statuses_are_read_as_today():
     assert [n(v) for v in ("success", "partial_success", "failure")] == [status.DOC_OK, status.DOC_PARTIAL,
                                                                          status.DOC_FAILED]
     assert n(status.DOC_OK) == status.DOC_OK and n(status.CORRUPT_PDF) == status.CORRUPT_PDF and n(None) is None
+
+
+def test_a_job_stored_with_the_old_vocabulary_reads_as_today(tmp_path):
+    from padoc_ray.serve.jobs import JobStore
+
+    store = JobStore(str(tmp_path))
+    job_id = "0" * 32
+    for old, new in status.LEGACY_DOCUMENT_STATUSES.items():
+        store.put({"id": job_id, "status": status.JOB_DONE, "document_status": old})
+        assert store.get(job_id)["document_status"] == new
