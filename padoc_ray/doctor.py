@@ -89,7 +89,7 @@ def _attention_backend(vllm_config) -> str:
 
 
 def _protocol_report(model: str) -> tuple[dict, list[str]]:
-    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.tokenizer import ModelProtocol
     from padoc_ray.protocol.spec import SPEC_FILENAME
 
     path = os.path.join(model, SPEC_FILENAME)
@@ -124,7 +124,7 @@ def smoke_page(model_protocol):
 
 def smoke_test(model: str, timeout_s: float) -> dict:
     """Start an engine on ``model`` and parse one teacher-forced page in fork mode."""
-    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.tokenizer import ModelProtocol
     from padoc_ray.host import HostConfig, HostPage, PageHost
 
     mp = ModelProtocol(model)

@@ -141,7 +141,7 @@ class PageHost:
         if self.started:
             return self
         if self.model_protocol is None:
-            from padoc_ray.checkpoint.tokenizer import ModelProtocol
+            from padoc_ray.tokenizer import ModelProtocol
 
             self.model_protocol = ModelProtocol(self.model_dir)
         self.sem = asyncio.Semaphore(self.cfg.pages_in_flight)

@@ -65,7 +65,7 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def model_protocol(tiny_model_dir):
-    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.tokenizer import ModelProtocol
 
     return ModelProtocol(tiny_model_dir)
 

@@ -103,7 +103,7 @@ def test_parse_page_prints_markdown_of_every_page(tiny_model_dir):
                   "--longest-side", "400")  # a smaller image: less to encode, same forced output
     assert out.returncode == 0, out.stderr[-3000:]
     truth = load_truth(gt)
-    from padoc_ray.checkpoint.tokenizer import load_model_protocol
+    from padoc_ray.tokenizer import load_model_protocol
 
     vocab = load_model_protocol(tiny_model_dir).vocab
     want = "".join(to_markdown(quantized(truth[("report.pdf", i)], vocab)) for i in (0, 1))

@@ -133,7 +133,7 @@ def test_transformers_loads_it_with_the_head_tied_or_not(inited, tied):
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
-    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.tokenizer import ModelProtocol
 
     model = Qwen3VLForConditionalGeneration.from_pretrained(inited[tied], dtype=torch.float32)
     emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
@@ -146,7 +146,7 @@ def test_transformers_loads_it_with_the_head_tied_or_not(inited, tied):
 def test_protocol_file_and_chat_template_render_the_prompts(inited, tiny_model_dir):
     from transformers import AutoProcessor, AutoTokenizer
 
-    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.tokenizer import ModelProtocol
     from padoc_ray.protocol import ProtocolSpec
 
     out = inited[False]
@@ -329,7 +329,7 @@ def test_training_steps_run_on_it(inited):
     protocol rows (layout tokens are targets and inputs) are learned."""
     import torch
 
-    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.tokenizer import ModelProtocol
     from padoc_ray.trainer.loop import LoopConfig, OptimConfig, load_model, train
     from padoc_ray.trainer.packing import Packer, PackingConfig
 

@@ -1,6 +1,8 @@
-"""Outputs shared by several runs, and inputs that must not exhaust the job, through the real batch
-job (issue 18): Ray Data on a local cluster with token authentication, the no-op engine (no vLLM:
-these tests are about what reaches the engine and what lands in pages/, not about generation)."""
+"""Outputs shared by several runs (one run at a time per output, leftovers of killed runs, an
+output inside its input), and inputs that must not exhaust the job (page, frame and size caps,
+manifests naming what they may not), through the real batch job: Ray Data on a local cluster with
+token authentication, the no-op engine (no vLLM: these tests are about what reaches the engine
+and what lands in pages/, not about generation)."""
 
 from __future__ import annotations
 

@@ -297,7 +297,7 @@ def test_batch_flags_each_show_their_effect(ray_cluster, tiny_model_dir, tmp_pat
     line that is gone (missing_file) and one that cannot be read (read_failed) get their rows."""
     import random
 
-    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.tokenizer import ModelProtocol
     from padoc_ray.groundtruth import truth_from_json
     from padoc_ray.protocol import quantized, serialize_sequential, to_markdown
 

@@ -308,7 +308,7 @@ def test_lr_schedule_warms_up_then_decays():
 def test_export_loads_with_transformers_and_keeps_the_protocol(tmp_path, tiny_model_dir):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.tokenizer import ModelProtocol
     from padoc_ray.trainer.export import export_checkpoint
 
     src = AutoModelForImageTextToText.from_pretrained(tiny_model_dir)

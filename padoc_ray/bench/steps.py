@@ -142,7 +142,7 @@ def page_image(path: str, longest_side: int | None = None):
 def run(model: str, image_path: str, cfg: StepsConfig, *, engine_overrides: dict | None = None,
         log: Callable[[str], None] = lambda m: None) -> dict:
     """Start the engine with the host's settings for this machine, measure, and return the report."""
-    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.tokenizer import ModelProtocol
     from padoc_ray.host import HostConfig
 
     ecfg = HostConfig(engine_overrides=engine_overrides or {}).engine_config(model)

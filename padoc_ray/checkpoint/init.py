@@ -225,7 +225,7 @@ def build(base_dir: str, out_dir: str, spec: ProtocolSpec, info: BaseInfo, *, ba
 def check_checkpoint(out_dir: str, spec: ProtocolSpec, n_tokens: int, rows: int) -> None:
     """Cheap structural checks of a written checkpoint (no engine): the protocol resolves, prompts
     hold one image placeholder, every token id has an embedding row."""
-    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.tokenizer import ModelProtocol
 
     model_protocol = ModelProtocol(out_dir)  # every protocol token one id, distinct; one image pad per prompt
     if len(model_protocol.tokenizer.hf) != n_tokens:
@@ -250,7 +250,7 @@ def verify_in_vllm(model_dir: str, *, preset: str = "auto", timeout_s: float = 6
 
     from padoc_ray.engine.config import engine_preset
     from padoc_ray.engine.interface import GenRequest
-    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.tokenizer import ModelProtocol
 
     model_protocol = ModelProtocol(model_dir)
     v = model_protocol.vocab

@@ -27,7 +27,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_local(model: str, paths: list[str], args, *, pages=None, truth=None, concurrency: int = 4):
-    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.tokenizer import ModelProtocol
     from padoc_ray.host import HostConfig, PageHost
     from padoc_ray.inputs import load_pages, parse_local
     from padoc_ray.pdf import RenderConfig
@@ -177,7 +177,7 @@ def _row_matches(row: dict, truth) -> bool:
 
 
 def _vocab(model: str):
-    from padoc_ray.checkpoint.tokenizer import load_model_protocol
+    from padoc_ray.tokenizer import load_model_protocol
 
     return load_model_protocol(model).vocab
 

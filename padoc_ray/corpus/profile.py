@@ -78,7 +78,7 @@ def load_gt(path: str) -> list[dict]:
 
 
 def profile_files(paths: list[str], model_dir: str) -> dict:
-    from padoc_ray.checkpoint.tokenizer import ModelProtocol
+    from padoc_ray.tokenizer import ModelProtocol
 
     model_protocol = ModelProtocol(model_dir)
     sets = []

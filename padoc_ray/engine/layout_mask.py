@@ -41,7 +41,7 @@ def validate_constraint(params) -> None:
 
 def load_grammar(model_dir: str, tokenizer_dir: str | None = None) -> LayoutGrammar:
     """The layout grammar of a checkpoint: its protocol spec resolved with its tokenizer."""
-    from padoc_ray.checkpoint.tokenizer import HFTextTokenizer
+    from padoc_ray.tokenizer import HFTextTokenizer
     from padoc_ray.protocol import ProtocolSpec, Vocab
 
     spec = ProtocolSpec.load(model_dir)

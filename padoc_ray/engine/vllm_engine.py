@@ -11,8 +11,8 @@ in 0.1-0.2 s (tests/test_host_engine.py); killed while idle, ``errored`` was set
 model runner it will use (:mod:`padoc_ray.engine.runners`) and registers that runner's logits
 processors: on V1 :mod:`~padoc_ray.engine.forcing` and :mod:`~padoc_ray.engine.layout_constraint`,
 on Model Runner V2 :mod:`~padoc_ray.engine.layout_constraint_v2` with vLLM's trace replay doing the
-teacher forcing. It knows nothing of layouts, branches or pages. vLLM is imported here and in those
-processor modules only.
+teacher forcing. It knows nothing of layouts, branches or pages. vLLM is imported here, in
+:mod:`~padoc_ray.engine.runners` and in those processor modules, nowhere else.
 """
 
 from __future__ import annotations

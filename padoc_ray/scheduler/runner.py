@@ -270,7 +270,7 @@ class _Page:
 async def run_page(engine: Engine, model_protocol, inp: PageInput, *, mode: str = "fork",
                    cfg: SchedulerConfig | None = None, admission: asyncio.Semaphore | None = None) -> PageRecord:
     """Parse one page. ``model_protocol`` provides ``vocab``, ``tokenizer`` and ``prompt_ids(mode)``
-    (e.g. :class:`padoc_ray.checkpoint.tokenizer.ModelProtocol`). ``admission``, shared by every page on
+    (e.g. :class:`padoc_ray.tokenizer.ModelProtocol`). ``admission``, shared by every page on
     one engine, caps the branches live in it at once (see :func:`branch_admission`). Page-level
     failures come back as the record's status; only :class:`EngineDeadError` and cancellation
     propagate."""

@@ -291,7 +291,7 @@ class Packer:
     def __init__(self, model_dir: str, cfg: PackingConfig | None = None, *, rope_index: Callable | None = None):
         from transformers import AutoConfig, AutoImageProcessor
 
-        from padoc_ray.checkpoint.tokenizer import ModelProtocol
+        from padoc_ray.tokenizer import ModelProtocol
 
         self.cfg = cfg = cfg if cfg is not None else PackingConfig()
         self.model_protocol = ModelProtocol(model_dir)

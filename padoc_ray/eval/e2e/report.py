@@ -10,8 +10,9 @@ from collections import Counter
 
 from padoc_ray.eval.e2e.evaluate import E2EReport
 
-PROTOCOL = ("OmniDocBench v1.6 end-to-end (quick_match), reimplemented; checked against upstream "
-            "opendatalab/OmniDocBench 147cd5a (README 'update README to v1.6', 2026-04-10)")
+#: the evaluation settings these figures follow (the report keeps its JSON key "protocol")
+EVAL_SETTINGS = ("OmniDocBench v1.6 end-to-end (quick_match), reimplemented; checked against upstream "
+                 "opendatalab/OmniDocBench 147cd5a (README 'update README to v1.6', 2026-04-10)")
 SCALES = {"text_edit": "0-1, lower is better", "formula_edit": "0-1, lower is better",
           "table_edit": "0-1, lower is better", "reading_order_edit": "0-1, lower is better",
           "table_teds": "0-100", "table_teds_s": "0-100", "formula_cdm": "0-100 (given, not computed)",
@@ -39,7 +40,7 @@ def formulas_path(json_path: str) -> str:
 
 def report_json(rep: E2EReport, inputs: dict | None = None) -> dict:
     by_kind = Counter(p.kind for p in rep.problems)
-    return {**rep.metrics, "scales": SCALES, "averaging": AVERAGING, "protocol": PROTOCOL, "inputs": inputs or {},
+    return {**rep.metrics, "scales": SCALES, "averaging": AVERAGING, "protocol": EVAL_SETTINGS, "inputs": inputs or {},
             "counts": rep.counts,
             "problems": {"count": len(rep.problems), "by_kind": dict(sorted(by_kind.items())),
                          "items": [p.to_dict() for p in rep.problems]}}

@@ -1,4 +1,6 @@
-"""Binds a Hugging Face tokenizer to the protocol's :class:`~padoc_ray.protocol.spec.TextTokenizer`.
+"""A checkpoint's token protocol: its spec bound to its Hugging Face tokenizer (:class:`ModelProtocol`).
+
+Binds a Hugging Face tokenizer to the protocol's :class:`~padoc_ray.protocol.spec.TextTokenizer`.
 
 Loads the tokenizer of a checkpoint directory and exposes what the codec and the scheduler need:
 content text <-> ids (no special tokens added), protocol-token lookup, and the page prompt ids.

@@ -1,0 +1,90 @@
+"""The package's layers, as the README's repository drawing shows them: a module imports only from
+layers below its own (every import statement, also those inside functions). An arrow that runs up
+the layers, or sideways between two parts of one layer, fails here with the file that draws it."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+PKG = pathlib.Path(__file__).resolve().parent.parent / "padoc_ray"
+
+#: bottom to top; a part is a top-level module or sub-package of padoc_ray
+LAYERS: list[tuple[str, ...]] = [
+    ("status", "storage", "protocol", "metrics", "compat"),  # import no other part
+    ("pdf", "groundtruth", "tokenizer", "ray_init"),
+    ("engine", "output"),
+    ("scheduler", "raster", "eval", "checkpoint"),
+    ("host", "corpus", "trainer"),
+    ("inputs", "doctor", "pipeline", "serve"),
+    ("bench",),
+    ("cli",),
+]
+RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _part(module: str) -> str | None:
+    bits = module.split(".")
+    return bits[1] if len(bits) > 1 and bits[0] == "padoc_ray" else None
+
+
+def imports(path: pathlib.Path) -> list[tuple[int, str]]:
+    """(line, imported padoc_ray module) of every import statement of ``path``."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            # ``from padoc_ray import status`` imports the part ``status``
+            names = [f"{mod}.{a.name}" for a in node.names] if mod == "padoc_ray" else [mod]
+            out += [(node.lineno, m) for m in names]
+    return [(line, m) for line, m in out if m.startswith("padoc_ray.")]
+
+
+def arrows() -> list[tuple[str, str, str]]:
+    """(file:line, from part, to part) of every import between two parts of padoc_ray."""
+    out = []
+    for path in sorted(PKG.rglob("*.py")):
+        src = _part(_module_name(path))
+        for line, mod in imports(path):
+            dst = _part(mod)
+            if src and dst and dst != src:
+                out.append((f"padoc_ray/{path.relative_to(PKG)}:{line}", src, dst))
+    return out
+
+
+def test_every_part_has_a_layer():
+    parts = {_part(_module_name(p)) for p in PKG.rglob("*.py")} - {None}
+    assert parts <= set(RANK), f"parts without a layer: {sorted(parts - set(RANK))} (add them to LAYERS and the README)"
+    assert not set(RANK) - parts, f"layers name parts that do not exist: {sorted(set(RANK) - parts)}"
+
+
+def test_no_arrow_runs_up_or_sideways():
+    bad = [f"{where}: {src} (layer {RANK[src]}) imports {dst} (layer {RANK[dst]})"
+           for where, src, dst in arrows() if RANK[dst] >= RANK[src]]
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_the_readme_drawing_names_every_layer_in_order():
+    readme = (PKG.parent / "README.md").read_text(encoding="utf-8")
+    start = readme.index("## Repository layout")
+    drawing = readme[start:readme.index("```", readme.index("```", start) + 3)]
+    for i, layer in enumerate(LAYERS):
+        assert f"layer {i}:" in drawing, f"the README's drawing lacks the heading of layer {i}"
+        for part in layer:
+            assert f"  {part}" in drawing, f"the README's drawing does not show {part}"
