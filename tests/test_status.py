@@ -93,7 +93,8 @@ def status_literals(source: str) -> list[tuple[int, str]]:
                 for c in _strings(node.value):
                     hit(c, True)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
-                and len(node.args) == 2 and isinstance(node.args[0], ast.Constant) and node.args[0].value in STATUS_KEYS:
+                and len(node.args) == 2 and isinstance(node.args[0], ast.Constant) \
+                and node.args[0].value in STATUS_KEYS:
             for c in _strings(node.args[1]):
                 hit(c, True)
     return sorted(found.values())
