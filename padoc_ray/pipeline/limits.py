@@ -84,13 +84,18 @@ def listing_refusal(size: int | None, limits: InputLimits) -> tuple[str, str] | 
     return None
 
 
+def page_cap_message(n_selected: int, page_count: int, cap: int) -> str:
+    """The batch job's ``too_many_pages`` message (see :class:`padoc_ray.raster.document.PageChoice`)."""
+    return (f"{n_selected} of its {page_count} pages selected, over the limit of {cap} "
+            f"(--doc-page-limit); select fewer with --pages/--max-pages-per-doc or raise it")
+
+
 def page_cap_error(page_count: int, selected: Sequence[int], limits: InputLimits) -> PdfError | None:
     """The error of a document with more selected pages than the cap (checked before rendering)."""
     cap = limits.max_doc_pages
     if cap is None or len(selected) <= cap:
         return None
-    return PdfError(TOO_MANY_PAGES, f"{len(selected)} of its {page_count} pages selected, over the limit of {cap} "
-                                    f"(--doc-page-limit); select fewer with --pages/--max-pages-per-doc or raise it")
+    return PdfError(TOO_MANY_PAGES, page_cap_message(len(selected), page_count, cap))
 
 
 def retried(code: str | None, page_count: int | None, n_selected: int | None, limits: InputLimits) -> bool:
