@@ -2,7 +2,8 @@
 
 The batch job's engine actors (:class:`padoc_ray.pipeline.stages.EngineStage`), the Serve engine
 replica (:mod:`padoc_ray.serve`), local parsing (``demo``, ``parse-page``) and ``bench replay`` are
-thin adapters over :class:`PageHost`. It owns:
+thin adapters over :class:`PageHost`; the batch job and the Serve replica start theirs with
+:meth:`PageHost.from_config` and run page rows with :func:`parse_row`. It owns:
 
 * starting the engine (vLLM with the machine's preset, or the no-op engine) and the checkpoint's
   protocol;
