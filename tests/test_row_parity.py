@@ -230,3 +230,65 @@ def test_both_surfaces_start_their_host_from_the_config(tiny_model_dir):
             h.shutdown()
 
     asyncio.run(go())
+
+
+def test_one_page_choice_with_each_surfaces_rules():
+    from padoc_ray.pdf import PdfError
+    from padoc_ray.pipeline.stages import page_choice as batch_choice
+
+    def refusal(choice, count):
+        with pytest.raises(PdfError) as e:
+            choice.select(count)
+        return e.value.code, str(e.value.message)
+
+    batch = BatchConfig(input="x", output="y", model="m", pages=(0, 2, 9), max_pages_per_doc=None,
+                        limits=InputLimits(max_doc_pages=2))
+    assert batch_choice(batch).select(3) == [0, 2]  # page 10 of a 3-page document: dropped
+    assert refusal(batch_choice(BatchConfig(input="x", output="y", model="m", limits=InputLimits(max_doc_pages=2))),
+                   5) == (TOO_MANY_PAGES, "5 of its 5 pages selected, over the limit of 2 (--doc-page-limit); select "
+                                          "fewer with --pages/--max-pages-per-doc or raise it")
+    assert batch_choice(BatchConfig(input="x", output="y", model="m", max_pages_per_doc=2,
+                                    limits=InputLimits(max_doc_pages=2))).select(5) == [0, 1]
+    assert page_choice((0, 2), 5).select(3) == [0, 2]
+    assert refusal(page_choice((0, 2, 9), 5), 3) == (PAGE_OUT_OF_RANGE, "page 10 does not exist: the document has "
+                                                                        "3 page(s)")
+    assert refusal(page_choice(None, 2), 5) == (
+        TOO_MANY_PAGES, "5 pages selected, over this service's limit of 2 per request (select fewer with pages=, or "
+                        "use /v1/jobs)")
+
+
+def test_document_rows_skip_count_only_and_an_early_stop():
+    """Skipped pages are selected but not rendered; count_only renders nothing; a consumer that
+    stops early abandons the document, and the pool's renderer thread renders the next one."""
+    from padoc_ray.raster import InProcessRenderer
+    from padoc_ray.raster.document import PageChoice, PageRow, document_rows
+
+    data = text_pdf(3)
+    base = dict(run_id="r", uri="a.pdf", doc_id=doc_id_of(data), mode="fork", model_id=MODEL_ID)
+    items = list(document_rows(InProcessRenderer(), data, "a.pdf", base, PageChoice(), RenderConfig(), "zstd",
+                               skip={0}))
+    assert items[0] == DocumentOpened(3, False, (0, 1, 2), (1, 2))
+    assert [(type(i), i.row["page_index"], i.row["page_count"], i.rendered) for i in items[1:]] == \
+           [(PageRow, 1, 3, True), (PageRow, 2, 3, True)]
+    items = list(document_rows(InProcessRenderer(), data, "a.pdf", {}, PageChoice(), RenderConfig(), "zstd",
+                               count_only=True))
+    assert items == [DocumentOpened(3, False, (0, 1, 2), (0, 1, 2))]
+
+    async def go():
+        pool = RenderPool(RendererConfig(), 1)
+        try:
+            async with contextlib.aclosing(pool.render(data, "a.pdf", PageChoice(), RenderConfig(), "zstd", base,
+                                                       max_frames=10)) as gen:
+                async for item in gen:
+                    if isinstance(item, PageRow):
+                        break  # the client left
+            (renderer,) = pool._all
+            assert renderer._proc is None  # the abandoned document's renderer process was ended
+            got = [item async for item in pool.render(data, "a.pdf", PageChoice(), RenderConfig(), "zstd", base,
+                                                      max_frames=10)]
+            assert [i.row["page_index"] for i in got if isinstance(i, PageRow)] == [0, 1, 2]
+            assert pool._all == [renderer]  # the same long-lived thread and renderer
+        finally:
+            pool.close()
+
+    asyncio.run(go())
