@@ -9,9 +9,12 @@ the batch job's raster stage (:func:`padoc_ray.pipeline.stages.rasterize`) and t
 * one :class:`PageRow` per page to render: its row in the batch job's schema
   (:func:`padoc_ray.output.rows.base_row`) with the rendered image, or, when rendering the page
   failed, its error row (:func:`padoc_ray.output.rows.error_row`) and no image;
-* or a single :class:`~padoc_ray.raster.renderer.DocFailed` (code, message, page count when known)
-  instead: the document could not be opened, or its selection was refused (then after nothing, the
-  selection is refused before :class:`DocumentOpened`).
+* or, instead of all that, a single :class:`~padoc_ray.raster.renderer.DocFailed` (code, message,
+  page count when known): the document could not be opened, or its selection was refused (nothing
+  is rendered then, and no :class:`DocumentOpened` comes first).
+
+The renderer's own events (:class:`~padoc_ray.raster.renderer.PageRendered` and the others) stay
+between the renderer and this module; every surface sees :class:`PageRow` only.
 
 :class:`PageChoice` is the one page selection with its caps: the batch job's ``--pages`` /
 ``--max-pages-per-doc`` and ``--doc-page-limit``, and the service's ``pages=`` with its
