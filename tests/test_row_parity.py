@@ -22,7 +22,7 @@ from padoc_ray.engine.fake import ScriptedEngine
 from padoc_ray.groundtruth import truth_from_json
 from padoc_ray.host import HostConfig, PageHost
 from padoc_ray.output import rows
-from padoc_ray.pdf import RenderConfig, doc_id_of
+from padoc_ray.pdf import TOO_MANY_FRAMES, RenderConfig, doc_id_of
 from padoc_ray.pipeline import ledger
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import TOO_MANY_PAGES, InputLimits
@@ -41,6 +41,7 @@ EXAMPLES = os.path.join(ROOT, "examples")
 GT = os.path.join(EXAMPLES, "ground_truth.json")
 MODEL_ID = "tiny"
 CAP = 4  #: both surfaces' page cap here: the batch job's --doc-page-limit, the service's max_pages
+FRAMES = 2  #: both surfaces' frame cap here (InputLimits.max_image_frames)
 
 #: row fields that differ between the two surfaces by design, each with its reason
 DIFFER_BY_DESIGN = {
@@ -74,6 +75,17 @@ def _mixed_pdf() -> bytes:
     return buf.getvalue()
 
 
+def _tiff(frames: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    imgs = [Image.new("RGB", (200, 260), (255, 255, 255 - 40 * i)) for i in range(frames)]
+    imgs[0].save(buf, format="TIFF", save_all=True, append_images=imgs[1:])
+    return buf.getvalue()
+
+
 def _inputs() -> dict[str, bytes]:
     files = {n: open(os.path.join(EXAMPLES, n), "rb").read() for n in ("report.pdf", "paper.pdf", "memo.pdf")}
     files.update({
@@ -85,6 +97,8 @@ def _inputs() -> dict[str, bytes]:
         "notes.txt": b"just some text, not a PDF",  # not_pdf (the batch job: skipped)
         "long.pdf": text_pdf(CAP + 2),  # more pages than the cap: too_many_pages, nothing rendered
         "photo.png": png_page(),  # a page image
+        "scan.tif": _tiff(FRAMES),  # a multi-page scan: one page per frame
+        "frames.tif": _tiff(FRAMES + 1),  # more frames than the cap: too_many_frames
     })
     return files
 
@@ -157,9 +171,10 @@ def test_batch_and_serve_make_the_same_rows(tmp_path, pages):
     for n, d in files.items():
         (tmp_path / "in" / n).write_bytes(d)
     bcfg = BatchConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"), model="unused", pages=pages,
-                       limits=InputLimits(max_doc_pages=CAP), render=RenderConfig(), image_encoding="zstd",
-                       renderer=RendererConfig())
-    scfg = ServeConfig(model="unused", max_pages=CAP, render=RenderConfig(), image_encoding="zstd")
+                       limits=InputLimits(max_doc_pages=CAP, max_image_frames=FRAMES), render=RenderConfig(),
+                       image_encoding="zstd", renderer=RendererConfig())
+    scfg = ServeConfig(model="unused", max_pages=CAP, render=RenderConfig(), image_encoding="zstd",
+                       limits=InputLimits(max_image_frames=FRAMES))
 
     async def both(name: str, data: bytes):
         return (await _batch(str(tmp_path / "in" / name), data, bcfg), await _serve(name, data, scfg, pages))
@@ -203,7 +218,8 @@ def test_batch_and_serve_make_the_same_rows(tmp_path, pages):
         assert STATUS_MAP[b_doc["status"]] == document_status(s_rows), name
         seen.add(b_doc["status"])
     if pages is None:  # every outcome was covered
-        assert seen >= {"ok", "partial", "failed", "content", "corrupt_pdf", "not_pdf", TOO_MANY_PAGES}, seen
+        assert seen >= {"ok", "partial", "failed", "content", "corrupt_pdf", "not_pdf", TOO_MANY_PAGES,
+                        TOO_MANY_FRAMES}, seen
     else:
         assert seen >= {"ok", "content", "out_of_range"}, seen
 
@@ -292,3 +308,9 @@ def test_document_rows_skip_count_only_and_an_early_stop():
             pool.close()
 
     asyncio.run(go())
+
+
+def test_the_service_takes_its_frame_cap_from_the_input_limits():
+    assert ServeConfig(model="m").limits == InputLimits() and InputLimits().max_image_frames == 1000
+    cfg = ServeConfig.from_args({"model": "m", "limits": {"max_image_frames": 5}})
+    assert cfg.limits.max_image_frames == 5 and cfg.limits.max_doc_pages == InputLimits().max_doc_pages
