@@ -105,7 +105,8 @@ def document_rows(renderer, data: bytes, name: str, base: dict, choice: PageChoi
     """Render one document with ``renderer`` (an Isolated- or InProcessRenderer) and yield its
     items (see the module doc). ``base``: the :func:`~padoc_ray.output.rows.base_row` arguments but
     page_index and page_count (run_id, uri, doc_id, mode, model_id). ``skip``: selected pages not to
-    render (done by an earlier run); ``count_only``: open and select, render nothing. Closing the
+    render (done by an earlier run); ``count_only``: open and select, render nothing (``base`` is
+    then unused and may be empty). Closing the
     generator early closes the renderer's (an isolated renderer then replaces its process)."""
     chosen: list = []  # the selection, computed once when the document opens (or its refusal)
 

@@ -4,7 +4,8 @@ renderer processes, and turning page rows into the API's JSON. No ray, no fastap
 pdfium is not thread-safe, even across documents, so nothing here renders in the ingress process:
 each document is rendered by one of a small pool of :class:`~padoc_ray.raster.IsolatedRenderer`
 processes (with the batch job's deadlines and crash isolation), driven from a worker thread, and
-its events reach the event loop through a queue as pages finish.
+its items (page rows, made as the batch job makes them: :mod:`padoc_ray.raster.document`) reach the
+event loop through a queue as pages finish.
 """
 
 from __future__ import annotations
