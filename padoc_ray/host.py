@@ -2,7 +2,8 @@
 
 The batch job's engine actors (:class:`padoc_ray.pipeline.stages.EngineStage`), the Serve engine
 replica (:mod:`padoc_ray.serve`), local parsing (``demo``, ``parse-page``) and ``bench replay`` are
-thin adapters over :class:`PageHost`. It owns:
+thin adapters over :class:`PageHost`; the batch job and the Serve replica start theirs with
+:meth:`PageHost.from_config` and run page rows with :func:`parse_row`. It owns:
 
 * starting the engine (vLLM with the machine's preset, or the no-op engine) and the checkpoint's
   protocol;
@@ -137,6 +138,19 @@ class PageHost:
         self.started = False
 
     # ---- life cycle ---------------------------------------------------------------------------------
+    @classmethod
+    async def from_config(cls, model: str, cfg: HostConfig, storage_cfg=None,
+                          replay_gt: str | None = None) -> "PageHost":
+        """A started host for the checkpoint ``model`` (local or s3://, fetched with ``storage_cfg``,
+        a :class:`~padoc_ray.storage.StorageConfig`), with the teacher-forcing truth of ``replay_gt``
+        (OmniDocBench-format ground truth) when given. Await it in the loop that will run pages."""
+        from padoc_ray.groundtruth import truth_from_json
+        from padoc_ray.storage import StorageConfig, local_model_dir, read_bytes
+
+        storage_cfg = storage_cfg if storage_cfg is not None else StorageConfig()
+        truth = truth_from_json(read_bytes(replay_gt, storage_cfg)) if replay_gt else {}
+        return await cls(local_model_dir(model, storage_cfg), cfg, truth=truth).start()
+
     async def start(self) -> "PageHost":
         if self.started:
             return self
@@ -274,3 +288,17 @@ class PageHost:
 
 class _Unreadable(Exception):
     pass
+
+
+async def parse_row(host: PageHost, row: dict, image: bytes | memoryview, *, tenant: str = "",
+                    salt: str | None = None) -> dict:
+    """Run the page of a rendered page row (the batch job's schema, see
+    :func:`padoc_ray.raster.document.document_rows`) with its encoded ``image``; returns its
+    finished row. The one path row -> :class:`HostPage` -> row of the batch job's engine actors and
+    the Serve engine replica. Raises what :meth:`PageHost.parse` raises (an engine death)."""
+    from padoc_ray.output import rows
+
+    rec = await host.parse(HostPage(
+        doc_id=row["doc_id"], page_index=row["page_index"], image_bytes=image, width=row["image_width"],
+        height=row["image_height"], source_name=row["source_uri"], mode=row["mode"], tenant=tenant, salt=salt))
+    return rows.page_row(row, rec, render_s=row.get("render_s"))

@@ -1,5 +1,9 @@
 """Caps that keep one input from exhausting the batch job, and what a rerun retries.
 
+The caps themselves (:class:`~padoc_ray.raster.document.InputLimits`) live with the one page
+selection in :mod:`padoc_ray.raster.document`, which the online service shares; their codes and
+what a rerun does with each are :mod:`padoc_ray.status`'s.
+
 Each cap has its own code in the rows. ``file_too_large`` and ``disallowed_uri`` (like
 ``missing_file``, and the link and special-file codes) are decided by the driver from the listing, before any work is queued; the
 page cap is decided when a document is opened, before any of its pages is rendered; the frame cap
@@ -13,11 +17,11 @@ current configuration no longer exceeds. No ray, vllm or torch (the listing's se
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 from padoc_ray import storage
 from padoc_ray.pdf import PdfError
+from padoc_ray.raster.document import InputLimits  # noqa: F401 - the caps, re-exported for the batch job
 from padoc_ray.status import (  # noqa: F401 - the codes of this module's caps and refusals, re-exported
     CHANGED_DURING_READ,
     DISALLOWED_URI,
@@ -52,29 +56,6 @@ REFUSALS: tuple[tuple[int | None, str], ...] = (*((size, code) for size, (code, 
                                                  (None, FILE_TOO_LARGE))
 
 
-@dataclass(frozen=True, kw_only=True)
-class InputLimits:
-    """Per-input caps; None: no cap (the frame cap is always on).
-
-    * ``max_doc_pages`` 5,000: pages selected in one document. Long books and filings have a few
-      thousand pages; 5,000 pages are hours of one engine, and a tiny PDF can claim 100,000.
-    * ``max_image_frames`` 1,000: frames of one image (a multi-page TIFF scan has tens to
-      hundreds); every frame's size is also checked against PIL's pixel limit before decoding.
-    * ``max_file_bytes`` 512 MiB: a raster task holds the whole file (and pdfium a copy), so this
-      bounds a task's memory; large scanned PDFs stay well below it.
-    """
-
-    max_doc_pages: int | None = 5000
-    max_image_frames: int = 1000
-    max_file_bytes: int | None = 512 << 20
-
-    def __post_init__(self) -> None:
-        for name in ("max_doc_pages", "max_image_frames", "max_file_bytes"):
-            v = getattr(self, name)
-            if (v is not None or name == "max_image_frames") and not (isinstance(v, int) and v >= 1):
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-
-
 def listing_refusal(size: int | None, limits: InputLimits) -> tuple[str, str] | None:
     """(code, message) when an input must not be queued, from its listed size alone."""
     if size is not None and size < 0:
@@ -85,13 +66,18 @@ def listing_refusal(size: int | None, limits: InputLimits) -> tuple[str, str] | 
     return None
 
 
+def page_cap_message(n_selected: int, page_count: int, cap: int) -> str:
+    """The batch job's ``too_many_pages`` message (see :class:`padoc_ray.raster.document.PageChoice`)."""
+    return (f"{n_selected} of its {page_count} pages selected, over the limit of {cap} "
+            f"(--doc-page-limit); select fewer with --pages/--max-pages-per-doc or raise it")
+
+
 def page_cap_error(page_count: int, selected: Sequence[int], limits: InputLimits) -> PdfError | None:
     """The error of a document with more selected pages than the cap (checked before rendering)."""
     cap = limits.max_doc_pages
     if cap is None or len(selected) <= cap:
         return None
-    return PdfError(TOO_MANY_PAGES, f"{len(selected)} of its {page_count} pages selected, over the limit of {cap} "
-                                    f"(--doc-page-limit); select fewer with --pages/--max-pages-per-doc or raise it")
+    return PdfError(TOO_MANY_PAGES, page_cap_message(len(selected), page_count, cap))
 
 
 def retried(code: str | None, page_count: int | None, n_selected: int | None, limits: InputLimits) -> bool:

@@ -27,9 +27,10 @@ from padoc_ray.pdf import doc_id_of
 from padoc_ray.output import rows
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline import limits
-from padoc_ray.pipeline.limits import listing_refusal, page_cap_error
+from padoc_ray.pipeline.limits import listing_refusal
 from padoc_ray.storage import ChangedDuringRead, NotRegularFile, read_bytes
-from padoc_ray.raster import DocFailed, Opened, PageFailed, renderer_for
+from padoc_ray.raster import DocFailed, renderer_for
+from padoc_ray.raster.document import DocumentOpened, PageChoice, document_error_row, document_rows
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +40,15 @@ RASTER_SCHEMA = rows.PAGE_SCHEMA.append(pa.field("image_bytes", pa.binary()))
 def _doc_error(base: dict, doc_id: str | None, code: str, message: str, page_count: int | None = None) -> pa.Table:
     """The one row of a document that cannot be parsed at all (``page_index = -1``)."""
     metrics.get().document_error(code)
-    row = rows.error_row(rows.base_row(doc_id=doc_id, page_index=-1, page_count=page_count, **base), code, message)
+    row = document_error_row({**base, "doc_id": doc_id}, code, message, page_count)
     return pa.Table.from_pylist([{**row, "image_bytes": None}], schema=RASTER_SCHEMA)
+
+
+def page_choice(cfg: BatchConfig) -> PageChoice:
+    """The batch job's page selection: ``--pages`` (pages past the end dropped), the first
+    ``--max-pages-per-doc``, refused over ``--doc-page-limit`` (``too_many_pages``)."""
+    return PageChoice(wanted=cfg.pages, first=cfg.max_pages_per_doc, cap=cfg.limits.max_doc_pages,
+                      cap_message=limits.page_cap_message)
 
 
 def rasterize(batch: pa.Table, cfg: BatchConfig, model_id: str) -> Iterator[pa.Table]:
@@ -82,37 +90,24 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
         # the file's bytes changed since its done pages were written: those pages are of another version
         logger.info("doc %s changed since its rows were written (was %s): parsed again in full", uri, done_doc_id[:12])
         done = set()
-    renderer = renderer_for(cfg.renderer)
-    page_count, repaired = None, None
     pending: list[dict] = []
     pending_bytes = 0
-
-    def select(n: int) -> list[int]:
-        selected = rows.select_pages(n, cfg.pages, cfg.max_pages_per_doc)
-        capped = page_cap_error(n, selected, cfg.limits)  # before any page is rendered
-        if capped is not None:
-            raise capped  # the renderer turns it into DocFailed: one row, nothing rendered
-        logger.info("doc %s (%s): %d pages, %d selected, %d already done", doc_id[:12], uri, n, len(selected),
-                    len(done & set(selected)))
-        return [i for i in selected if i not in done]
-
-    for ev in renderer.render_document(data, os.path.basename(uri.rstrip("/")), select, cfg.render,
-                                       cfg.image_encoding, max_frames=cfg.limits.max_image_frames):
-        if isinstance(ev, DocFailed):
-            yield _doc_error(base, doc_id, ev.code, ev.message, ev.page_count)
+    for item in document_rows(renderer_for(cfg.renderer), data, os.path.basename(uri.rstrip("/")),
+                              {**base, "doc_id": doc_id}, page_choice(cfg), cfg.render, cfg.image_encoding,
+                              max_frames=cfg.limits.max_image_frames, skip=done):
+        if isinstance(item, DocFailed):
+            yield _doc_error(base, doc_id, item.code, item.message, item.page_count)
             return
-        if isinstance(ev, Opened):
-            page_count, repaired = ev.page_count, ev.repaired
+        if isinstance(item, DocumentOpened):
+            logger.info("doc %s (%s): %d pages, %d selected, %d already done", doc_id[:12], uri, item.page_count,
+                        len(item.selected), len(item.selected) - len(item.pages))
             continue
-        b = rows.base_row(doc_id=doc_id, page_index=ev.index, page_count=page_count, **base)
-        b["repaired"] = repaired
-        if isinstance(ev, PageFailed):
-            metrics.get().render_failed(ev.code)
-            pending.append({**rows.error_row(b, ev.code, ev.message), "image_bytes": None})
+        if item.rendered:
+            metrics.get().rendered(item.row.get("render_s"))
+            pending_bytes += len(item.image)
         else:
-            metrics.get().rendered(ev.meta.get("render_s"))
-            pending.append({**b, **ev.meta, "image_bytes": ev.image_bytes})
-            pending_bytes += len(ev.image_bytes)
+            metrics.get().render_failed(item.row["error_code"])
+        pending.append({**item.row, "image_bytes": item.image})
         if len(pending) >= cfg.raster_pages_per_block or pending_bytes >= cfg.raster_block_mb << 20:
             yield pa.Table.from_pylist(pending, schema=RASTER_SCHEMA)
             pending, pending_bytes = [], 0
@@ -149,12 +144,8 @@ class EngineStage:
             if self.host is not None:
                 return
             from padoc_ray.host import PageHost
-            from padoc_ray.groundtruth import truth_from_json
-            from padoc_ray.storage import local_model_dir
 
-            truth = truth_from_json(read_bytes(self.cfg.replay_gt, self.cfg.storage)) if self.cfg.replay_gt else {}
-            host = PageHost(local_model_dir(self.cfg.model, self.cfg.storage), self.cfg.host, truth=truth)
-            self.host = await host.start()
+            self.host = await PageHost.from_config(self.cfg.model, self.cfg.host, self.cfg.storage, self.cfg.replay_gt)
 
     async def __call__(self, batch: pa.Table) -> AsyncIterator[pa.Table]:
         from padoc_ray.engine.interface import EngineDeadError
@@ -174,12 +165,10 @@ class EngineStage:
             os._exit(1)
 
     async def _one(self, row: dict, image: pa.BinaryScalar) -> dict:
-        from padoc_ray.host import HostPage
+        from padoc_ray.host import parse_row
 
         if row.get("status") is not None or not image.is_valid:
             return row  # an error row from rasterization: passes through
-        rec = await self.host.parse(HostPage(
-            doc_id=row["doc_id"], page_index=row["page_index"], image_bytes=image.as_buffer(),
-            width=row["image_width"], height=row["image_height"], source_name=row["source_uri"], mode=self.cfg.mode))
-        logger.info("page %s:%d %s in %.2fs", row["doc_id"][:12], row["page_index"], rec.status, rec.e2e_s)
-        return rows.page_row(row, rec, render_s=row.get("render_s"))
+        out = await parse_row(self.host, row, image.as_buffer())
+        logger.info("page %s:%d %s in %.2fs", row["doc_id"][:12], row["page_index"], out["status"], out["e2e_s"] or 0.0)
+        return out

@@ -1,5 +1,8 @@
 """The raster stage's machinery: isolated, time-boxed rendering (:mod:`.renderer`, :mod:`.worker`)
-and the lossless encodings rendered pages travel in (:mod:`.codec`). Knows nothing of Ray."""
+and the lossless encodings rendered pages travel in (:mod:`.codec`). Knows nothing of Ray.
+
+:mod:`.document` (imported on its own: it needs pyarrow, which a renderer process never loads)
+turns one document's renderer events into page rows, for the batch job and the service alike."""
 
 from padoc_ray.raster.codec import ENCODINGS, decode_image, encode_image
 from padoc_ray.raster.renderer import (RENDER_CRASHED, RENDER_TIMEOUT, DocFailed, InProcessRenderer,

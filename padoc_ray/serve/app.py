@@ -36,20 +36,21 @@ from ray.serve.exceptions import BackPressureError, RequestCancelledError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from padoc_ray import status
-from padoc_ray.pdf import PdfError, doc_id_of
+from padoc_ray.pdf import doc_id_of
 from padoc_ray.output import rows
+from padoc_ray.raster import DocFailed
+from padoc_ray.raster.document import DocumentOpened, PageRow
 from padoc_ray.storage import normalize_uri, read_bytes, s3_key_is_plain, under_prefix
 from padoc_ray.serve import config as serve_config
 from padoc_ray.serve.config import ServeConfig
 from padoc_ray.serve.documents import (
     BadRequest,
-    RenderedPage,
     RenderPool,
     doc_error_status,
     document_status,
+    page_choice,
     parse_page_spec,
     row_json,
-    select,
 )
 from padoc_ray.serve.jobs import FINAL, JobStore
 
@@ -132,19 +133,13 @@ class EngineReplica:
 
     async def __init__(self, cfg: ServeConfig):
         from padoc_ray.host import PageHost
-        from padoc_ray.groundtruth import truth_from_json
-        from padoc_ray.storage import local_model_dir
 
-        truth = truth_from_json(read_bytes(cfg.replay_gt, cfg.storage)) if cfg.replay_gt else {}
-        self.host = await PageHost(local_model_dir(cfg.model, cfg.storage), cfg.host, truth=truth).start()
+        self.host = await PageHost.from_config(cfg.model, cfg.host, cfg.storage, cfg.replay_gt)
 
     async def parse_page(self, row: dict, image: bytes, tenant: str, salt: str) -> dict:
-        from padoc_ray.host import HostPage
+        from padoc_ray.host import parse_row
 
-        rec = await self.host.parse(HostPage(
-            doc_id=row["doc_id"], page_index=row["page_index"], image_bytes=image, width=row["image_width"],
-            height=row["image_height"], source_name=row["source_uri"], mode=row["mode"], tenant=tenant, salt=salt))
-        return rows.page_row(row, rec, render_s=row.get("render_s"))
+        return await parse_row(self.host, row, image, tenant=tenant, salt=salt)
 
     async def ready(self) -> dict:
         await self.host.probe(timeout_s=30)
@@ -350,18 +345,17 @@ class Ingress:
     # ---- one document through render + engine ----
     async def _pages(self, data: bytes, name: str, wanted, mode: str, tenant: str, salt: str, run_id: str,
                      max_pages: int, skip: frozenset[int] = frozenset()) -> AsyncIterator[Any]:
-        """Yields ``("opened", page_count, selected)`` then one finished page row per page, in the
-        order pages finish. A document-level failure raises :class:`BadRequest`. Leaving early
-        cancels the engine calls of the pages still running."""
+        """Yields a :class:`DocumentOpened` (its ``pages``: those selected, less ``skip``) then one
+        finished page row per page, in the order pages finish. A document-level failure raises
+        :class:`BadRequest`. Leaving early cancels the engine calls of the pages still running."""
         cfg = self.cfg
-        base = rows.base_row(run_id=run_id, uri=name, doc_id=doc_id_of(data), page_index=-1, page_count=None,
-                             mode=mode, model_id=cfg.served_model_id)
+        base = dict(run_id=run_id, uri=name, doc_id=doc_id_of(data), mode=mode, model_id=cfg.served_model_id)
         out: asyncio.Queue = asyncio.Queue()
         done = object()
         live: dict[int, Any] = {}
         tasks: set[asyncio.Task] = set()
 
-        async def call(rp: RenderedPage) -> None:
+        async def call(rp: PageRow) -> None:
             i = rp.row["page_index"]
             for attempt in range(2):  # a replica that died mid-page: one more try on another
                 resp = self.engine.parse_page.remote(rp.row, rp.image, tenant, salt)
@@ -385,30 +379,20 @@ class Ingress:
             await out.put(row)
 
         async def feed() -> None:
-            selected: list[int] = []
             try:
                 async with contextlib.aclosing(self.pool.render(
-                        data, name, wanted, max_pages, cfg.render, cfg.image_encoding, base,
-                        max_frames=1000)) as events:
-                    async for ev in events:
-                        if isinstance(ev, tuple):
-                            if ev[0] == "opened":
-                                try:
-                                    selected = select(ev[1], wanted, max_pages)
-                                except PdfError:
-                                    continue  # the renderer refuses it too: its "failed" event follows
-                                ev = ("opened", ev[1], [i for i in selected if i not in skip])
-                            await out.put(ev)
-                        elif isinstance(ev, dict):  # a page rendering failed: its row
-                            if ev["page_index"] not in skip:
-                                await out.put(ev)
-                        elif ev.row["page_index"] not in skip:
-                            t = asyncio.create_task(call(ev))
+                        data, name, page_choice(wanted, max_pages), cfg.render, cfg.image_encoding, base,
+                        max_frames=cfg.limits.max_image_frames, skip=skip)) as items:
+                    async for item in items:
+                        if isinstance(item, PageRow) and item.rendered:
+                            t = asyncio.create_task(call(item))
                             tasks.add(t)
                             t.add_done_callback(tasks.discard)
+                        else:  # the document opened or failed, or a page's rendering failed (its row)
+                            await out.put(item.row if isinstance(item, PageRow) else item)
                 await asyncio.gather(*list(tasks))
             except Exception as e:  # noqa: BLE001
-                await out.put(("failed", status.RENDER_FAILED, f"{type(e).__name__}"))
+                await out.put(DocFailed(status.RENDER_FAILED, f"{type(e).__name__}"))
             finally:
                 await out.put(done)
 
@@ -418,9 +402,8 @@ class Ingress:
                 item = await out.get()
                 if item is done:
                     break
-                if isinstance(item, tuple) and item[0] == "failed":
-                    _, code, message = item
-                    raise BadRequest(code, message, doc_error_status(code))
+                if isinstance(item, DocFailed):
+                    raise BadRequest(item.code, item.message, doc_error_status(item.code))
                 if isinstance(item, dict):
                     self.m_pages.inc(tags={"status": item.get("status") or "unknown"})
                     if item.get("e2e_s") is not None:
@@ -441,8 +424,8 @@ class Ingress:
         async with contextlib.aclosing(self._pages(data, name, wanted, mode, tenant, uuid.uuid4().hex,
                                                    uuid.uuid4().hex[:12], max_pages)) as gen:
             async for item in gen:
-                if isinstance(item, tuple):
-                    count, selected = item[1], item[2]
+                if isinstance(item, DocumentOpened):
+                    count, selected = item.page_count, list(item.pages)
                 else:
                     got.append(item)
         return sorted(got, key=lambda r: r["page_index"]), count, selected
@@ -544,8 +527,8 @@ class Ingress:
         async def lines():
             got: list[dict] = []
             try:
-                yield json.dumps({"type": "document", "name": name, "page_count": first[1],
-                                  "pages_selected": len(first[2])}) + "\n"
+                yield json.dumps({"type": "document", "name": name, "page_count": first.page_count,
+                                  "pages_selected": len(first.pages)}) + "\n"
                 while True:
                     try:
                         row = await asyncio.wait_for(anext(gen), max(0.0, deadline - time.monotonic()))
@@ -553,7 +536,7 @@ class Ingress:
                         break
                     except TimeoutError:
                         seen = {r["page_index"] for r in got}
-                        for i in first[2]:
+                        for i in first.pages:
                             if i not in seen:
                                 r = {"page_index": i, "status": status.REQUEST_TIMEOUT, "error_code": status.REQUEST_TIMEOUT,
                                      "error_message": f"not finished within {budget:g} s",
@@ -584,14 +567,10 @@ class Ingress:
         try:
             data, name, opts = await self._document(request)
             wanted = parse_page_spec(opts["pages"], cfg.max_job_pages)
-            count = await self._count_pages(data, name, wanted)
-            selected = select(count, wanted, cfg.max_job_pages)
+            selected = (await self._count_pages(data, name, wanted)).selected
         except BadRequest as e:
             self._count("jobs", e.status)
             return _error(e.status, e.code, e.message)
-        except PdfError as e:
-            self._count("jobs", doc_error_status(e.code))
-            return _error(doc_error_status(e.code), e.code, e.message)
         options = {"pages": list(wanted) if wanted is not None else None, "mode": opts["mode"] or cfg.host.mode}
         state = await asyncio.to_thread(self.jobs.create, tenant=tenant, name=name, data=data, options=options,
                                         pages_total=len(selected), owner=self.replica_id)
@@ -600,20 +579,21 @@ class Ingress:
         return JSONResponse(self._job_view(state, 0), status_code=202,
                             headers={"Location": f"/v1/jobs/{state['id']}"})
 
-    async def _count_pages(self, data: bytes, name: str, wanted) -> int:
-        """Open the document in a renderer (nothing rendered): its page count, or its error."""
-        count = None
-        async with contextlib.aclosing(self.pool.render(data, name, wanted, self.cfg.max_job_pages, self.cfg.render,
-                                                        self.cfg.image_encoding, {}, max_frames=1000,
-                                                        count_only=True)) as events:
-            async for ev in events:
-                if isinstance(ev, tuple) and ev[0] == "failed":
-                    raise BadRequest(ev[1], ev[2], doc_error_status(ev[1]))
-                if isinstance(ev, tuple) and ev[0] == "opened":
-                    count = ev[1]
-        if count is None:
+    async def _count_pages(self, data: bytes, name: str, wanted) -> DocumentOpened:
+        """Open the document in a renderer (nothing rendered): its page count and selection, or its error."""
+        opened = None
+        async with contextlib.aclosing(self.pool.render(data, name, page_choice(wanted, self.cfg.max_job_pages),
+                                                        self.cfg.render, self.cfg.image_encoding, {},
+                                                        max_frames=self.cfg.limits.max_image_frames,
+                                                        count_only=True)) as items:
+            async for item in items:
+                if isinstance(item, DocFailed):
+                    raise BadRequest(item.code, item.message, doc_error_status(item.code))
+                if isinstance(item, DocumentOpened):
+                    opened = item
+        if opened is None:
             raise BadRequest(status.RENDER_FAILED, "the document could not be opened", 422)
-        return count
+        return opened
 
     def _job_view(self, st: dict, pages_done: int, cancelling: bool = False) -> dict:
         state = st["status"]

@@ -14,8 +14,9 @@ from typing import Any, Mapping
 
 from padoc_ray.host import HostConfig
 from padoc_ray.pdf import RenderConfig
-from padoc_ray.storage import StorageConfig
 from padoc_ray.raster import ENCODINGS, RendererConfig
+from padoc_ray.raster.document import InputLimits
+from padoc_ray.storage import StorageConfig
 
 TOKEN_ENV = "PADOC_RAY_API_TOKEN"
 
@@ -40,6 +41,9 @@ class ServeConfig:
     #: rendering happens in the ingress, in renderer processes (pdfium is not thread-safe), with deadlines
     renderer: RendererConfig = field(default_factory=lambda: RendererConfig(doc_timeout_s=300.0))
     render_workers: int = 2  #: renderer processes per ingress replica (documents rendered at once)
+    #: the batch job's per-input caps; the service applies their frame cap (frames of one image, 1,000).
+    #: Its page caps are max_pages / max_job_pages and its byte cap max_upload_bytes (below)
+    limits: InputLimits = field(default_factory=InputLimits)
     image_encoding: str = "zstd"  #: how page images travel from the ingress to the engine (lossless)
     max_upload_bytes: int = 50 << 20  #: request bodies above this get 413 (before they are read whole)
     max_pages: int = 50  #: pages one /v1/parse or chat request may select (413 above)
@@ -108,6 +112,8 @@ class ServeConfig:
             kw["renderer"] = RendererConfig(**args.pop("renderer"))
         if "storage" in args:
             kw["storage"] = StorageConfig(**args.pop("storage"))
+        if "limits" in args:
+            kw["limits"] = InputLimits(**args.pop("limits"))
         env = args.pop("api_token_env", TOKEN_ENV)
         if "token_sha256" not in args:
             kw["token_sha256"] = token_digest(os.environ.get(env))

@@ -4,7 +4,8 @@ renderer processes, and turning page rows into the API's JSON. No ray, no fastap
 pdfium is not thread-safe, even across documents, so nothing here renders in the ingress process:
 each document is rendered by one of a small pool of :class:`~padoc_ray.raster.IsolatedRenderer`
 processes (with the batch job's deadlines and crash isolation), driven from a worker thread, and
-its events reach the event loop through a queue as pages finish.
+its items (page rows, made as the batch job makes them: :mod:`padoc_ray.raster.document`) reach the
+event loop through a queue as pages finish.
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ import contextlib
 import datetime as dt
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from padoc_ray.pdf import PdfError
 from padoc_ray.output import rows
-from padoc_ray.raster import DocFailed, IsolatedRenderer, Opened, PageFailed, RendererConfig
+from padoc_ray.raster import DocFailed, IsolatedRenderer, RendererConfig
+from padoc_ray.raster.document import DocumentItem, PageChoice, document_rows
 from padoc_ray.status import PAGE_OUT_OF_RANGE, RENDER_FAILED, TOO_MANY_PAGES, http_status
 from padoc_ray.status import document_status as status_rollup
 
+__all__ = ["PAGE_OUT_OF_RANGE", "BadRequest", "RenderPool", "doc_error_status", "document_status", "page_choice",
+           "parse_page_spec", "row_json"]
 
 
 class BadRequest(ValueError):
@@ -42,17 +44,15 @@ def parse_page_spec(spec: str | None, limit: int) -> tuple[int, ...] | None:
             BadRequest("bad_pages", f"pages: {e}", 422) from None
 
 
-def select(count: int, wanted: tuple[int, ...] | None, max_pages: int) -> list[int]:
-    """The pages to render of a document with ``count`` pages; raises the refusal as a PdfError
-    (the renderer turns it into the document's failure before rendering anything)."""
-    if wanted is not None and wanted and wanted[-1] >= count:
-        missing = [i + 1 for i in wanted if i >= count]
-        raise PdfError(PAGE_OUT_OF_RANGE, f"page {missing[0]} does not exist: the document has {count} page(s)")
-    chosen = list(range(count)) if wanted is None else list(wanted)
-    if len(chosen) > max_pages:
-        raise PdfError(TOO_MANY_PAGES, f"{len(chosen)} pages selected, over this service's limit of {max_pages} "
-                                         f"per request (select fewer with pages=, or use /v1/jobs)")
-    return chosen
+def page_choice(wanted: tuple[int, ...] | None, max_pages: int) -> PageChoice:
+    """A request's page selection: ``wanted`` (from :func:`parse_page_spec`) must exist in the
+    document (``page_out_of_range``), and at most ``max_pages`` may be selected (``too_many_pages``)."""
+    return PageChoice(wanted=wanted, strict=True, cap=max_pages, cap_message=_cap_message)
+
+
+def _cap_message(n: int, _count: int, cap: int) -> str:
+    return (f"{n} pages selected, over this service's limit of {cap} per request (select fewer with pages=, "
+            f"or use /v1/jobs)")
 
 
 def doc_error_status(code: str) -> int:
@@ -81,12 +81,6 @@ def row_json(row: dict) -> dict:
             v = round(v, 4)
         out[k] = v
     return out
-
-
-@dataclass
-class RenderedPage:
-    row: dict  #: the page's row so far (image size, page size, render time), status None
-    image: bytes
 
 
 class RenderPool:
@@ -118,12 +112,16 @@ class RenderPool:
             for r in self._all:
                 r.close()
 
-    async def render(self, data: bytes, name: str, wanted: tuple[int, ...] | None, max_pages: int, render_cfg,
-                     encoding: str, base: dict, max_frames: int, count_only: bool = False) -> AsyncIterator[Any]:
-        """Yields ``("opened", page_count, repaired)``, then a :class:`RenderedPage` or an error row
-        (dict) per page in order; or a single ``("failed", code, message)``. ``count_only``: open and
-        check the selection, render nothing. Stopping early (the client left, the job was cancelled)
-        abandons the document: its renderer is restarted."""
+    async def render(self, data: bytes, name: str, choice: PageChoice, render_cfg, encoding: str, base: dict,
+                     max_frames: int, count_only: bool = False,
+                     skip: frozenset[int] = frozenset()) -> AsyncIterator[DocumentItem]:
+        """Yields the document's items (:func:`padoc_ray.raster.document.document_rows`: a
+        :class:`~padoc_ray.raster.document.DocumentOpened`, then a
+        :class:`~padoc_ray.raster.document.PageRow` per page in order; or a single
+        :class:`~padoc_ray.raster.DocFailed`). ``base``: the row fields of
+        :func:`~padoc_ray.output.rows.base_row` but page_index and page_count. ``count_only``: open
+        and check the selection, render nothing. Stopping early (the client left, the job was
+        cancelled) abandons the document: its renderer is restarted."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue(maxsize=8)  # bounded: rendering waits for the engine side
         stop = threading.Event()
@@ -139,35 +137,21 @@ class RenderPool:
                     continue
             fut.cancel()
 
-        def chosen(n: int) -> list[int]:
-            pages = select(n, wanted, max_pages)  # raises the refusal
-            return [] if count_only else pages
-
         def work() -> None:
-            count, repaired = None, None
             renderer = self._renderer()
             try:
                 # closed at once when we stop early (its renderer is then killed and replaced)
-                with contextlib.closing(renderer.render_document(data, name, chosen, render_cfg, encoding,
-                                                                 max_frames=max_frames)) as events:
-                    for ev in events:
+                with contextlib.closing(document_rows(renderer, data, name, base, choice, render_cfg, encoding,
+                                                      max_frames=max_frames, skip=skip,
+                                                      count_only=count_only)) as items:
+                    for item in items:
                         if stop.is_set():
                             break
-                        if isinstance(ev, DocFailed):
-                            put(("failed", ev.code, ev.message))
+                        put(item)
+                        if isinstance(item, DocFailed):
                             break
-                        if isinstance(ev, Opened):
-                            count, repaired = ev.page_count, ev.repaired
-                            put(("opened", count, repaired))
-                            continue
-                        b = {**base, "page_index": ev.index, "page_count": count, "repaired": repaired,
-                             "processed_at": rows.now()}
-                        if isinstance(ev, PageFailed):
-                            put(rows.error_row(b, ev.code, ev.message))
-                        else:
-                            put(RenderedPage({**b, **ev.meta}, ev.image_bytes))
             except Exception as e:  # noqa: BLE001 - a bug in rendering is this document's failure
-                put(("failed", RENDER_FAILED, f"{type(e).__name__}: {e}"))
+                put(DocFailed(RENDER_FAILED, f"{type(e).__name__}: {e}"))
             finally:
                 put(done)
 
