@@ -8,16 +8,14 @@ import os
 import sys
 import tempfile
 
-from padoc_ray.cli.common import (
-    DEFAULT_MODEL,
-    EXAMPLES_DIR,
-    add_command,
-    add_constrain_layout,
-    add_stream_limits,
-    die,
-    group_help,
-    int_list,
-    str_list,
+from padoc_ray.cli.common import DEFAULT_MODEL, EXAMPLES_DIR, add_command, die, group_help, int_list, str_list
+from padoc_ray.cli.flags import (
+    add_fields,
+    add_max_num_seqs,
+    add_scheduler_flags,
+    engine_overrides,
+    from_args,
+    scheduler_from_args,
 )
 from padoc_ray.scheduler.state import DECODE_MODES
 
@@ -175,13 +173,11 @@ def cmd_bench_attention(args) -> int:
             device=args.device, dtype=args.dtype, memory_budget_gib=args.memory_budget_gib,
             flex_compile=not args.no_flex_compile, seed=args.seed)
     except ValueError as e:
-        print(f"padoc-ray bench attention: error: {e}", file=sys.stderr)
-        return 2
+        return die(str(e), prog="padoc-ray bench attention", exit=False)
     try:
         results = run_bench(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
     except ValueError as e:
-        print(f"padoc-ray bench attention: error: {e}", file=sys.stderr)
-        return 2
+        return die(str(e), prog="padoc-ray bench attention", exit=False)
     print(format_table(results))
     _write_json(args.json, results)
     return 0
@@ -195,33 +191,22 @@ def _modes(text: str) -> tuple[str, ...]:
 
 
 def add_host_args(p: argparse.ArgumentParser) -> None:
-    """The engine host's knobs shared by `bench serve` and `bench replay` (defaults: the config dataclasses')."""
-    from padoc_ray.engine.config import EngineConfig
+    """The engine host's knobs shared by `bench serve` and `bench replay`: every SchedulerConfig field,
+    --max-num-seqs and --max-live-branches (defaults: the config dataclasses')."""
+    from padoc_ray.host import HostConfig
 
-    add_stream_limits(p)
-    p.add_argument("--max-num-seqs", type=int, default=None,
-                   help=f"engine max_num_seqs (default: the engine preset's, {EngineConfig.max_num_seqs})")
-    p.add_argument("--page-priority", action="store_true",
-                   help="oldest page first: a page's requests run ahead of later pages' (vLLM priority scheduling; "
-                        "pair it with a smaller --max-num-seqs)")
-    p.add_argument("--layout-priority", action="store_true",
-                   help="run layout streams ahead of branches (vLLM priority scheduling)")
-    p.add_argument("--max-live-branches", type=int, default=None,
-                   help="cap on content branches live in the engine at once, over all pages (default: none)")
-    p.add_argument("--stream-branches", action="store_true",
-                   help="stream branch tokens (the runaway guard can stop a branch early) instead of taking each "
-                        "branch's output once at its end (the default)")
+    add_scheduler_flags(p)
+    add_max_num_seqs(p)
+    add_fields(p, HostConfig, ("max_live_branches",), helps={
+        "max_live_branches": "cap on content branches live in the engine at once, over all pages"})
 
 
 def _host_cfg(args, pages_in_flight: int):
-    from padoc_ray.bench.serve import host_config
+    from padoc_ray.host import HostConfig
 
     try:
-        return host_config(pages_in_flight=pages_in_flight, max_tokens=args.max_tokens, max_branches=args.max_branches,
-                           max_num_seqs=args.max_num_seqs, layout_priority=args.layout_priority,
-                           page_priority=args.page_priority,
-                           max_live_branches=args.max_live_branches, stream_branches=args.stream_branches,
-                           constrain_layout=args.constrain_layout)
+        return from_args(HostConfig, args, pages_in_flight=pages_in_flight, scheduler=scheduler_from_args(args),
+                         engine_overrides=engine_overrides(args))
     except ValueError as e:
         die(str(e))
 
@@ -293,7 +278,7 @@ def cmd_bench_steps(args) -> int:
     except ValueError as e:
         die(f"bench steps: {e}")
     log = lambda m: print(m, file=sys.stderr, flush=True)
-    overrides = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
+    overrides = engine_overrides(args)
     try:
         rep = run(os.path.abspath(args.model), args.image, cfg, engine_overrides=overrides, log=log)
     except PdfError as e:
@@ -459,6 +444,8 @@ def register(sub) -> None:
     bh.add_argument("--requests", type=int, default=64, help="one-page requests per concurrency and side (default 64)")
     bh.add_argument("--warmup", type=int, default=4, help="untimed requests per side first (default 4)")
     bh.add_argument("--out", default=None, help="folder for http_bench.json")
-    add_constrain_layout(bh)
+    from padoc_ray.scheduler import SchedulerConfig
+
+    add_fields(bh, SchedulerConfig, ("constrain_layout",))
     bh.set_defaults(func=cmd_bench_http)
     group_help(bench)

@@ -50,7 +50,7 @@ def rasterize(batch: pa.Table, cfg: BatchConfig, model_id: str) -> Iterator[pa.T
         uri, done = item["uri"], set(item["done"] or ())
         base = dict(run_id=cfg.run_id, uri=uri, mode=cfg.mode, model_id=model_id)
         if item["size"] is not None and item["size"] < 0:
-            yield _doc_error(base, None, *listing_refusal(item["size"], cfg.limits))
+            yield _doc_error(base, None, *listing_refusal(item["size"], cfg.inputs.limits))
             continue
         yield from _rasterize_doc(uri, done, cfg, base, item.get("doc_id"))
 
@@ -62,7 +62,7 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
     ``raster_block_mb`` of images), so a large document is never held whole and small ones do not
     cost one Ray object per page."""
     try:
-        data = read_bytes(uri, cfg.storage, max_bytes=cfg.limits.max_file_bytes)
+        data = read_bytes(uri, cfg.storage, max_bytes=cfg.inputs.limits.max_file_bytes)
     except NotRegularFile as e:  # swapped for a FIFO (or folder) after the listing
         yield _doc_error(base, None, limits.NOT_REGULAR_FILE, str(e))
         return
@@ -72,9 +72,9 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
     except OSError as e:  # TimeoutError included: the read has a deadline (StorageConfig.read_timeout_s)
         yield _doc_error(base, None, limits.READ_FAILED, str(e) or type(e).__name__)
         return
-    too_large = listing_refusal(len(data), cfg.limits)  # the file grew past the cap after it was listed
+    too_large = listing_refusal(len(data), cfg.inputs.limits)  # the file grew past the cap after it was listed
     if too_large is not None:
-        yield _doc_error(base, None, too_large[0], f"more than {cfg.limits.max_file_bytes} bytes when read "
+        yield _doc_error(base, None, too_large[0], f"more than {cfg.inputs.limits.max_file_bytes} bytes when read "
                                                    f"(--file-size-limit-mb)")
         return
     doc_id = doc_id_of(data)
@@ -82,22 +82,22 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
         # the file's bytes changed since its done pages were written: those pages are of another version
         logger.info("doc %s changed since its rows were written (was %s): parsed again in full", uri, done_doc_id[:12])
         done = set()
-    renderer = renderer_for(cfg.renderer)
+    renderer = renderer_for(cfg.raster.renderer)
     page_count, repaired = None, None
     pending: list[dict] = []
     pending_bytes = 0
 
     def select(n: int) -> list[int]:
-        selected = rows.select_pages(n, cfg.pages, cfg.max_pages_per_doc)
-        capped = page_cap_error(n, selected, cfg.limits)  # before any page is rendered
+        selected = rows.select_pages(n, cfg.inputs.pages, cfg.inputs.max_pages_per_doc)
+        capped = page_cap_error(n, selected, cfg.inputs.limits)  # before any page is rendered
         if capped is not None:
             raise capped  # the renderer turns it into DocFailed: one row, nothing rendered
         logger.info("doc %s (%s): %d pages, %d selected, %d already done", doc_id[:12], uri, n, len(selected),
                     len(done & set(selected)))
         return [i for i in selected if i not in done]
 
-    for ev in renderer.render_document(data, os.path.basename(uri.rstrip("/")), select, cfg.render,
-                                       cfg.image_encoding, max_frames=cfg.limits.max_image_frames):
+    for ev in renderer.render_document(data, os.path.basename(uri.rstrip("/")), select, cfg.raster.render,
+                                       cfg.raster.encoding, max_frames=cfg.inputs.limits.max_image_frames):
         if isinstance(ev, DocFailed):
             yield _doc_error(base, doc_id, ev.code, ev.message, ev.page_count)
             return
@@ -113,7 +113,7 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
             metrics.get().rendered(ev.meta.get("render_s"))
             pending.append({**b, **ev.meta, "image_bytes": ev.image_bytes})
             pending_bytes += len(ev.image_bytes)
-        if len(pending) >= cfg.raster_pages_per_block or pending_bytes >= cfg.raster_block_mb << 20:
+        if len(pending) >= cfg.raster.pages_per_block or pending_bytes >= cfg.raster.block_mb << 20:
             yield pa.Table.from_pylist(pending, schema=RASTER_SCHEMA)
             pending, pending_bytes = [], 0
     if pending:
@@ -122,9 +122,9 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
 
 def missing_engine_resources(cfg: BatchConfig, cluster: dict[str, float]) -> str | None:
     """A warning when no node of the cluster now has the custom resources one engine actor asks for
-    (``cfg.engine_resources``; ``cluster`` is ``ray.cluster_resources()``): its actors then wait for
+    (``cfg.engines.engine_resources``; ``cluster`` is ``ray.cluster_resources()``): its actors then wait for
     such a node to join (an autoscaler may add one), else the job never finishes."""
-    short = {k: v for k, v in cfg.engine_resources.items() if cluster.get(k, 0.0) < v}
+    short = {k: v for k, v in cfg.engines.engine_resources.items() if cluster.get(k, 0.0) < v}
     if not short:
         return None
     have = ", ".join(f"{k}={cluster.get(k, 0.0):g}" for k in short)
@@ -153,7 +153,7 @@ class EngineStage:
             from padoc_ray.storage import local_model_dir
 
             truth = truth_from_json(read_bytes(self.cfg.replay_gt, self.cfg.storage)) if self.cfg.replay_gt else {}
-            host = PageHost(local_model_dir(self.cfg.model, self.cfg.storage), self.cfg.host, truth=truth)
+            host = PageHost(local_model_dir(self.cfg.model, self.cfg.storage), self.cfg.engines.host, truth=truth)
             self.host = await host.start()
 
     async def __call__(self, batch: pa.Table) -> AsyncIterator[pa.Table]:
