@@ -75,6 +75,10 @@ def register(sub) -> None:
     s.set_defaults(func=run)
 
 
+#: how serve's errors begin (``padoc-ray serve: error: ...``)
+PROG = "padoc-ray serve"
+
+
 def config_from_args(args: argparse.Namespace):
     from padoc_ray.host import HostConfig
     from padoc_ray.serve.config import TOKEN_ENV, ServeConfig, token_digest
@@ -85,10 +89,6 @@ def config_from_args(args: argparse.Namespace):
     return from_args(ServeConfig, args, model=args.model, host=host,
                      storage=from_args(StorageConfig, args, base=d.storage),
                      token_sha256=token_digest(os.environ.get(TOKEN_ENV)))
-
-
-def _die(msg: str) -> None:
-    die(msg, prog="padoc-ray serve")
 
 
 def _wait_ready(url: str, timeout_s: float, stop: threading.Event) -> bool:
@@ -108,16 +108,16 @@ def run(args: argparse.Namespace) -> int:
     from padoc_ray.storage import is_s3
 
     if args.replay and not is_s3(args.replay) and not os.path.isfile(args.replay):
-        _die(f"--replay: {args.replay} does not exist")
+        die(f"--replay: {args.replay} does not exist", prog=PROG)
     if not is_s3(args.model) and not os.path.isfile(os.path.join(args.model, "padoc_protocol.json")):
-        _die(f"--model: {args.model} is not a PaDoc checkpoint (no padoc_protocol.json); build the tiny one with "
-             f"`padoc-ray build-tiny-model {args.model}`")
+        die(f"--model: {args.model} is not a PaDoc checkpoint (no padoc_protocol.json); build the tiny one with "
+             f"`padoc-ray build-tiny-model {args.model}`", prog=PROG)
     if not 0 < args.port < 65536:
-        _die(f"--port: {args.port} is not a port")
+        die(f"--port: {args.port} is not a port", prog=PROG)
     try:
         cfg = config_from_args(args)
     except ValueError as e:
-        _die(str(e))
+        die(str(e), prog=PROG)
 
     stop = threading.Event()
 
@@ -141,14 +141,14 @@ def run(args: argparse.Namespace) -> int:
         try:
             serve.start(http_options={"host": args.host, "port": args.port})
         except Exception as e:  # noqa: BLE001 - a taken port, most often
-            _die(f"cannot listen on {args.host}:{args.port}: {e}")
+            die(f"cannot listen on {args.host}:{args.port}: {e}", prog=PROG)
         serve.run(build_app(cfg), name="padoc", route_prefix="/", blocking=False)
         shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
         url = f"http://{shown}:{args.port}"
         if not _wait_ready(url, args.ready_timeout, stop):
             if not stop.is_set():
                 rc = die(f"{url}/readyz did not answer 200 within {args.ready_timeout:g} s", 1,
-                         prog="padoc-ray serve", exit=False)
+                         prog=PROG, exit=False)
         else:
             auth = "bearer token required" if cfg.token_sha256 else "no auth (set PADOC_RAY_API_TOKEN to require one)"
             print(f"padoc-ray serve: ready at {url} (model {cfg.served_model_id}; {auth}; API docs at {url}/docs)",

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from padoc_ray.cli.common import add_command, positive
+from padoc_ray.cli.common import add_command, die, positive
 from padoc_ray.trainer.config import BACKENDS  # pure: building the parser imports no torch
 
 DESCRIPTION = """\
@@ -77,11 +77,6 @@ def register(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _error(msg: str, code: int = 2) -> int:
-    print(f"padoc-ray: error: {msg}", file=sys.stderr)
-    return code
-
-
 def config_from_args(args: argparse.Namespace):
     """The :class:`~padoc_ray.trainer.config.TrainConfig` of the flags; TrainInputError on a bad value."""
     from padoc_ray.trainer.config import (
@@ -114,15 +109,15 @@ def run_from_args(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         check_inputs(cfg)
     except TrainInputError as e:
-        return _error(str(e))
+        return die(str(e), exit=False)
     try:
         summary = run_training(cfg, progress=lambda m: print(f"padoc-ray train: {m}", file=sys.stderr))
     except TrainInputError as e:
-        return _error(str(e))
+        return die(str(e), exit=False)
     except Exception as e:  # noqa: BLE001 - a failed Ray run: one line, details are in the worker logs above
         logging.getLogger(__name__).debug("training failed", exc_info=True)
-        return _error(f"training failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}",
-                      1)
+        return die(f"training failed: {type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}",
+                      1, exit=False)
     print(json.dumps(summary, indent=2))
     print(f"metrics: {os.path.join(summary['out'], 'metrics.jsonl')}; model: {summary['model']}")
     return 0
