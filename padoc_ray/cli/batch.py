@@ -45,11 +45,8 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
                                                         "summary.json")
     io.add_argument("--model", required=True, help="checkpoint directory, local or s3:// (holds padoc_protocol.json)")
     add_fields(io, InputsConfig, ("manifest_allow", "follow_symlinks"))
-    add_fields(io, StorageConfig, ("read_timeout_s",), helps={
-        "read_timeout_s": "one input file's whole read, local or s3://, must finish within this, else its row says "
-                          "read_failed and a rerun tries again"})
+    add_fields(io, StorageConfig, ("read_timeout_s", "endpoint"))
     add_fields(io, OutputsConfig, ("lock_wait_s", "leftover_grace_s", "lock_stale_s"))
-    add_fields(io, StorageConfig, ("endpoint",))
     gen = p.add_argument_group("parsing")
     if job_io:
         add_mode(gen)
@@ -57,25 +54,16 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
     add_fields(gen, InputLimits, ("max_doc_pages", "max_image_frames", "max_file_bytes"))
     add_render(gen)
     add_scheduler_flags(gen)
-    add_fields(gen, BatchConfig, ("replay_gt",), helps={
-        "replay_gt": "teacher-force the model with this OmniDocBench ground truth (pages matched by file name and "
-                     "page_no; for random-weight demo models and benchmarks)"})
+    add_fields(gen, BatchConfig, ("replay_gt",))
     act = p.add_argument_group("engine actors")
     add_fields(act, EnginesConfig, ("num_actors", "gpus_per_actor", "cpus_per_actor", "engine_resources",
                                     "batch_pages"))
-    add_fields(act, HostConfig, ("pages_in_flight", "max_live_branches", "engine"), helps={
-        "pages_in_flight": "pages one actor runs at once",
-        "max_live_branches": "per actor: cap on content branches live at once",
-        "engine": "vllm, or noop: no model, every page an empty layout (measures pipeline overhead)"})
+    add_fields(act, HostConfig, ("pages_in_flight", "max_live_branches", "engine"))
     add_max_num_seqs(act)
     rend = p.add_argument_group("rendering")
     add_fields(rend, RasterConfig, ("cpus", "docs_per_task", "pages_per_block", "block_mb", "encoding"))
     add_fields(rend, RendererConfig, ("page_timeout_s", "doc_timeout_s", "page_budget_s", "memory_limit_mb",
-                                      "isolate"), helps={
-        "page_timeout_s": "opening a document, or rendering one page, may take at most this long; the renderer "
-                          "process is then killed and the page gets render_timeout",
-        "memory_limit_mb": "address-space limit of the renderer process; a page needing more gets "
-                           "render_out_of_memory or render_crashed, alone (0: none)"})
+                                      "isolate"))
     add_render(rend, names=("max_page_draws",))
     out = p.add_argument_group("writing")
     add_fields(out, OutputsConfig, ("rows_per_file", "writer_cpus"))

@@ -197,8 +197,7 @@ def add_host_args(p: argparse.ArgumentParser) -> None:
 
     add_scheduler_flags(p)
     add_max_num_seqs(p)
-    add_fields(p, HostConfig, ("max_live_branches",), helps={
-        "max_live_branches": "cap on content branches live in the engine at once, over all pages"})
+    add_fields(p, HostConfig, ("max_live_branches",))
 
 
 def _host_cfg(args, pages_in_flight: int):

@@ -91,8 +91,8 @@ class Alias:
     ``flags``: its spellings (the first names it in help; every one works); ``dest``: the argparse
     destination (default: the field name); ``type``/``action``/``metavar``/``choices``: as argparse's;
     ``to_field``: the flag's value -> the field's; ``from_field``: the field's default -> the flag's
-    default; ``help``: replaces the field's comment; ``default_text``: what help shows for an empty
-    default (None, 0, []); ``show``: formats the default for help."""
+    default; ``help``: replaces the field's comment, ``note``: follows it (what the flag's units mean);
+    ``default_text``: what help shows for an empty default (None, 0, []); ``show``: formats the default."""
 
     flags: tuple[str, ...] = ()
     dest: str | None = None
@@ -103,6 +103,7 @@ class Alias:
     to_field: Callable[[Any], Any] | None = None
     from_field: Callable[[Any], Any] | None = None
     help: str | None = None
+    note: str | None = None
     default_text: str | None = None
     show: Callable[[Any], str] | None = None
 
@@ -156,15 +157,12 @@ def _aliases() -> dict[tuple[str, str], Alias]:
     return {
         ("SchedulerConfig", "deadline_s"): Alias(flags=("--page-deadline", "--deadline"), metavar="SECONDS",
                                                  default_text="none"),
-        ("SchedulerConfig", "runaway_window"): Alias(
-            to_field=_or_none, from_field=_none_is_zero, metavar="N",
-            help="runaway guard: stop a stream whose last N tokens repeat with a period of at most "
-                 "--runaway-max-period (0: off)"),
+        ("SchedulerConfig", "runaway_window"): Alias(metavar="N", to_field=_or_none, from_field=_none_is_zero,
+                                                     note="0: off"),
         ("HostConfig", "mode"): Alias(choices=DECODE_MODES),
         ("HostConfig", "engine"): Alias(choices=("vllm", "noop")),
         ("HostConfig", "max_live_branches"): Alias(default_text="no cap"),
-        ("RenderConfig", "dpi"): Alias(help="render PDF pages at this DPI instead of --longest-side",
-                                       default_text="none"),
+        ("RenderConfig", "dpi"): Alias(default_text="none"),
         ("RenderConfig", "max_page_draws"): Alias(flags=("--page-draw-limit",), metavar="N"),
         ("RendererConfig", "isolate"): Alias(
             flags=("--no-render-isolation",), dest="no_render_isolation", action="store_true",
@@ -173,55 +171,38 @@ def _aliases() -> dict[tuple[str, str], Alias]:
                  "crash then fails the whole task); for benchmarks"),
         ("RendererConfig", "page_timeout_s"): Alias(flags=("--render-timeout",), metavar="SECONDS"),
         ("RendererConfig", "doc_timeout_s"): Alias(flags=("--doc-timeout",), metavar="SECONDS", to_field=_or_none,
-                                                   from_field=_none_is_zero,
-                                                   help="all pages of one document may take at most this long to "
-                                                        "render; the pages not rendered by then get render_timeout "
-                                                        "(0: no limit)"),
+                                                   from_field=_none_is_zero, note="0: no limit"),
         ("RendererConfig", "page_budget_s"): Alias(flags=("--page-render-budget",), metavar="SECONDS",
                                                    to_field=_or_none, from_field=_none_is_zero,
-                                                   help="renderer seconds per selected page: a document's time limit "
-                                                        "is this times its selected pages, at least --render-timeout, "
-                                                        "at most --doc-timeout; only the renderer's own time counts "
-                                                        "(0: --doc-timeout alone)"),
+                                                   note="0: --doc-timeout alone"),
         ("RendererConfig", "memory_limit_mb"): Alias(flags=("--render-memory-limit-mb",), metavar="MB"),
         ("StorageConfig", "endpoint"): Alias(flags=("--s3-endpoint",), dest="s3_endpoint",
-                                             help="S3-compatible endpoint URL; credentials come from the standard "
-                                                  "AWS chain", default_text="AWS_ENDPOINT_URL(_S3), else AWS"),
+                                             default_text="AWS_ENDPOINT_URL(_S3), else AWS"),
         ("StorageConfig", "read_timeout_s"): Alias(flags=("--read-timeout",), metavar="SECONDS"),
         ("InputLimits", "max_doc_pages"): Alias(flags=("--doc-page-limit",), metavar="N", to_field=_or_none,
-                                                from_field=_none_is_zero,
-                                                help="refuse documents with more than N selected pages before any is "
-                                                     "rendered (status too_many_pages; 0: no limit)"),
-        ("InputLimits", "max_image_frames"): Alias(flags=("--image-frame-limit",), metavar="N",
-                                                   help="refuse images with more than N frames (status "
-                                                        "too_many_frames)"),
+                                                from_field=_none_is_zero, note="0: no limit"),
+        ("InputLimits", "max_image_frames"): Alias(flags=("--image-frame-limit",), metavar="N"),
         ("InputLimits", "max_file_bytes"): Alias(
             flags=("--file-size-limit-mb",), dest="file_size_limit_mb", type=float, metavar="MB",
             to_field=lambda mb: int(mb * MB) or None, from_field=lambda b: 0 if b is None else b / MB,
-            help="refuse input files larger than this, from the listing, without reading them, or when read if a "
-                 "file grew past it (status file_too_large; 0: no limit)"),
+            help="refuse input files larger than this many MB, from the listing without reading them, or when read "
+                 "if a file grew past it (status file_too_large; 0: no limit)"),
         ("ServeConfig", "max_upload_bytes"): Alias(
             flags=("--max-upload-mb",), dest="max_upload_mb", type=positive(float), metavar="MB",
-            to_field=lambda m: int(m * MB), from_field=lambda b: b / MB,
-            help="largest request body; bigger ones get 413"),
-        ("ServeConfig", "engine_gpus"): Alias(flags=("--gpus-per-replica",),
-                                              help="GPUs per engine replica (1 on GPUs)"),
-        ("ServeConfig", "engine_replicas"): Alias(type=_range_pair, metavar="N|MIN,MAX",
-                                                  from_field=tuple, show=_range_text,
-                                                  help="engine replicas, autoscaled between MIN and MAX on pages in "
-                                                       "flight"),
+            to_field=lambda m: int(m * MB), from_field=lambda b: b / MB, help="largest request body; bigger ones "
+                                                                              "get 413"),
+        ("ServeConfig", "engine_gpus"): Alias(flags=("--gpus-per-replica",)),
+        ("ServeConfig", "engine_replicas"): Alias(type=_range_pair, metavar="N|MIN,MAX", from_field=tuple,
+                                                  show=_range_text),
         ("ServeConfig", "allowed_s3"): Alias(flags=("--allow-s3",), action="append", metavar="s3://BUCKET[/PREFIX]",
-                                             to_field=tuple, from_field=list, default_text="none",
-                                             help="a prefix requests may name as `uri` or `image_url` (repeatable)"),
+                                             to_field=tuple, from_field=list, note="repeatable"),
         ("ServeConfig", "request_timeout_s"): Alias(flags=("--request-timeout",)),
         ("ServeConfig", "job_lease_s"): Alias(flags=("--job-lease",)),
         ("ServeConfig", "replay_gt"): Alias(flags=("--replay",), dest="replay", metavar="GT.json"),
         ("BatchConfig", "replay_gt"): Alias(flags=("--replay",), dest="replay", metavar="GT.json"),
         ("EnginesConfig", "num_actors"): Alias(flags=("--actors",), type=_range_pair, from_field=tuple,
-                                               show=_range_text, help="engine actors: N or MIN,MAX (autoscaled "
-                                                                      "between)"),
-        ("EnginesConfig", "engine_resources"): Alias(type=_resources, metavar="JSON", from_field=dict,
-                                                     default_text="none"),
+                                               show=_range_text, note="N or MIN,MAX"),
+        ("EnginesConfig", "engine_resources"): Alias(type=_resources, metavar="JSON", from_field=dict),
         ("EnginesConfig", "batch_pages"): Alias(flags=("--engine-batch-pages",)),
         ("InputsConfig", "pages"): Alias(type=page_ranges, to_field=lambda v: None if v is None else tuple(v),
                                          default_text="all",
@@ -316,13 +297,15 @@ def add_fields(p, cls: type, names, *, base=None, number: Callable[[Callable], C
             kw["choices"] = a.choices
         kw["default"] = default
         text = (helps or {}).get(name) or a.help or docs.get(name) or name.replace("_", " ")
+        if a.note:
+            text = f"{text} ({a.note})"
         if a.show:
             shown = a.show(default)
         elif a.default_text is not None and default in (None, 0, [], {}):
             shown = a.default_text
         else:
             shown = _show(default)
-        text = f"{text} (default: {shown})".replace("%", "%%")
+        text = f"{text} (default: {shown})".replace("``", "").replace("%", "%%")
         action = p.add_argument(*flags, **kw)
         action.help = text  # BooleanOptionalAction appends its own default on some Pythons
         action.padoc_field = (cls, name, value)
@@ -366,27 +349,13 @@ SCHEDULER_FIELDS = ("max_tokens", "max_branches", "deadline_s", "constrain_layou
                     "runaway_max_period", "layout_stall_tokens", "skip_contentless", "layout_priority",
                     "page_priority", "stream_branches", "temperature")
 
-_SCHEDULER_HELP = {
-    "constrain_layout": "keep each layout stream in the checkpoint's layout grammar (a logits mask: category, "
-                        "ordered box coordinates, region close; at most --max-branches regions), so no page ends "
-                        "malformed_layout; teacher-forced tokens still win",
-    "layout_priority": "run layout streams ahead of branches (vLLM priority scheduling)",
-    "page_priority": "oldest page first: a page's requests run ahead of later pages' (vLLM priority scheduling; "
-                     "pair it with a smaller --max-num-seqs)",
-    "stream_branches": "stream branch tokens (the runaway guard can stop a branch early) instead of taking each "
-                       "branch's output once at its end",
-    "skip_contentless": "fork no content branch for categories whose content format is none (figures)",
-    "runaway_max_period": "the runaway guard's longest repetition period, in tokens",
-}
-
-
 def add_scheduler_flags(p, *, number: Callable[[Callable], Callable] | None = None, base=None) -> None:
     """Every :class:`~padoc_ray.scheduler.SchedulerConfig` field as a flag (``--page-deadline`` also spelled
     ``--deadline``; ``--runaway-window 0``: guard off; ``--no-skip-contentless``)."""
     from padoc_ray.scheduler import SchedulerConfig
 
     add_fields(p, SchedulerConfig, SCHEDULER_FIELDS, base=base, number=number,
-               numbers=("max_tokens", "max_branches", "deadline_s"), helps=_SCHEDULER_HELP)
+               numbers=("max_tokens", "max_branches", "deadline_s"))
 
 
 def scheduler_from_args(args: argparse.Namespace):
@@ -397,13 +366,11 @@ def scheduler_from_args(args: argparse.Namespace):
 
 
 # ---- the other flags several commands share ---------------------------------------------------------------
-def add_mode(p, *, base=None, help_suffix: str = "") -> None:
+def add_mode(p, *, base=None) -> None:
     """``--mode`` (:attr:`HostConfig.mode <padoc_ray.host.HostConfig.mode>`)."""
     from padoc_ray.host import HostConfig
 
-    add_fields(p, HostConfig, ("mode",), base=base, helps={
-        "mode": "fork: the PaDoc layout stream + concurrent content branches; sequential: one interleaved stream "
-                f"(the paper's baseline){help_suffix}"})
+    add_fields(p, HostConfig, ("mode",), base=base)
 
 
 def add_max_num_seqs(p) -> None:
@@ -423,5 +390,4 @@ def add_render(p, *, base=None, names=("longest_side", "dpi")) -> None:
     """``--longest-side``, ``--dpi`` (:class:`~padoc_ray.pdf.RenderConfig`)."""
     from padoc_ray.pdf import RenderConfig
 
-    add_fields(p, RenderConfig, names, base=base,
-               helps={"longest_side": "render PDF pages to this many pixels on their longest side"})
+    add_fields(p, RenderConfig, names, base=base)

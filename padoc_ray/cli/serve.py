@@ -45,31 +45,18 @@ def register(sub) -> None:
     s.add_argument("--model", required=True, help="checkpoint directory (or s3:// URI) with padoc_protocol.json")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     s.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    add_fields(s, ServeConfig, ("replay_gt",), base=d, helps={
-        "replay_gt": "teacher-force the model with this OmniDocBench ground truth, matched by the upload's file name "
-                     "and page (tiny-model demos and tests)"})
+    add_fields(s, ServeConfig, ("replay_gt",), base=d)
     add_scheduler_flags(s, number=positive, base=d.host.scheduler)
-    add_fields(s, ServeConfig, ("max_upload_bytes", "max_pages"), base=d, number=positive, helps={
-        "max_pages": "pages one /v1/parse request may select; more get 413 (use /v1/jobs)"})
-    add_fields(s, HostConfig, ("engine",), base=d.host, helps={
-        "engine": "vllm, or noop (no model: empty layouts; measures the HTTP layer)"})
-    add_mode(s, base=d.host, help_suffix=" (for requests that name none)")
+    add_fields(s, ServeConfig, ("max_upload_bytes", "max_pages"), base=d, number=positive)
+    add_fields(s, HostConfig, ("engine",), base=d.host)
+    add_mode(s, base=d.host)
     add_fields(s, ServeConfig, ("model_id", "request_timeout_s", "max_job_pages", "job_store", "job_lease_s",
-                                "allowed_s3"), base=d, number=positive, helps={
-        "model_id": "the model name clients send (default: the model folder's name)",
-        "request_timeout_s": "seconds a /v1/parse or chat request may take before 504",
-        "job_store": "folder or s3:// prefix for async jobs (input, state, Parquet page rows); every ingress replica "
-                     "must see it (default: a folder under the system temp dir)",
-        "job_lease_s": "seconds without a heartbeat after which another replica takes a job over"})
+                                "allowed_s3"), base=d, number=positive)
     add_fields(s, StorageConfig, ("endpoint",), base=d.storage)
     add_fields(s, ServeConfig, ("engine_replicas",), base=d)
-    add_fields(s, HostConfig, ("pages_in_flight",), base=d.host, number=positive, helps={
-        "pages_in_flight": "pages one engine replica runs at once"})
+    add_fields(s, HostConfig, ("pages_in_flight",), base=d.host, number=positive)
     add_fields(s, ServeConfig, ("engine_max_ongoing", "engine_max_queued", "render_workers", "engine_gpus"),
-               base=d, number=positive, numbers=("engine_max_ongoing", "engine_max_queued", "render_workers"), helps={
-        "engine_max_ongoing": "pages one engine replica accepts at once (past --pages-in-flight they wait in it)",
-        "engine_max_queued": "pages waiting for an engine replica; past it requests get 503 + Retry-After",
-        "render_workers": "renderer processes per ingress replica"})
+               base=d, number=positive, numbers=("engine_max_ongoing", "engine_max_queued", "render_workers"))
     s.add_argument("--ready-timeout", type=positive(float), default=900.0,
                    help="seconds to wait for /readyz before giving up (default 900)")
     s.set_defaults(func=run)
