@@ -143,7 +143,7 @@ def test_engine_resources_flag_reaches_the_config_and_bad_requests_are_refused(c
     base = ["--input", "in", "--output", "out", "--model", "m"]
     cfg = config_from_args(p.parse_args([*base, "--engine-resources", '{"padoc_gpu_node": 1, "big_mem": 0.5}']))
     assert dict(cfg.engines.engine_resources) == {"padoc_gpu_node": 1, "big_mem": 0.5}
-    assert dict(config_from_args(p.parse_args(base)).engine_resources) == {}
+    assert dict(config_from_args(p.parse_args(base)).engines.engine_resources) == {}
     for bad in ("[1]", "{nope", '"x"'):
         with pytest.raises(SystemExit):
             p.parse_args([*base, "--engine-resources", bad])

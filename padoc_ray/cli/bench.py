@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -137,25 +138,7 @@ def cmd_bench_pageiou(args) -> int:
 def _attention_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     from padoc_ray.bench.attention import AttentionBenchConfig
 
-    d = AttentionBenchConfig()
-    p.add_argument("--lengths", type=int_list, default=d.lengths,
-                   help="comma list of total packed lengths S (default 2048,4096,8192,16384)")
-    p.add_argument("--branches", type=int, default=d.branches, help=f"branches per tree (default {d.branches})")
-    p.add_argument("--backends", type=str_list, default=d.backends,
-                   help="comma list from dense,flex,tree_varlen (default: all)")
-    p.add_argument("--heads", type=int, default=d.heads, help=f"query heads (default {d.heads})")
-    p.add_argument("--kv-heads", type=int, default=d.kv_heads, help=f"key/value heads (default {d.kv_heads})")
-    p.add_argument("--head-dim", type=int, default=d.head_dim, help=f"head dimension (default {d.head_dim})")
-    p.add_argument("--repeats", type=int, default=d.repeats, help=f"timed runs, median kept (default {d.repeats})")
-    p.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed runs first (default {d.warmup})")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=d.device, help="default cpu")
-    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "float16"), default=None,
-                   help="default float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--memory-budget-gib", type=float, default=d.memory_budget_gib,
-                   help="skip a run whose estimated memory exceeds this (default 20, for a 24 GiB machine)")
-    p.add_argument("--no-flex-compile", action="store_true",
-                   help="run flex attention eagerly (slow; materializes the scores) instead of compiled")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of the trees and inputs (default 0)")
+    add_fields(p, AttentionBenchConfig, [f.name for f in dataclasses.fields(AttentionBenchConfig)])
     _add_json(p)
     p.set_defaults(func=cmd_bench_attention)
     return p
@@ -167,11 +150,7 @@ def cmd_bench_attention(args) -> int:
     from padoc_ray.bench.attention import AttentionBenchConfig, format_table, run_bench
 
     try:
-        cfg = AttentionBenchConfig(
-            lengths=args.lengths, branches=args.branches, backends=args.backends, heads=args.heads,
-            kv_heads=args.kv_heads, head_dim=args.head_dim, repeats=args.repeats, warmup=args.warmup,
-            device=args.device, dtype=args.dtype, memory_budget_gib=args.memory_budget_gib,
-            flex_compile=not args.no_flex_compile, seed=args.seed)
+        cfg = from_args(AttentionBenchConfig, args)
     except ValueError as e:
         return die(str(e), prog="padoc-ray bench attention", exit=False)
     try:

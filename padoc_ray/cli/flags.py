@@ -217,6 +217,14 @@ def _aliases() -> dict[tuple[str, str], Alias]:
         ("OutputsConfig", "lock_wait_s"): Alias(flags=("--wait-lock",), metavar="SECONDS"),
         ("OutputsConfig", "leftover_grace_s"): Alias(flags=("--leftover-grace",), metavar="SECONDS"),
         ("OutputsConfig", "lock_stale_s"): Alias(flags=("--lock-stale",), metavar="SECONDS"),
+        ("AttentionBenchConfig", "device"): Alias(choices=("cpu", "cuda")),
+        ("AttentionBenchConfig", "dtype"): Alias(choices=("float32", "float64", "bfloat16", "float16"),
+                                                 default_text="by device"),
+        ("AttentionBenchConfig", "memory_budget_gib"): Alias(metavar="GIB"),
+        ("AttentionBenchConfig", "flex_compile"): Alias(
+            flags=("--no-flex-compile",), dest="no_flex_compile", action="store_true", to_field=lambda v: not v,
+            from_field=lambda v: not v, help="run flex attention eagerly (slow; materializes the scores) instead of "
+                                             "compiled"),
     }
 
 

@@ -98,7 +98,8 @@ def cmd_demo(args) -> int:
     from padoc_ray.groundtruth import load_truth
     from padoc_ray.host import HostConfig
     from padoc_ray.output.reader import read_rows
-    from padoc_ray.pipeline.config import BatchConfig
+    from padoc_ray.pdf import RenderConfig
+    from padoc_ray.pipeline.config import BatchConfig, EnginesConfig, RasterConfig
     from padoc_ray.pipeline.job import run_batch
     from padoc_ray.protocol import quantized
 
@@ -130,8 +131,8 @@ def cmd_demo(args) -> int:
     init_ray("local", verbose=args.verbose)
     ray.data.DataContext.get_current().enable_progress_bars = args.verbose
     cfg = BatchConfig(input=os.path.join(args.examples, "*.pdf"), output=args.output, model=args.model,
-                      mode=args.mode, replay_gt=gt if replay else None,
-                      host=HostConfig(mode=args.mode, scheduler=scheduler_from_args(args)))
+                      replay_gt=gt if replay else None, raster=RasterConfig(render=from_args(RenderConfig, args)),
+                      engines=EnginesConfig(host=HostConfig(mode=args.mode, scheduler=scheduler_from_args(args))))
     summary = run_batch(cfg)
     table = read_rows(args.output).to_pylist()
     table.sort(key=lambda r: (r["source_uri"], r["page_index"]))
