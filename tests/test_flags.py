@@ -107,16 +107,14 @@ def test_each_field_flag_default_is_the_config_s_own(parsers):
 
 
 def test_no_hand_written_flag_shadows_a_field_flag(parsers):
-    """A flag spelled like a field's flag elsewhere is made from that field here too, unless it means
-    something else on purpose (bench pipeline's own defaults for its no-op actor)."""
-    own = {("bench", "pipeline"): {"--pages-in-flight", "--cpus-per-actor", "--raster-cpus", "--dpi"},
-           ("bench", "raster"): {"--dpi"}, ("bench", "steps"): {"--max-num-seqs"},
-           ("bench", "serve"): {"--pages"}, ("bench", "pageiou"): {"--pages"},
-           ("bench", "driver"): {"--pages", "--rows-per-file"},
-           ("corpus", "generate"): {"--pages", "--dpi"},  # pages to generate, the corpus's own rendering
-           ("parse-page",): {"--replay"}}  # a local teacher-forcing file: no config holds it
-    field_flags = {s for p in parsers.values() for a in _options(p) if hasattr(a, "padoc_field")
-                   for s in a.option_strings}
+    """A flag spelled like the flag of a shared config's field (the scheduler's, the host's, rendering,
+    storage, input caps) is made from that field wherever it appears, unless it means something else
+    on purpose (bench pipeline's own defaults for its no-op actor)."""
+    own = {("bench", "pipeline"): {"--pages-in-flight", "--dpi"},  # its no-op actor's and raw side's own
+           ("bench", "raster"): {"--dpi"}, ("corpus", "generate"): {"--dpi"}}  # one DPI for every tool compared
+    shared = {"SchedulerConfig", "HostConfig", "RenderConfig", "RendererConfig", "StorageConfig", "InputLimits"}
+    field_flags = {s for p in parsers.values() for a in _options(p)
+                   if getattr(a, "padoc_field", (type,))[0].__name__ in shared for s in a.option_strings}
     bad = [(path, a.option_strings) for path, p in parsers.items() for a in _options(p)
            if not hasattr(a, "padoc_field") and set(a.option_strings) & field_flags
            and not set(a.option_strings) <= own.get(path, set())]

@@ -9,7 +9,7 @@ import os
 import sys
 import tempfile
 
-from padoc_ray.cli.common import DEFAULT_MODEL, EXAMPLES_DIR, add_command, die, group_help, int_list, str_list
+from padoc_ray.cli.common import DEFAULT_MODEL, EXAMPLES_DIR, add_command, die, group_help, int_list
 from padoc_ray.cli.flags import (
     add_fields,
     add_max_num_seqs,
