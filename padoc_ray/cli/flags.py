@@ -153,6 +153,7 @@ def _aliases() -> dict[tuple[str, str], Alias]:
     """{(class name, field): Alias}: today's public flags whose name or unit is not the field's."""
     from padoc_ray.raster import ENCODINGS
     from padoc_ray.scheduler.state import DECODE_MODES
+    from padoc_ray.trainer.config import BACKENDS, DEVICES
 
     return {
         ("SchedulerConfig", "deadline_s"): Alias(flags=("--page-deadline", "--deadline"), metavar="SECONDS",
@@ -218,6 +219,9 @@ def _aliases() -> dict[tuple[str, str], Alias]:
         ("OutputsConfig", "leftover_grace_s"): Alias(flags=("--leftover-grace",), metavar="SECONDS"),
         ("OutputsConfig", "lock_stale_s"): Alias(flags=("--lock-stale",), metavar="SECONDS"),
         ("AttentionBenchConfig", "device"): Alias(choices=("cpu", "cuda")),
+        ("StepConfig", "backend"): Alias(choices=BACKENDS),
+        ("RayConfig", "device"): Alias(choices=DEVICES),
+        ("RayConfig", "resume"): Alias(metavar="CHECKPOINT_DIR"),
         ("AttentionBenchConfig", "dtype"): Alias(choices=("float32", "float64", "bfloat16", "float16"),
                                                  default_text="by device"),
         ("AttentionBenchConfig", "memory_budget_gib"): Alias(metavar="GIB"),
