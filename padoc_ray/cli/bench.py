@@ -197,8 +197,7 @@ def cmd_bench_serve(args) -> int:
     if not os.path.isdir(args.model):
         die(f"--model: {args.model} is not a folder")
     try:
-        cfg = ServeBenchConfig(concurrency=tuple(args.concurrency), pages=args.pages, modes=_modes(args.modes),
-                               warmup=args.warmup, target=args.target, replay=not args.no_replay)
+        cfg = from_args(ServeBenchConfig, args, modes=_modes(args.modes))
     except ValueError as e:
         die(str(e))
     host_cfg = _host_cfg(args, max(cfg.concurrency))
@@ -252,7 +251,7 @@ def cmd_bench_steps(args) -> int:
     if not os.path.isfile(args.image):
         die(f"--image: {args.image} is not a file")
     try:
-        cfg = StepsConfig(batches=tuple(args.batch), tokens=args.tokens, repeat=args.repeat)
+        cfg = from_args(StepsConfig, args)
     except ValueError as e:
         die(f"bench steps: {e}")
     log = lambda m: print(m, file=sys.stderr, flush=True)
@@ -302,24 +301,14 @@ def register(sub) -> None:
     p.add_argument("--images", action="append", required=True, metavar="DIR",
                    help="folder holding each page's image_path; one per --gt, in the same order")
     p.add_argument("--model", required=True, help="checkpoint directory")
-    p.add_argument("--concurrency", type=int_list, default=list(d.concurrency),
-                   help=f"comma list of pages in flight (default {','.join(map(str, d.concurrency))})")
-    p.add_argument("--pages", type=int, default=d.pages,
-                   help=f"use the first N pages of the set, all when fewer exist (default {d.pages}, the paper's)")
-    p.add_argument("--target", choices=("direct", "http"), default=d.target,
-                   help="direct: a PageHost in this process; http: the Serve endpoint (default direct)")
+    add_fields(p, ServeBenchConfig, ("concurrency", "pages", "target"))
     p.add_argument("--modes", default=",".join(d.modes), help="comma list (default fork,sequential)")
-    p.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed warm-up pages per mode (default {d.warmup})")
-    p.add_argument("--no-replay", action="store_true",
-                   help="let the model generate freely (a real checkpoint): the ground truth then only names the "
-                        "pages (default: teacher-force every page with its truth, so the tiny random-weight model "
-                        "does a trained model's work)")
+    add_fields(p, ServeBenchConfig, ("warmup", "replay"))
     p.add_argument("--out", required=True, help="output folder")
     add_host_args(p)
     p.set_defaults(func=cmd_bench_serve)
-    from padoc_ray.bench.steps import DEFAULT_BATCHES, StepsConfig
+    from padoc_ray.bench.steps import StepsConfig
 
-    st = StepsConfig()
     bst = add_command(bsub, "steps", help="engine decode step time vs batch size: is this machine in fork's regime?",
                       description="On the real engine with the serving settings for this machine: for each batch "
                                   "size n, n requests sharing one page image and prompt (one page's branches) each "
@@ -330,12 +319,7 @@ def register(sub) -> None:
     bst.add_argument("--image", default=os.path.join(EXAMPLES_DIR, "paper.pdf"),
                      help="page image, or a PDF whose first page is rendered as the batch job does "
                           "(default examples/paper.pdf)")
-    bst.add_argument("--batch", type=int_list, default=list(DEFAULT_BATCHES),
-                     help=f"comma list of batch sizes (default {','.join(map(str, DEFAULT_BATCHES))})")
-    bst.add_argument("--tokens", type=int, default=st.tokens,
-                     help=f"tokens each request decodes (default {st.tokens})")
-    bst.add_argument("--repeat", type=int, default=st.repeat,
-                     help=f"timed runs per batch size; the median is reported (default {st.repeat})")
+    add_fields(bst, StepsConfig, ("batches", "tokens", "repeat"))
     bst.add_argument("--max-num-seqs", type=int, default=None,
                      help="engine max_num_seqs (default: the engine preset's); every batch size must fit")
     _add_json(bst)

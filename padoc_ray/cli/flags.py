@@ -26,7 +26,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from padoc_ray.cli.common import page_ranges, positive
+from padoc_ray.cli.common import int_list, page_ranges, positive
 
 
 # ---- the #: comments of a dataclass --------------------------------------------------------------------
@@ -145,6 +145,11 @@ def _resources(text: str) -> dict[str, float]:
     return obj
 
 
+def _positive_ints(text: str) -> tuple[int, ...]:
+    """``1,4,16`` -> (1, 4, 16)."""
+    return tuple(int_list(text))
+
+
 def _range_text(v: tuple[int, int]) -> str:
     return str(v[0]) if v[0] == v[1] else f"{v[0]},{v[1]}"
 
@@ -220,6 +225,15 @@ def _aliases() -> dict[tuple[str, str], Alias]:
         ("OutputsConfig", "lock_stale_s"): Alias(flags=("--lock-stale",), metavar="SECONDS"),
         ("AttentionBenchConfig", "device"): Alias(choices=("cpu", "cuda")),
         ("StepConfig", "backend"): Alias(choices=BACKENDS),
+        ("StepsConfig", "batches"): Alias(flags=("--batch",), type=_positive_ints),
+        ("ServeBenchConfig", "concurrency"): Alias(type=_positive_ints, note="comma list"),
+        ("ServeBenchConfig", "pages"): Alias(metavar="N", note="all when fewer exist"),
+        ("ServeBenchConfig", "target"): Alias(choices=("direct", "http")),
+        ("ServeBenchConfig", "replay"): Alias(
+            flags=("--no-replay",), dest="no_replay", action="store_true", to_field=lambda v: not v,
+            from_field=lambda v: not v, help="let the model generate freely (a real checkpoint): the ground truth "
+                                             "then only names the pages (default: teacher-force every page with its "
+                                             "truth, so the tiny random-weight model does a trained model's work)"),
         ("RayConfig", "device"): Alias(choices=DEVICES),
         ("RayConfig", "resume"): Alias(metavar="CHECKPOINT_DIR"),
         ("AttentionBenchConfig", "dtype"): Alias(choices=("float32", "float64", "bfloat16", "float16"),
