@@ -75,13 +75,13 @@ def flag_table(parsers) -> list[dict]:
     return rows
 
 
-def test_every_field_flag_defaults_to_its_field(parsers):
+def test_every_field_flag_defaults_to_its_field(parsers, tmp_path):
     rows = flag_table(parsers)
     made = [r for r in rows if r["field"]]
     assert len(made) > 100  # the table is live, and most flags come from fields
     wrong = [r for r in made if r["as_field"] != r["field_default"]]
     assert not wrong, wrong
-    with open(os.path.join(tempfile.gettempdir(), "padoc-flags-table.json"), "w") as f:  # for a reader
+    with open(tmp_path / "flags.json", "w") as f:  # the table, for a reader of a failed run
         json.dump(rows, f, indent=1, default=repr)
 
 

@@ -5,7 +5,7 @@
 (the class defaults, or the instance a parent config holds, e.g. ``ServeConfig().host``), and its help
 from the field's ``#:`` comment (:func:`field_docs`) followed by ``(default: ...)``. :func:`from_args`
 builds the instance back from the parsed arguments. Where a public flag predates this module its name,
-unit and converter are in :data:`ALIASES` (:class:`Alias`), so no flag is renamed: ``--page-deadline``
+unit and converter are in the alias table (:func:`aliases`, :class:`Alias`), so no flag is renamed: ``--page-deadline``
 sets ``SchedulerConfig.deadline_s``, ``--max-upload-mb`` sets ``ServeConfig.max_upload_bytes`` in MB.
 
 Every flag made here carries ``action.padoc_field = (cls, field name, default of the field)`` so
@@ -64,13 +64,13 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _unwrap(tp) -> tuple[Any, bool]:
-    """(the type inside ``X | None``, whether None is allowed)."""
+def _unwrap(tp):
+    """The type inside ``X | None`` (a flag's value is X; None is its default, or what its alias makes of 0)."""
     args = typing.get_args(tp)
     if (typing.get_origin(tp) in (typing.Union, types.UnionType)) and type(None) in args:
         rest = [a for a in args if a is not type(None)]
-        return (rest[0] if len(rest) == 1 else tp), True
-    return tp, False
+        return rest[0] if len(rest) == 1 else tp
+    return tp
 
 
 def _comma_tuple(item: Callable) -> Callable[[str], tuple]:
@@ -154,8 +154,9 @@ def _range_text(v: tuple[int, int]) -> str:
     return str(v[0]) if v[0] == v[1] else f"{v[0]},{v[1]}"
 
 
-def _aliases() -> dict[tuple[str, str], Alias]:
-    """{(class name, field): Alias}: today's public flags whose name or unit is not the field's."""
+@functools.cache
+def aliases() -> dict[tuple[str, str], Alias]:
+    """{(class name, field): Alias}: the public flags whose name, unit or parsing is not the field's own."""
     from padoc_ray.raster import ENCODINGS
     from padoc_ray.scheduler.state import DECODE_MODES
     from padoc_ray.trainer.config import BACKENDS, DEVICES
@@ -223,7 +224,6 @@ def _aliases() -> dict[tuple[str, str], Alias]:
         ("OutputsConfig", "lock_wait_s"): Alias(flags=("--wait-lock",), metavar="SECONDS"),
         ("OutputsConfig", "leftover_grace_s"): Alias(flags=("--leftover-grace",), metavar="SECONDS"),
         ("OutputsConfig", "lock_stale_s"): Alias(flags=("--lock-stale",), metavar="SECONDS"),
-        ("AttentionBenchConfig", "device"): Alias(choices=("cpu", "cuda")),
         ("StepConfig", "backend"): Alias(choices=BACKENDS),
         ("StepsConfig", "batches"): Alias(flags=("--batch",), type=_positive_ints),
         ("ServeBenchConfig", "concurrency"): Alias(type=_positive_ints, note="comma list"),
@@ -236,6 +236,7 @@ def _aliases() -> dict[tuple[str, str], Alias]:
                                              "truth, so the tiny random-weight model does a trained model's work)"),
         ("RayConfig", "device"): Alias(choices=DEVICES),
         ("RayConfig", "resume"): Alias(metavar="CHECKPOINT_DIR"),
+        ("AttentionBenchConfig", "device"): Alias(choices=("cpu", "cuda")),
         ("AttentionBenchConfig", "dtype"): Alias(choices=("float32", "float64", "bfloat16", "float16"),
                                                  default_text="by device"),
         ("AttentionBenchConfig", "memory_budget_gib"): Alias(metavar="GIB"),
@@ -244,11 +245,6 @@ def _aliases() -> dict[tuple[str, str], Alias]:
             from_field=lambda v: not v, help="run flex attention eagerly (slow; materializes the scores) instead of "
                                              "compiled"),
     }
-
-
-@functools.cache
-def aliases() -> dict[tuple[str, str], Alias]:
-    return _aliases()
 
 
 def _alias(cls: type, name: str) -> Alias:
@@ -294,7 +290,7 @@ def add_fields(p, cls: type, names, *, base=None, number: Callable[[Callable], C
         a = _alias(cls, name)
         value = getattr(base, name) if base is not None else field_default(fields[name])
         default = a.from_field(value) if a.from_field else value
-        tp, _nullable = _unwrap(hints[name])
+        tp = _unwrap(hints[name])
         kw: dict[str, Any] = {"dest": a.dest or name}
         flags = a.flags or ("--" + name.replace("_", "-"),)
         origin = typing.get_origin(tp)
