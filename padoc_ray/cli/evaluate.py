@@ -37,6 +37,7 @@ def _pred_map(text: str):
 
 
 def cmd_eval_layout(args) -> int:
+    from padoc_ray.cli.flags import from_args
     from padoc_ray.eval import layout as L
     from padoc_ray.eval.pageiou import PageIoUConfig
 
@@ -45,7 +46,7 @@ def cmd_eval_layout(args) -> int:
     except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
         return die(f"--pred-map {args.pred_map}: {e}", exit=False)
     try:
-        cfg = PageIoUConfig(backend=args.backend, grid=args.grid, pred_map=pm)
+        cfg = from_args(PageIoUConfig, args, pred_map=pm)
     except ValueError as e:
         return die(str(e), exit=False)
     out_dir = os.path.dirname(os.path.abspath(args.json))
@@ -78,10 +79,10 @@ def _register_layout(esub) -> None:
     p.add_argument("--json", required=True, metavar="OUT.json",
                    help="write the summary here ({'<count>/<category>': {'<class>': {iou, f1, precision, recall}}} "
                         "plus support, pages, problems, config); the per-page CSV goes beside it")
-    p.add_argument("--backend", choices=("exact", "raster"), default="exact",
-                   help="exact: coordinate-compressed exact areas (what results use); raster: a GRID x GRID "
-                        "pixel cross-check (default exact)")
-    p.add_argument("--grid", type=int, default=1000, help="raster backend: cells per side (default 1000)")
+    from padoc_ray.cli.flags import add_fields
+    from padoc_ray.eval.pageiou import PageIoUConfig
+
+    add_fields(p, PageIoUConfig, ("backend", "grid"))
     p.add_argument("--pred-map", default="soft", metavar="soft|include|FILE.json",
                    help="how predicted categories map to classes: soft (include or acceptable category of the "
                         "class; default), include (include categories only), or a JSON file "

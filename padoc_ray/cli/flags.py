@@ -225,6 +225,7 @@ def aliases() -> dict[tuple[str, str], Alias]:
         ("OutputsConfig", "leftover_grace_s"): Alias(flags=("--leftover-grace",), metavar="SECONDS"),
         ("OutputsConfig", "lock_stale_s"): Alias(flags=("--lock-stale",), metavar="SECONDS"),
         ("StepConfig", "backend"): Alias(choices=BACKENDS),
+        ("PageIoUConfig", "backend"): Alias(choices=("exact", "raster")),
         ("StepsConfig", "batches"): Alias(flags=("--batch",), type=_positive_ints),
         ("ServeBenchConfig", "concurrency"): Alias(type=_positive_ints, note="comma list"),
         ("ServeBenchConfig", "pages"): Alias(metavar="N", note="all when fewer exist"),
