@@ -55,7 +55,9 @@ class HostConfig:
     preset: str = "auto"  #: engine preset: auto (gpu when CUDA is visible, else cpu), gpu or cpu
     engine_overrides: Mapping[str, Any] = field(default_factory=dict)  #: EngineConfig fields on top of the preset
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  #: per-page limits
-    mode: str = "fork"  #: default mode of a page that does not name one
+    #: fork: the PaDoc layout stream + concurrent content branches; sequential: one interleaved stream (the
+    #: paper's baseline). The mode of a page that names none
+    mode: str = "fork"
     pages_in_flight: int = 16  #: pages run concurrently on the engine (more wait their turn)
     max_live_branches: int | None = None  #: cap on content branches live in the engine at once (None: none)
 

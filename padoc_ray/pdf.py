@@ -62,8 +62,10 @@ class PdfError(Exception):
 class RenderConfig:
     """How pages become images. ``dpi`` wins when set; else the longest side is ``longest_side``."""
 
-    longest_side: int = 1600  #: pixels; the model's processor resizes further to its pixel budget
-    dpi: float | None = None
+    #: render pages to this many pixels on their longest side (the model's processor resizes further to its
+    #: pixel budget)
+    longest_side: int = 1600
+    dpi: float | None = None  #: render PDF pages at this DPI instead (None: by longest_side)
     max_pixels: int = MAX_RENDER_PIXELS
     #: XObject draws a page may make (see :func:`page_draws`); more: page_too_complex (0: no limit)
     max_page_draws: int = MAX_PAGE_DRAWS

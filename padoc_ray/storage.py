@@ -42,7 +42,7 @@ NOT_REGULAR = -6  #: not a regular file: a FIFO, socket or device (never opened)
 class StorageConfig:
     """How to reach object storage. ``endpoint`` also comes from AWS_ENDPOINT_URL(_S3)."""
 
-    endpoint: str | None = None  #: e.g. http://127.0.0.1:9000 for an S3-compatible server
+    endpoint: str | None = None  #: S3-compatible endpoint URL, e.g. http://127.0.0.1:9000 (credentials: the AWS chain)
     region: str | None = None  #: default: AWS_REGION / AWS_DEFAULT_REGION, else us-east-1
     #: attempts per request (the first one included) in the AWS standard retry mode, for both clients:
     #: pyarrow's (inputs, Parquet) and boto3's (model copies, the output lock). Throttling (503 SlowDown),

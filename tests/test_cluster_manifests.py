@@ -262,7 +262,7 @@ def test_rayjob_flags_are_the_batch_jobs():
     limits = {name: g["template"]["spec"]["containers"][0]["resources"]["limits"] for name, g in pods(spec)}
     gpu = [g for name, g in pods(spec) if "nvidia.com/gpu" in limits[name]]
     per_pod = int(limits[gpu[0]["groupName"]]["nvidia.com/gpu"])
-    assert cfg.gpus_per_actor == 1 and cfg.num_actors[1] <= sum(g["maxReplicas"] for g in gpu) * per_pod
+    assert cfg.engines.gpus_per_actor == 1 and cfg.engines.num_actors[1] <= sum(g["maxReplicas"] for g in gpu) * per_pod
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ def test_the_flag_reaches_the_scheduler_config(on):
 
     p = build_parser()
     flag = ["--constrain-layout"] if on else []
-    assert batch_config(p.parse_args([*PARSE, *flag])).host.scheduler.constrain_layout is on
+    assert batch_config(p.parse_args([*PARSE, *flag])).engines.host.scheduler.constrain_layout is on
     assert serve_config(p.parse_args([*SERVE, *flag])).host.scheduler.constrain_layout is on
     assert _scheduler_cfg(p.parse_args([*PAGE, "--max-branches", "7", *flag])).constrain_layout is on
 

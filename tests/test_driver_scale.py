@@ -52,6 +52,11 @@ def ref_current_rows(table: pa.Table) -> pa.Table:
     return table.take(sorted(keep))
 
 
+def _plan_args(cfg):
+    """(limits, pages, max_pages_per_doc): what the ledger's plan takes of a batch config."""
+    return cfg.inputs.limits, cfg.inputs.pages, cfg.inputs.max_pages_per_doc
+
+
 def ref_documents(pages: pa.Table, listed, ranges, max_pages) -> list[dict]:
     by_uri: dict = {}
     for r in pages.select(["source_uri", "doc_id", "page_index", "page_count", "status", "error_code"]).to_pylist():
@@ -90,7 +95,7 @@ def ref_plan(listed, existing: pa.Table, cfg: BatchConfig):
     for uri, size in listed:
         prev = by_uri.get(uri, [])
         doc = next((r for r in prev if r["page_index"] < 0), None)
-        refusal = limits.listing_refusal(size, cfg.limits)
+        refusal = limits.listing_refusal(size, cfg.inputs.limits)
         if refusal is not None:
             if doc is not None and doc["error_code"] == refusal[0]:
                 complete += 1
@@ -99,14 +104,14 @@ def ref_plan(listed, existing: pa.Table, cfg: BatchConfig):
             continue
         if doc is not None:
             count = doc["page_count"]
-            n_sel = len(rows.select_pages(count, cfg.pages, cfg.max_pages_per_doc)) if count is not None else None
-            if not limits.retried(doc["error_code"], count, n_sel, cfg.limits):
+            n_sel = len(rows.select_pages(count, *_plan_args(cfg)[1:])) if count is not None else None
+            if not limits.retried(doc["error_code"], count, n_sel, cfg.inputs.limits):
                 complete += 1
                 continue
             prev = []
         done = sorted({r["page_index"] for r in prev})
         count = next((r["page_count"] for r in prev if r["page_count"] is not None), None)
-        if count is not None and set(rows.select_pages(count, cfg.pages, cfg.max_pages_per_doc)) <= set(done):
+        if count is not None and set(rows.select_pages(count, *_plan_args(cfg)[1:])) <= set(done):
             complete += 1
             continue
         todo.append({"uri": uri, "size": size, "done": done,
@@ -165,11 +170,11 @@ def test_vectorized_rules_match_the_per_row_rules_on_random_outputs(seed):
     got = ledger.current_rows(table)
     assert got.to_pylist() == want.to_pylist()  # the same rows, in the same order
     for kw in CONFIGS:
-        cfg = BatchConfig(input="x", output="y", model="m", **kw)
+        cfg = BatchConfig.from_flat(input="x", output="y", model="m", **kw)
         assert job.plan(listed, table, cfg) == ref_plan(listed, table, cfg), kw
         for pages in (table, want):  # any table, and the current rows the driver passes
-            got = ledger.documents_table(pages, listed, cfg.pages, cfg.max_pages_per_doc).to_pylist()
-            assert got == ref_documents(pages, listed, cfg.pages, cfg.max_pages_per_doc), kw
+            got = ledger.documents_table(pages, listed, cfg.inputs.pages, cfg.inputs.max_pages_per_doc).to_pylist()
+            assert got == ref_documents(pages, listed, cfg.inputs.pages, cfg.inputs.max_pages_per_doc), kw
 
 
 def test_the_driver_scan_agrees_with_the_table_rules_and_partitions_change_nothing(tmp_path, monkeypatch):
@@ -182,17 +187,17 @@ def test_the_driver_scan_agrees_with_the_table_rules_and_partitions_change_nothi
     for i in range(0, table.num_rows, 37):  # many files, one input's rows spread over several
         pq.write_table(table.slice(i, 37), pages / f"part-{i:05d}.parquet")
     lt = ledger.listing_table(listed)
-    cfg = BatchConfig(input="x", output=str(tmp_path), model="m", max_pages_per_doc=3)
+    cfg = BatchConfig.from_flat(input="x", output=str(tmp_path), model="m", max_pages_per_doc=3)
     table = job.read_pages(str(pages), StorageConfig(), columns=rows.PAGE_SCHEMA.names)  # in the files' order
     want_plan = ref_plan(listed, table, cfg)
-    want_docs = ref_documents(ref_current_rows(table), listed, cfg.pages, cfg.max_pages_per_doc)
+    want_docs = ref_documents(ref_current_rows(table), listed, cfg.inputs.pages, cfg.inputs.max_pages_per_doc)
     for part_rows in (10 ** 9, 50):
         monkeypatch.setattr(ledger, "PART_ROWS", part_rows)
         monkeypatch.setattr(ledger, "MAP_EVERY", 2_000_000 if part_rows > 50 else 5)  # map URIs once, or often
         monkeypatch.setattr(job, "SCAN_FILES", 512 if part_rows > 50 else 3)
         fs, files, _ = job.page_files_for_run(str(pages), StorageConfig())
         book = job.scan_pages(fs, files, lt.column("uri"), "r1")
-        assert ledger.plan(book, lt.column("size").to_numpy(), cfg.limits, cfg.pages, cfg.max_pages_per_doc) \
+        assert ledger.plan(book, lt.column("size").to_numpy(), *_plan_args(cfg)) \
             == want_plan
         counts, lost = job.write_documents(book, str(tmp_path / "documents"), StorageConfig(), "run")
         assert pq.read_table(tmp_path / "documents" / "documents.parquet").to_pylist() == want_docs
@@ -201,12 +206,12 @@ def test_the_driver_scan_agrees_with_the_table_rules_and_partitions_change_nothi
         assert book.run_rows == table.num_rows and book.run_tokens == 5 * table.num_rows
         # the driver after a pipeline: the files written since are added to the ledger it planned with
         book = job.scan_pages(fs, files[:len(files) // 2], lt.column("uri"), "r1")
-        ledger.plan(book, lt.column("size").to_numpy(), cfg.limits, cfg.pages, cfg.max_pages_per_doc)
+        ledger.plan(book, lt.column("size").to_numpy(), *_plan_args(cfg))
         book = job.scan_pages(fs, files[len(files) // 2:], lt.column("uri"), "r1", book=book)
         assert book.facts is None and book.rows_read == table.num_rows
-        assert ledger.plan(book, lt.column("size").to_numpy(), cfg.limits, cfg.pages, cfg.max_pages_per_doc) \
+        assert ledger.plan(book, lt.column("size").to_numpy(), *_plan_args(cfg)) \
             == want_plan
-        assert ledger.documents(book, cfg.pages, cfg.max_pages_per_doc).to_pylist() == want_docs
+        assert ledger.documents(book, cfg.inputs.pages, cfg.inputs.max_pages_per_doc).to_pylist() == want_docs
 
 
 def test_times_months_apart_and_doc_ids_across_store_blocks(tmp_path, monkeypatch):
@@ -235,10 +240,10 @@ def test_times_months_apart_and_doc_ids_across_store_blocks(tmp_path, monkeypatc
     fs, files, _ = job.page_files_for_run(str(pages), StorageConfig())
     book = job.scan_pages(fs, files, lt.column("uri"), "r1")
     assert book.t.dtype == np.int64 and book.doc_ids.n_hex > 7 and book.doc_ids.n_str > 0
-    assert ledger.plan(book, lt.column("size").to_numpy(), cfg.limits, cfg.pages, cfg.max_pages_per_doc) \
+    assert ledger.plan(book, lt.column("size").to_numpy(), *_plan_args(cfg)) \
         == ref_plan(listed, table, cfg)
-    assert ledger.documents(book, cfg.pages, cfg.max_pages_per_doc).to_pylist() \
-        == ref_documents(ref_current_rows(table), listed, cfg.pages, cfg.max_pages_per_doc)
+    assert ledger.documents(book, cfg.inputs.pages, cfg.inputs.max_pages_per_doc).to_pylist() \
+        == ref_documents(ref_current_rows(table), listed, cfg.inputs.pages, cfg.inputs.max_pages_per_doc)
     parts = [columns.time_offsets(pa.array([5, None, 3], pa.int64()), 0),
              columns.time_offsets(pa.array([2 ** 40, None], pa.int64()), 0)]
     assert [p.dtype for p in parts] == [np.int32, np.int64]
@@ -262,7 +267,7 @@ def test_hand_built_retries_duplicates_and_page_ranges():
     assert docs["a"]["status"] == "ok" and docs["a"]["pages_selected"] == 0  # pages 5-6 are past its end
     assert docs["d"]["pages_selected"] == 2 and docs["d"]["status"] == "incomplete"  # 5 of pages 5,6 has no row
     assert docs["b"]["status"] == "read_failed" and docs["e"]["status"] == "missing"
-    cfg = BatchConfig(input="x", output="y", model="m", max_pages_per_doc=10)
+    cfg = BatchConfig.from_flat(input="x", output="y", model="m", max_pages_per_doc=10)
     todo, complete = job.plan(listed, t, cfg)
     assert [(x["uri"], x["done"]) for x in todo] == [("b", []), ("c", []), ("d", [4]), ("e", [])] and complete == 1
 

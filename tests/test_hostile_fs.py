@@ -112,7 +112,7 @@ def test_every_listing_code_has_a_row_and_is_decided_again_by_a_rerun():
 def _rasterize(uri, size, **cfg):
     from padoc_ray.pipeline.stages import rasterize
 
-    c = BatchConfig(input=os.path.dirname(uri), output=os.path.dirname(uri) + "_out", model="m", **cfg)
+    c = BatchConfig.from_flat(input=os.path.dirname(uri), output=os.path.dirname(uri) + "_out", model="m", **cfg)
     batch = pa.Table.from_pylist([{"uri": uri, "size": size, "done": []}])
     return [r for t in rasterize(batch, c, "m") for r in t.to_pylist()]
 
@@ -177,7 +177,8 @@ def _run(inp, out, **kw):
     from padoc_ray.host import HostConfig
     from padoc_ray.pipeline.job import run_batch
 
-    cfg = BatchConfig(input=str(inp), output=str(out), model=kw.pop("model"), host=HostConfig(engine="noop"), **kw)
+    cfg = BatchConfig.from_flat(input=str(inp), output=str(out), model=kw.pop("model"), host=HostConfig(engine="noop"),
+                                **kw)
     return run_batch(cfg, log=lambda _m: None)
 
 

@@ -260,8 +260,8 @@ def test_a_file_that_grew_past_the_size_cap_after_listing_is_refused_when_read(t
 
     big = tmp_path / "grew.pdf"
     big.write_bytes(text_pdf(3))
-    cfg = BatchConfig(input=str(tmp_path), output=str(tmp_path.parent / (tmp_path.name + "_out")), model="m",
-                      limits=InputLimits(max_file_bytes=1000))
+    cfg = BatchConfig.from_flat(input=str(tmp_path), output=str(tmp_path.parent / (tmp_path.name + "_out")), model="m",
+                                limits=InputLimits(max_file_bytes=1000))
     batch = pa.Table.from_pylist([{"uri": str(big), "size": 10, "done": []}])
     rows_ = [r for t in rasterize(batch, cfg, "m") for r in t.to_pylist()]
     assert [(r["page_index"], r["status"]) for r in rows_] == [(-1, "file_too_large")]

@@ -31,7 +31,8 @@ from .test_hostile_inputs import many_page_pdf, tiff_frames
 def run(tmp_path, inp, out, model, **kw):
     from padoc_ray.pipeline.job import run_batch
 
-    cfg = BatchConfig(input=str(inp), output=str(out), model=model, host=HostConfig(engine="noop"), rows_per_file=4, **kw)
+    cfg = BatchConfig.from_flat(input=str(inp), output=str(out), model=model, host=HostConfig(engine="noop"),
+                                rows_per_file=4, **kw)
     lines: list[str] = []
     return run_batch(cfg, log=lines.append), lines
 
@@ -375,7 +376,7 @@ def test_plan_retries_failed_reads_and_missing_files_and_keeps_other_verdicts():
     todo, complete = plan(listed, existing, BatchConfig(input="x", output="y", model="m"))
     assert [t["uri"] for t in todo] == ["read", "gone"] and complete == 4
     assert all(t["done"] == [] for t in todo)
-    todo, _ = plan(listed, existing, BatchConfig(input="x", output="y", model="m", max_pages_per_doc=10))
+    todo, _ = plan(listed, existing, BatchConfig.from_flat(input="x", output="y", model="m", max_pages_per_doc=10))
     assert [t["uri"] for t in todo] == ["read", "gone", "grew"]  # 10 selected pages are under the cap
 
 
@@ -574,7 +575,7 @@ def test_batch_config_refuses_each_bad_field(field, value, message, tmp_path):
     if field == "output":
         value = str(tmp_path / "out")
     with pytest.raises(ValueError, match=message):
-        BatchConfig(**{**base, field: value})
+        BatchConfig.from_flat(**{**base, field: value})
 
 
 def test_the_s3_endpoint_comes_from_the_flag_else_the_environment(monkeypatch):

@@ -62,7 +62,7 @@ def test_plan_skips_complete_documents_and_done_pages(tmp_path):
     assert complete == 2
     # done pages carry the version they are of: a raster task that reads other bytes parses them all again
     assert todo == [{"uri": "b", "size": 1, "done": [0], "doc_id": "db"}, {"uri": "d", "size": 1, "done": [], "doc_id": None}]
-    cfg2 = BatchConfig(input="x", output="y", model="m", max_pages_per_doc=1)
+    cfg2 = BatchConfig.from_flat(input="x", output="y", model="m", max_pages_per_doc=1)
     assert [t["uri"] for t in plan(listed, existing, cfg2)[0]] == ["d"]
 
 
@@ -142,8 +142,8 @@ def test_engine_resources_flag_reaches_the_config_and_bad_requests_are_refused(c
     add_batch_args(p)
     base = ["--input", "in", "--output", "out", "--model", "m"]
     cfg = config_from_args(p.parse_args([*base, "--engine-resources", '{"padoc_gpu_node": 1, "big_mem": 0.5}']))
-    assert dict(cfg.engine_resources) == {"padoc_gpu_node": 1, "big_mem": 0.5}
-    assert dict(config_from_args(p.parse_args(base)).engine_resources) == {}
+    assert dict(cfg.engines.engine_resources) == {"padoc_gpu_node": 1, "big_mem": 0.5}
+    assert dict(config_from_args(p.parse_args(base)).engines.engine_resources) == {}
     for bad in ("[1]", "{nope", '"x"'):
         with pytest.raises(SystemExit):
             p.parse_args([*base, "--engine-resources", bad])
@@ -151,13 +151,13 @@ def test_engine_resources_flag_reaches_the_config_and_bad_requests_are_refused(c
     for res, said in (({"GPU": 1}, "not a custom resource"), ({"x": 0}, "amount > 0"), ({"x": "1"}, "amount > 0"),
                       ({"": 1}, "non-empty"), ({"x": float("inf")}, "amount > 0")):
         with pytest.raises(ValueError, match=said):
-            BatchConfig(input="in", output="out", model="m", engine_resources=res)
+            BatchConfig.from_flat(input="in", output="out", model="m", engine_resources=res)
 
 
 def test_missing_engine_resources_are_named_before_actors_wait_for_them():
     from padoc_ray.pipeline.stages import missing_engine_resources
 
-    cfg = BatchConfig(input="in", output="out", model="m", engine_resources={"padoc_gpu_node": 1})
+    cfg = BatchConfig.from_flat(input="in", output="out", model="m", engine_resources={"padoc_gpu_node": 1})
     assert missing_engine_resources(cfg, {"CPU": 4.0, "padoc_gpu_node": 2.0}) is None
     said = missing_engine_resources(cfg, {"CPU": 4.0})
     assert "padoc_gpu_node" in said and "padoc_gpu_node=0" in said

@@ -420,9 +420,9 @@ def test_parse_flags_reach_the_render_limits():
     add_batch_args(p)
     base = ["--input", "x", "--output", "y", "--model", "m"]
     cfg = config_from_args(p.parse_args(base))
-    assert cfg.render.max_page_draws == 1_000_000 and cfg.renderer.page_budget_s == 10.0
-    assert cfg.renderer.memory_limit_mb == 8192
+    assert cfg.raster.render.max_page_draws == 1_000_000 and cfg.raster.renderer.page_budget_s == 10.0
+    assert cfg.raster.renderer.memory_limit_mb == 8192
     cfg = config_from_args(p.parse_args(base + ["--page-draw-limit", "5", "--page-render-budget", "0",
                                                 "--render-memory-limit-mb", "1024"]))
-    assert cfg.render.max_page_draws == 5 and cfg.renderer.page_budget_s is None
-    assert cfg.renderer.memory_limit_mb == 1024
+    assert cfg.raster.render.max_page_draws == 5 and cfg.raster.renderer.page_budget_s is None
+    assert cfg.raster.renderer.memory_limit_mb == 1024

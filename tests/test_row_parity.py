@@ -124,7 +124,8 @@ async def _batch(path: str, data: bytes, cfg: BatchConfig) -> tuple[list[dict], 
                 images[r["page_index"]] = hashlib.sha256(r["image_bytes"]).hexdigest()
         async for done in stage(table):
             out += done.to_pylist()
-    doc = ledger.documents_table(rows.to_table(out), [(path, len(data))], cfg.pages, cfg.max_pages_per_doc)
+    doc = ledger.documents_table(rows.to_table(out), [(path, len(data))], cfg.inputs.pages,
+                                 cfg.inputs.max_pages_per_doc)
     return out, images, doc.to_pylist()[0]
 
 
@@ -168,7 +169,7 @@ def test_batch_and_serve_make_the_same_rows(tmp_path, pages):
     (tmp_path / "in").mkdir()
     for n, d in files.items():
         (tmp_path / "in" / n).write_bytes(d)
-    bcfg = BatchConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"), model="unused", pages=pages,
+    bcfg = BatchConfig.from_flat(input=str(tmp_path / "in"), output=str(tmp_path / "out"), model="unused", pages=pages,
                        limits=InputLimits(max_doc_pages=CAP, max_image_frames=FRAMES), render=RenderConfig(),
                        image_encoding="zstd", renderer=RendererConfig())
     scfg = ServeConfig(model="unused", max_pages=CAP, render=RenderConfig(), image_encoding="zstd",
@@ -228,7 +229,7 @@ def test_both_surfaces_start_their_host_from_the_config(tiny_model_dir):
     from padoc_ray.storage import StorageConfig
 
     async def go():
-        stage = EngineStage(BatchConfig(input="x", output="y", model=tiny_model_dir, replay_gt=GT,
+        stage = EngineStage(BatchConfig.from_flat(input="x", output="y", model=tiny_model_dir, replay_gt=GT,
                                         host=HostConfig(engine="noop")))
         await stage._ensure_host()
         replica = EngineReplica.__new__(EngineReplica)
@@ -255,13 +256,13 @@ def test_one_page_choice_with_each_surfaces_rules():
             choice.select(count)
         return e.value.code, str(e.value.message)
 
-    batch = BatchConfig(input="x", output="y", model="m", pages=(0, 2, 9), max_pages_per_doc=None,
+    batch = BatchConfig.from_flat(input="x", output="y", model="m", pages=(0, 2, 9), max_pages_per_doc=None,
                         limits=InputLimits(max_doc_pages=2))
     assert batch_choice(batch).select(3) == [0, 2]  # page 10 of a 3-page document: dropped
-    assert refusal(batch_choice(BatchConfig(input="x", output="y", model="m", limits=InputLimits(max_doc_pages=2))),
+    assert refusal(batch_choice(BatchConfig.from_flat(input="x", output="y", model="m", limits=InputLimits(max_doc_pages=2))),
                    5) == (TOO_MANY_PAGES, "5 of its 5 pages selected, over the limit of 2 (--doc-page-limit); select "
                                           "fewer with --pages/--max-pages-per-doc or raise it")
-    assert batch_choice(BatchConfig(input="x", output="y", model="m", max_pages_per_doc=2,
+    assert batch_choice(BatchConfig.from_flat(input="x", output="y", model="m", max_pages_per_doc=2,
                                     limits=InputLimits(max_doc_pages=2))).select(5) == [0, 1]
     assert page_choice((0, 2), 5).select(3) == [0, 2]
     assert refusal(page_choice((0, 2, 9), 5), 3) == (PAGE_OUT_OF_RANGE, "page 10 does not exist: the document has "

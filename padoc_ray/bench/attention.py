@@ -37,19 +37,21 @@ GIB = 1 << 30
 
 @dataclass(frozen=True, kw_only=True)
 class AttentionBenchConfig:
-    lengths: tuple[int, ...] = (2048, 4096, 8192, 16384)  # total packed lengths S
-    branches: int = 8  # content branches per tree
-    backends: tuple[str, ...] = ("dense", "flex", "tree_varlen")
-    heads: int = 16  # query heads
-    kv_heads: int = 8  # key/value heads (GQA)
-    head_dim: int = 128
-    repeats: int = 3  # timed runs; the median is reported
-    warmup: int = 1  # untimed runs first (flex compilation happens here)
-    device: str = "cpu"
-    dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
-    memory_budget_gib: float = 20.0  # skip runs estimated above this (default fits a 24 GiB machine)
-    flex_compile: bool = True  # compile flex attention (eager flex materializes all scores)
-    seed: int = 0
+    """``bench attention``: one random packed tree per length, each backend timed forward+backward."""
+
+    lengths: tuple[int, ...] = (2048, 4096, 8192, 16384)  #: comma list of total packed lengths S
+    branches: int = 8  #: content branches per tree
+    backends: tuple[str, ...] = ("dense", "flex", "tree_varlen")  #: comma list from dense,flex,tree_varlen
+    heads: int = 16  #: query heads
+    kv_heads: int = 8  #: key/value heads (GQA)
+    head_dim: int = 128  #: head dimension
+    repeats: int = 3  #: timed runs; the median is reported
+    warmup: int = 1  #: untimed runs first (flex compilation happens here)
+    device: str = "cpu"  #: cpu or cuda
+    dtype: str | None = None  #: dtype of the inputs and weights (None: float32 on CPU, bfloat16 on CUDA)
+    memory_budget_gib: float = 20.0  #: skip a run whose estimated memory exceeds this (20 fits a 24 GiB machine)
+    flex_compile: bool = True  #: compile flex attention (eager flex materializes all scores)
+    seed: int = 0  #: seed of the trees and inputs
 
     def __post_init__(self):
         from padoc_ray.trainer.attention import BACKENDS

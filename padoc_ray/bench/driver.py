@@ -208,7 +208,7 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
     t_proof = time.perf_counter() - t1
     book = job.scan_pages(fs, files, listed.column("uri"), BENCH_RUN)
     t_scan = time.perf_counter() - t1 - t_proof
-    todo, complete = ledger.plan(book, sizes, cfg.limits, cfg.pages, cfg.max_pages_per_doc)
+    todo, complete = ledger.plan(book, sizes, cfg.inputs.limits, cfg.inputs.pages, cfg.inputs.max_pages_per_doc)
     t_plan = time.perf_counter() - t1
     rows_read = book.rows_read
     rss_plan = _peak_rss()
@@ -217,7 +217,7 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
     fs, now, _ = job.page_files_for_run(pages_uri, st, trust_run=BENCH_RUN)
     seen = set(files)
     book = job.scan_pages(fs, [f for f in now if f not in seen], listed.column("uri"), BENCH_RUN, book=book)
-    book.facts = ledger.analyze(book, ranges=cfg.pages, max_pages=cfg.max_pages_per_doc)
+    book.facts = ledger.analyze(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
     book.drop_rows()
     counts, _ = job.write_documents(book, os.path.join(folder, "documents"), st, BENCH_RUN)
     t_docs = time.perf_counter() - t2

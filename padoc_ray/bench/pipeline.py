@@ -34,7 +34,7 @@ def noop_pipeline(paths: list[str], model: str, dpi: float, out: str, *, pages_i
     import ray
 
     from padoc_ray.pdf import RenderConfig
-    from padoc_ray.pipeline.config import BatchConfig
+    from padoc_ray.pipeline.config import BatchConfig, EnginesConfig, InputsConfig, RasterConfig
     from padoc_ray.pipeline.job import run_batch
     from padoc_ray.ray_init import init_ray
 
@@ -46,9 +46,11 @@ def noop_pipeline(paths: list[str], model: str, dpi: float, out: str, *, pages_i
         init_ray("local", num_cpus=os.cpu_count(), include_dashboard=False)
     t_ray = time.perf_counter() - t0
     cfg = BatchConfig(input=manifest, output=os.path.join(out, "run"), model=model,
-                      host=HostConfig(engine="noop", pages_in_flight=pages_in_flight), render=RenderConfig(dpi=dpi),
-                      cpus_per_actor=cpus_per_actor, raster_cpus=raster_cpus,
-                      manifest_allow=tuple(sorted({os.path.dirname(os.path.abspath(p)) for p in paths})))
+                      engines=EnginesConfig(host=HostConfig(engine="noop", pages_in_flight=pages_in_flight),
+                                            cpus_per_actor=cpus_per_actor),
+                      raster=RasterConfig(render=RenderConfig(dpi=dpi), cpus=raster_cpus),
+                      inputs=InputsConfig(manifest_allow=tuple(sorted({os.path.dirname(os.path.abspath(p))
+                                                                      for p in paths}))))
     summary = run_batch(cfg, log=lambda *_: None)
     wall = time.perf_counter() - t0
     n = summary["pages_written"]
@@ -58,9 +60,9 @@ def noop_pipeline(paths: list[str], model: str, dpi: float, out: str, *, pages_i
             "steady_pages_per_s": steady_rate(os.path.join(out, "run", "pages")),
             "page_status": summary["page_status"], "all_inputs_accounted": summary["all_inputs_accounted"],
             "config": {"pages_in_flight": pages_in_flight, "cpus_per_actor": cpus_per_actor,
-                       "raster_cpus": raster_cpus, "raster_pages_per_block": cfg.raster_pages_per_block,
-                       "rows_per_file": cfg.rows_per_file,
-                       "engine_batch_pages": cfg.engine_batch_pages, "writer_cpus": cfg.writer_cpus}}
+                       "raster_cpus": raster_cpus, "raster_pages_per_block": cfg.raster.pages_per_block,
+                       "rows_per_file": cfg.outputs.rows_per_file,
+                       "engine_batch_pages": cfg.engines.batch_pages, "writer_cpus": cfg.outputs.writer_cpus}}
 
 
 def steady_rate(pages_dir: str, lo: float = 0.25, hi: float = 0.90) -> float | None:

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from padoc_ray.cli.common import add_command, add_mode, add_render, add_stream_limits
+from padoc_ray.cli.common import add_command, die
+from padoc_ray.cli.flags import (
+    add_fields,
+    add_max_num_seqs,
+    add_mode,
+    add_render,
+    add_scheduler_flags,
+    engine_overrides,
+    from_args,
+    scheduler_from_args,
+)
 from padoc_ray.host import HostConfig
 from padoc_ray.pdf import RenderConfig
-from padoc_ray.pipeline.config import BatchConfig
+from padoc_ray.pipeline.config import BatchConfig, EnginesConfig, InputsConfig, OutputsConfig, RasterConfig
 from padoc_ray.pipeline.limits import InputLimits
-from padoc_ray.raster import ENCODINGS, RendererConfig
-from padoc_ray.scheduler import SchedulerConfig
+from padoc_ray.raster import RendererConfig
 from padoc_ray.storage import StorageConfig
 
 DESCRIPTION = """\
@@ -25,35 +33,9 @@ when every input is accounted for, 1 otherwise, 2 for bad arguments (also: --out
 --input, or --output in use by another run)."""
 
 
-def _range_pair(text: str) -> tuple[int, int]:
-    try:
-        parts = [int(x) for x in text.split(",")] if "," in text else [int(text)] * 2
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or MIN,MAX, got {text!r}") from None
-    if len(parts) != 2 or not 1 <= parts[0] <= parts[1]:
-        raise argparse.ArgumentTypeError(f"expected 1 <= MIN <= MAX, got {text!r}")
-    return parts[0], parts[1]
-
-
-def _resources(text: str) -> dict[str, float]:
-    """--engine-resources: a JSON object of custom resource names to amounts."""
-    import json
-
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"padoc_gpu_node\": 1}}', got {text!r} "
-                                         f"({e.msg})") from None
-    if not isinstance(obj, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object of resource names to amounts, got {text!r}")
-    return obj
-
-
 def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
     """The batch job's flags; ``job_io=False`` leaves out --input, --output and --mode (for jobs that
     derive them, like re-annotation)."""
-    from padoc_ray.cli.common import page_ranges as parse_page_ranges
-
     io = p.add_argument_group("input and output")
     if job_io:
         io.add_argument("--input", required=True,
@@ -62,124 +44,42 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
         io.add_argument("--output", required=True, help="local folder or s3://bucket/prefix for pages/, documents/, "
                                                         "summary.json")
     io.add_argument("--model", required=True, help="checkpoint directory, local or s3:// (holds padoc_protocol.json)")
-    io.add_argument("--manifest-allow", action="append", default=[], metavar="PREFIX",
-                    help="a folder or s3://bucket/prefix that a manifest --input may name (repeatable; replaces the "
-                         "default, the manifest's own folder). Lines outside get a row with status disallowed_uri and are never "
-                         "read")
-    io.add_argument("--follow-symlinks", action="store_true",
-                    help="follow symbolic links in an --input folder whose target is inside it (each folder entered "
-                         "once, no file listed twice). Default: links are not followed; each gets a row with status "
-                         "symlink, and one pointing outside the folder (symlink_outside_input) is never read")
-    io.add_argument("--read-timeout", type=float, default=StorageConfig.read_timeout_s, metavar="SECONDS",
-                    help=f"one input file's whole read, local or s3://, must finish within this, else its row says "
-                         f"read_failed and a rerun tries again (default {StorageConfig.read_timeout_s:g})")
-    io.add_argument("--wait-lock", type=float, default=0.0, metavar="SECONDS",
-                    help="when another run holds --output, wait this long for it (default 0: refuse with exit code 2)")
-    io.add_argument("--leftover-grace", type=float, default=3600.0, metavar="SECONDS",
-                    help="unreadable Parquet files under OUTPUT/pages are skipped; the driver removes those of earlier "
-                         "(killed) runs, and files of unknown origin once older than this (default 3600)")
-    io.add_argument("--s3-endpoint", default=None,
-                    help="S3-compatible endpoint URL (default: AWS_ENDPOINT_URL(_S3), else AWS); credentials come "
-                         "from the standard AWS chain")
+    add_fields(io, InputsConfig, ("manifest_allow", "follow_symlinks"))
+    add_fields(io, StorageConfig, ("read_timeout_s", "endpoint"))
+    add_fields(io, OutputsConfig, ("lock_wait_s", "leftover_grace_s", "lock_stale_s"))
     gen = p.add_argument_group("parsing")
     if job_io:
         add_mode(gen)
-    gen.add_argument("--pages", type=parse_page_ranges, default=None,
-                     help="1-based page ranges to parse in every document, e.g. 1-3,7 (default: all)")
-    gen.add_argument("--max-pages-per-doc", type=int, default=None, help="parse at most N pages per document")
-    gen.add_argument("--doc-page-limit", type=int, default=5000, metavar="N",
-                     help="refuse documents with more than N selected pages before any is rendered (status "
-                          "too_many_pages; 0: no limit; default 5000)")
-    gen.add_argument("--image-frame-limit", type=int, default=1000, metavar="N",
-                     help="refuse images with more than N frames (status too_many_frames; default 1000)")
-    gen.add_argument("--file-size-limit-mb", type=float, default=512, metavar="MB",
-                     help="refuse input files larger than this, from the listing, without reading them, or when "
-                          "read if a file grew past it (status file_too_large; 0: no limit; default 512)")
+    add_fields(gen, InputsConfig, ("pages", "max_pages_per_doc"))
+    add_fields(gen, InputLimits, ("max_doc_pages", "max_image_frames", "max_file_bytes"))
     add_render(gen)
-    add_stream_limits(gen)
-    gen.add_argument("--replay", metavar="GT.json", default=None,
-                     help="teacher-force the model with this OmniDocBench ground truth (pages matched by file name "
-                          "and page_no; for random-weight demo models and benchmarks)")
-    gen.add_argument("--page-deadline", type=float, default=None, help="seconds per page (default: none)")
+    add_scheduler_flags(gen)
+    add_fields(gen, BatchConfig, ("replay_gt",))
     act = p.add_argument_group("engine actors")
-    act.add_argument("--actors", type=_range_pair, default=(1, 1),
-                     help="engine actors: N or MIN,MAX (autoscaled between) (default 1)")
-    act.add_argument("--gpus-per-actor", type=float, default=0.0, help="GPUs per engine actor (default 0; 1 on GPU)")
-    act.add_argument("--cpus-per-actor", type=float, default=1.0, help="CPUs per engine actor (default 1)")
-    act.add_argument("--engine-resources", type=_resources, default={}, metavar="JSON",
-                     help="custom Ray resources each engine actor asks for, e.g. '{\"padoc_gpu_node\": 1}': engine "
-                          "actors then run only on nodes started with that resource (ray start --resources "
-                          "'{\"padoc_gpu_node\": 2}' holds two), rasterization and writing anywhere (default: none)")
-    act.add_argument("--pages-in-flight", type=int, default=16, help="pages one actor runs at once (default 16)")
-    act.add_argument("--max-live-branches", type=int, default=None,
-                     help="per actor: cap on content branches live at once (default: no cap)")
-    act.add_argument("--max-num-seqs", type=int, default=None, help="vLLM max_num_seqs (default 384)")
-    act.add_argument("--engine", choices=("vllm", "noop"), default="vllm",
-                     help="noop: no model, every page an empty layout (measures pipeline overhead)")
-    p.add_argument("--raster-cpus", type=float, default=BatchConfig.raster_cpus,
-                   help="CPUs Ray reserves per rasterization task; a task mostly waits on its renderer process "
-                        "(default %(default)g)")
-    p.add_argument("--raster-docs-per-task", type=int, default=None,
-                   help="input files per rasterization task (default: up to 8, fewer when files are few per CPU)")
-    p.add_argument("--raster-pages-per-block", type=int, default=16,
-                   help="rendered pages per block leaving the raster stage (default 16)")
-    p.add_argument("--engine-batch-pages", type=int, default=16,
-                   help="pages per engine-actor call; they run concurrently inside the actor (default 16)")
+    add_fields(act, EnginesConfig, ("num_actors", "gpus_per_actor", "cpus_per_actor", "engine_resources",
+                                    "batch_pages"))
+    add_fields(act, HostConfig, ("pages_in_flight", "max_live_branches", "engine"))
+    add_max_num_seqs(act)
     rend = p.add_argument_group("rendering")
-    rend.add_argument("--render-timeout", type=float, default=RendererConfig.page_timeout_s, metavar="SECONDS",
-                      help="opening a document, or rendering one page, may take at most this long; the renderer "
-                           "process is then killed and the page gets render_timeout (default %(default)g)")
-    rend.add_argument("--doc-timeout", type=float, default=RendererConfig.doc_timeout_s, metavar="SECONDS",
-                      help="all pages of one document may take at most this long to render; the pages not "
-                           "rendered by then get render_timeout (default %(default)g; 0: no limit)")
-    rend.add_argument("--page-render-budget", type=float, default=RendererConfig.page_budget_s, metavar="SECONDS",
-                      help="renderer seconds per selected page: a document's time limit is this times its selected "
-                           "pages, at least --render-timeout, at most --doc-timeout; only the renderer's own time "
-                           "counts, not time spent waiting for the engines (default %(default)g; 0: --doc-timeout "
-                           "alone)")
-    rend.add_argument("--page-draw-limit", type=int, default=RenderConfig.max_page_draws, metavar="N",
-                      help="a page whose content would draw more XObjects than this (nested forms multiply) gets "
-                           "page_too_complex without being rendered (default %(default)d; 0: no limit)")
-    rend.add_argument("--render-memory-limit-mb", type=int, default=RendererConfig.memory_limit_mb, metavar="MB",
-                      help="address-space limit of the renderer process; a page needing more gets "
-                           "render_out_of_memory or render_crashed, alone (default %(default)d; 0: none)")
-    rend.add_argument("--no-render-isolation", action="store_true",
-                      help="render inside the raster task's own process: no crash isolation and no time-outs "
-                           "(a renderer crash then fails the whole task); for benchmarks")
-    rend.add_argument("--image-encoding", choices=ENCODINGS, default="zstd",
-                      help="how rendered pages travel to engine actors, all lossless: zstd (raw pixels, zstd level 1: "
-                           "fast, as small as PNG), png, or ppm (uncompressed) (default zstd)")
-    p.add_argument("--rows-per-file", type=int, default=64,
-                   help="page rows per Parquet file; progress is saved file by file (default 64)")
+    add_fields(rend, RasterConfig, ("cpus", "docs_per_task", "pages_per_block", "block_mb", "encoding"))
+    add_fields(rend, RendererConfig, ("page_timeout_s", "doc_timeout_s", "page_budget_s", "memory_limit_mb",
+                                      "isolate"))
+    add_render(rend, names=("max_page_draws",))
+    out = p.add_argument_group("writing")
+    add_fields(out, OutputsConfig, ("rows_per_file", "writer_cpus"))
     p.add_argument("--address", default=None,
                    help="Ray cluster address (default: RAY_ADDRESS, else a local cluster started for this run)")
 
 
 def config_from_args(args: argparse.Namespace) -> BatchConfig:
-    overrides = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
-    return BatchConfig(
-        input=getattr(args, "input", ""), output=getattr(args, "output", ""), model=args.model,
-        mode=getattr(args, "mode", "fork"),
-        render=RenderConfig(longest_side=args.longest_side, dpi=args.dpi, max_page_draws=args.page_draw_limit),
-        renderer=RendererConfig(isolate=not args.no_render_isolation, page_timeout_s=args.render_timeout,
-                                doc_timeout_s=args.doc_timeout or None, page_budget_s=args.page_render_budget or None,
-                                memory_limit_mb=args.render_memory_limit_mb),
-        pages=tuple(args.pages) if args.pages is not None else None, max_pages_per_doc=args.max_pages_per_doc,
-        host=HostConfig(engine=args.engine, engine_overrides=overrides, pages_in_flight=args.pages_in_flight,
-                        max_live_branches=args.max_live_branches, mode=getattr(args, "mode", "fork"),
-                        scheduler=SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches,
-                                                  deadline_s=args.page_deadline,
-                                                  constrain_layout=args.constrain_layout)),
-        storage=StorageConfig(endpoint=args.s3_endpoint, read_timeout_s=args.read_timeout), num_actors=args.actors,
-        gpus_per_actor=args.gpus_per_actor, cpus_per_actor=args.cpus_per_actor,
-        engine_resources=getattr(args, "engine_resources", {}),
-        raster_cpus=args.raster_cpus, replay_gt=args.replay, rows_per_file=args.rows_per_file,
-        image_encoding=args.image_encoding, raster_pages_per_block=args.raster_pages_per_block,
-        engine_batch_pages=args.engine_batch_pages, raster_docs_per_task=args.raster_docs_per_task,
-        limits=InputLimits(max_doc_pages=args.doc_page_limit or None, max_image_frames=args.image_frame_limit,
-                           max_file_bytes=int(args.file_size_limit_mb * 2**20) or None),
-        manifest_allow=tuple(args.manifest_allow), follow_symlinks=args.follow_symlinks, lock_wait_s=args.wait_lock, leftover_grace_s=args.leftover_grace,
-    )
+    host = from_args(HostConfig, args, scheduler=scheduler_from_args(args), engine_overrides=engine_overrides(args))
+    return from_args(
+        BatchConfig, args, input=getattr(args, "input", ""), output=getattr(args, "output", ""), model=args.model,
+        storage=from_args(StorageConfig, args),
+        inputs=from_args(InputsConfig, args, limits=from_args(InputLimits, args)),
+        raster=from_args(RasterConfig, args, render=from_args(RenderConfig, args),
+                         renderer=from_args(RendererConfig, args)),
+        engines=from_args(EnginesConfig, args, host=host), outputs=from_args(OutputsConfig, args))
 
 
 def _init_ray(args: argparse.Namespace) -> None:
@@ -201,16 +101,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
     except ValueError as e:
-        print(f"padoc-ray: error: {e}", file=sys.stderr)
-        return 2
+        return die(str(e), exit=False)
     try:
         summary = run_batch(cfg, start_ray=lambda: _init_ray(args))
-    except InputError as e:
-        print(f"padoc-ray: error: {e}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
-        print(f"padoc-ray: error: {e}", file=sys.stderr)
-        return 2
+    except (InputError, FileNotFoundError) as e:
+        return die(str(e), exit=False)
     print(f"summary: {os.path.join(cfg.output, 'summary.json')}; pages: {os.path.join(cfg.output, 'pages')}; "
           f"documents: {os.path.join(cfg.output, 'documents')}")
     return 0 if summary["all_inputs_accounted"] else 1
@@ -294,13 +189,11 @@ def reannotate_from_args(args: argparse.Namespace) -> int:
             agreement=AgreementConfig(match_iou=args.match_iou, consensus_iou=args.consensus_iou,
                                       consensus_edit=args.consensus_edit))
     except ValueError as e:
-        print(f"padoc-ray: error: {e}", file=sys.stderr)
-        return 2
+        return die(str(e), exit=False)
     try:
         summary = run_reannotate(cfg, start_ray=lambda: _init_ray(args))
     except (InputError, PredictionSetError, FileNotFoundError, ValueError) as e:
-        print(f"padoc-ray: error: {e}", file=sys.stderr)
-        return 2
+        return die(str(e), exit=False)
     import os
 
     print(f"consensus: {summary['consensus_json']}; agreement: {summary['agreement_parquet']}; "

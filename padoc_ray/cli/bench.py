@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import tempfile
 
-from padoc_ray.cli.common import (
-    DEFAULT_MODEL,
-    EXAMPLES_DIR,
-    add_command,
-    add_constrain_layout,
-    add_stream_limits,
-    die,
-    group_help,
-    int_list,
-    str_list,
+from padoc_ray.cli.common import DEFAULT_MODEL, EXAMPLES_DIR, add_command, die, group_help, int_list
+from padoc_ray.cli.flags import (
+    add_fields,
+    add_max_num_seqs,
+    add_scheduler_flags,
+    engine_overrides,
+    from_args,
+    scheduler_from_args,
 )
 from padoc_ray.scheduler.state import DECODE_MODES
 
@@ -139,25 +138,7 @@ def cmd_bench_pageiou(args) -> int:
 def _attention_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     from padoc_ray.bench.attention import AttentionBenchConfig
 
-    d = AttentionBenchConfig()
-    p.add_argument("--lengths", type=int_list, default=d.lengths,
-                   help="comma list of total packed lengths S (default 2048,4096,8192,16384)")
-    p.add_argument("--branches", type=int, default=d.branches, help=f"branches per tree (default {d.branches})")
-    p.add_argument("--backends", type=str_list, default=d.backends,
-                   help="comma list from dense,flex,tree_varlen (default: all)")
-    p.add_argument("--heads", type=int, default=d.heads, help=f"query heads (default {d.heads})")
-    p.add_argument("--kv-heads", type=int, default=d.kv_heads, help=f"key/value heads (default {d.kv_heads})")
-    p.add_argument("--head-dim", type=int, default=d.head_dim, help=f"head dimension (default {d.head_dim})")
-    p.add_argument("--repeats", type=int, default=d.repeats, help=f"timed runs, median kept (default {d.repeats})")
-    p.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed runs first (default {d.warmup})")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=d.device, help="default cpu")
-    p.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "float16"), default=None,
-                   help="default float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--memory-budget-gib", type=float, default=d.memory_budget_gib,
-                   help="skip a run whose estimated memory exceeds this (default 20, for a 24 GiB machine)")
-    p.add_argument("--no-flex-compile", action="store_true",
-                   help="run flex attention eagerly (slow; materializes the scores) instead of compiled")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of the trees and inputs (default 0)")
+    add_fields(p, AttentionBenchConfig, [f.name for f in dataclasses.fields(AttentionBenchConfig)])
     _add_json(p)
     p.set_defaults(func=cmd_bench_attention)
     return p
@@ -169,19 +150,13 @@ def cmd_bench_attention(args) -> int:
     from padoc_ray.bench.attention import AttentionBenchConfig, format_table, run_bench
 
     try:
-        cfg = AttentionBenchConfig(
-            lengths=args.lengths, branches=args.branches, backends=args.backends, heads=args.heads,
-            kv_heads=args.kv_heads, head_dim=args.head_dim, repeats=args.repeats, warmup=args.warmup,
-            device=args.device, dtype=args.dtype, memory_budget_gib=args.memory_budget_gib,
-            flex_compile=not args.no_flex_compile, seed=args.seed)
+        cfg = from_args(AttentionBenchConfig, args)
     except ValueError as e:
-        print(f"padoc-ray bench attention: error: {e}", file=sys.stderr)
-        return 2
+        return die(str(e), prog="padoc-ray bench attention", exit=False)
     try:
         results = run_bench(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
     except ValueError as e:
-        print(f"padoc-ray bench attention: error: {e}", file=sys.stderr)
-        return 2
+        return die(str(e), prog="padoc-ray bench attention", exit=False)
     print(format_table(results))
     _write_json(args.json, results)
     return 0
@@ -195,33 +170,21 @@ def _modes(text: str) -> tuple[str, ...]:
 
 
 def add_host_args(p: argparse.ArgumentParser) -> None:
-    """The engine host's knobs shared by `bench serve` and `bench replay` (defaults: the config dataclasses')."""
-    from padoc_ray.engine.config import EngineConfig
+    """The engine host's knobs shared by `bench serve` and `bench replay`: every SchedulerConfig field,
+    --max-num-seqs and --max-live-branches (defaults: the config dataclasses')."""
+    from padoc_ray.host import HostConfig
 
-    add_stream_limits(p)
-    p.add_argument("--max-num-seqs", type=int, default=None,
-                   help=f"engine max_num_seqs (default: the engine preset's, {EngineConfig.max_num_seqs})")
-    p.add_argument("--page-priority", action="store_true",
-                   help="oldest page first: a page's requests run ahead of later pages' (vLLM priority scheduling; "
-                        "pair it with a smaller --max-num-seqs)")
-    p.add_argument("--layout-priority", action="store_true",
-                   help="run layout streams ahead of branches (vLLM priority scheduling)")
-    p.add_argument("--max-live-branches", type=int, default=None,
-                   help="cap on content branches live in the engine at once, over all pages (default: none)")
-    p.add_argument("--stream-branches", action="store_true",
-                   help="stream branch tokens (the runaway guard can stop a branch early) instead of taking each "
-                        "branch's output once at its end (the default)")
+    add_scheduler_flags(p)
+    add_max_num_seqs(p)
+    add_fields(p, HostConfig, ("max_live_branches",))
 
 
 def _host_cfg(args, pages_in_flight: int):
-    from padoc_ray.bench.serve import host_config
+    from padoc_ray.host import HostConfig
 
     try:
-        return host_config(pages_in_flight=pages_in_flight, max_tokens=args.max_tokens, max_branches=args.max_branches,
-                           max_num_seqs=args.max_num_seqs, layout_priority=args.layout_priority,
-                           page_priority=args.page_priority,
-                           max_live_branches=args.max_live_branches, stream_branches=args.stream_branches,
-                           constrain_layout=args.constrain_layout)
+        return from_args(HostConfig, args, pages_in_flight=pages_in_flight, scheduler=scheduler_from_args(args),
+                         engine_overrides=engine_overrides(args))
     except ValueError as e:
         die(str(e))
 
@@ -234,8 +197,7 @@ def cmd_bench_serve(args) -> int:
     if not os.path.isdir(args.model):
         die(f"--model: {args.model} is not a folder")
     try:
-        cfg = ServeBenchConfig(concurrency=tuple(args.concurrency), pages=args.pages, modes=_modes(args.modes),
-                               warmup=args.warmup, target=args.target, replay=not args.no_replay)
+        cfg = from_args(ServeBenchConfig, args, modes=_modes(args.modes))
     except ValueError as e:
         die(str(e))
     host_cfg = _host_cfg(args, max(cfg.concurrency))
@@ -289,11 +251,11 @@ def cmd_bench_steps(args) -> int:
     if not os.path.isfile(args.image):
         die(f"--image: {args.image} is not a file")
     try:
-        cfg = StepsConfig(batches=tuple(args.batch), tokens=args.tokens, repeat=args.repeat)
+        cfg = from_args(StepsConfig, args)
     except ValueError as e:
         die(f"bench steps: {e}")
     log = lambda m: print(m, file=sys.stderr, flush=True)
-    overrides = {"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}
+    overrides = engine_overrides(args)
     try:
         rep = run(os.path.abspath(args.model), args.image, cfg, engine_overrides=overrides, log=log)
     except PdfError as e:
@@ -339,24 +301,14 @@ def register(sub) -> None:
     p.add_argument("--images", action="append", required=True, metavar="DIR",
                    help="folder holding each page's image_path; one per --gt, in the same order")
     p.add_argument("--model", required=True, help="checkpoint directory")
-    p.add_argument("--concurrency", type=int_list, default=list(d.concurrency),
-                   help=f"comma list of pages in flight (default {','.join(map(str, d.concurrency))})")
-    p.add_argument("--pages", type=int, default=d.pages,
-                   help=f"use the first N pages of the set, all when fewer exist (default {d.pages}, the paper's)")
-    p.add_argument("--target", choices=("direct", "http"), default=d.target,
-                   help="direct: a PageHost in this process; http: the Serve endpoint (default direct)")
+    add_fields(p, ServeBenchConfig, ("concurrency", "pages", "target"))
     p.add_argument("--modes", default=",".join(d.modes), help="comma list (default fork,sequential)")
-    p.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed warm-up pages per mode (default {d.warmup})")
-    p.add_argument("--no-replay", action="store_true",
-                   help="let the model generate freely (a real checkpoint): the ground truth then only names the "
-                        "pages (default: teacher-force every page with its truth, so the tiny random-weight model "
-                        "does a trained model's work)")
+    add_fields(p, ServeBenchConfig, ("warmup", "replay"))
     p.add_argument("--out", required=True, help="output folder")
     add_host_args(p)
     p.set_defaults(func=cmd_bench_serve)
-    from padoc_ray.bench.steps import DEFAULT_BATCHES, StepsConfig
+    from padoc_ray.bench.steps import StepsConfig
 
-    st = StepsConfig()
     bst = add_command(bsub, "steps", help="engine decode step time vs batch size: is this machine in fork's regime?",
                       description="On the real engine with the serving settings for this machine: for each batch "
                                   "size n, n requests sharing one page image and prompt (one page's branches) each "
@@ -367,12 +319,7 @@ def register(sub) -> None:
     bst.add_argument("--image", default=os.path.join(EXAMPLES_DIR, "paper.pdf"),
                      help="page image, or a PDF whose first page is rendered as the batch job does "
                           "(default examples/paper.pdf)")
-    bst.add_argument("--batch", type=int_list, default=list(DEFAULT_BATCHES),
-                     help=f"comma list of batch sizes (default {','.join(map(str, DEFAULT_BATCHES))})")
-    bst.add_argument("--tokens", type=int, default=st.tokens,
-                     help=f"tokens each request decodes (default {st.tokens})")
-    bst.add_argument("--repeat", type=int, default=st.repeat,
-                     help=f"timed runs per batch size; the median is reported (default {st.repeat})")
+    add_fields(bst, StepsConfig, ("batches", "tokens", "repeat"))
     bst.add_argument("--max-num-seqs", type=int, default=None,
                      help="engine max_num_seqs (default: the engine preset's); every batch size must fit")
     _add_json(bst)
@@ -459,6 +406,8 @@ def register(sub) -> None:
     bh.add_argument("--requests", type=int, default=64, help="one-page requests per concurrency and side (default 64)")
     bh.add_argument("--warmup", type=int, default=4, help="untimed requests per side first (default 4)")
     bh.add_argument("--out", default=None, help="folder for http_bench.json")
-    add_constrain_layout(bh)
+    from padoc_ray.scheduler import SchedulerConfig
+
+    add_fields(bh, SchedulerConfig, ("constrain_layout",))
     bh.set_defaults(func=cmd_bench_http)
     group_help(bench)

@@ -1,11 +1,13 @@
-"""What every command shares: the registration convention, argument types, errors and logging (Ray is
-started by :func:`padoc_ray.ray_init.init_ray`).
+"""What every command shares: the registration convention, argument types, the error report and
+logging (Ray is started by :func:`padoc_ray.ray_init.init_ray`).
 
 Every module of :mod:`padoc_ray.cli` exposes ``register(sub)``, which adds its commands with
 :func:`add_command` (so each takes ``-v/--verbose`` the same way, before or after the command
 name) and sets ``func`` to a function of the parsed arguments that returns the exit code: 0 done,
-1 the work ran and something failed, 2 a usage error (:func:`die`). Defaults come from the config
-dataclasses (``HostConfig``, ``SchedulerConfig``, ``BatchConfig`` ...), never restated here.
+1 the work ran and something failed, 2 a usage error (:func:`die`, the one error report). The
+flags of config fields (``SchedulerConfig``, ``HostConfig``, ``RenderConfig``, ``BatchConfig`` ...)
+are made by :mod:`padoc_ray.cli.flags` from the dataclasses themselves: their defaults and help come
+from the fields, never restated by hand (``tests/test_flags.py`` checks every flag's default).
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ EXAMPLES_DIR = os.path.join(ROOT, "examples")
 DEFAULT_MODEL = os.path.join(ROOT, "models", "tiny")
 
 
-def die(msg: str, code: int = 2):
-    """A usage error (or ``code``): one line on stderr, no traceback."""
-    print(f"padoc-ray: error: {msg}", file=sys.stderr)
-    raise SystemExit(code)
+def die(msg: str, code: int = 2, *, prog: str = "padoc-ray", exit: bool = True) -> int:
+    """The one error report of every command: ``PROG: error: MSG`` on stderr, one line, no traceback;
+    then ``SystemExit(code)`` (2: a usage error), or, with ``exit=False``, ``code`` returned."""
+    print(f"{prog}: error: {msg}", file=sys.stderr)
+    if exit:
+        raise SystemExit(code)
+    return code
 
 
 def add_verbose(p: argparse.ArgumentParser, *, inherit: bool = True) -> None:
@@ -110,40 +115,3 @@ def job_main(prog: str, description: str, add_args, run, argv=None) -> int:
     args = job_parser(prog, description, add_args).parse_args(argv)
     setup_logging(args.verbose)
     return run(args)
-
-
-# ---- the generation flags every parsing surface shares (defaults: SchedulerConfig's, RenderConfig's) ------
-def add_mode(p, *, help_suffix: str = "") -> None:
-    from padoc_ray.scheduler.state import DECODE_MODES
-
-    p.add_argument("--mode", choices=DECODE_MODES, default=DECODE_MODES[0],
-                   help="fork: the PaDoc layout stream + concurrent content branches; sequential: one interleaved "
-                        f"stream (the paper's baseline). Default {DECODE_MODES[0]}{help_suffix}")
-
-
-def add_stream_limits(p, *, number=int) -> None:
-    """--max-tokens, --max-branches, --constrain-layout (``number``: the argparse type of the limits)."""
-    from padoc_ray.scheduler import SchedulerConfig
-
-    d = SchedulerConfig()
-    p.add_argument("--max-tokens", type=number, default=d.max_tokens,
-                   help=f"generated tokens per stream (default {d.max_tokens})")
-    p.add_argument("--max-branches", type=number, default=d.max_branches,
-                   help=f"content branches per page (default {d.max_branches})")
-    add_constrain_layout(p)
-
-
-def add_constrain_layout(p) -> None:
-    p.add_argument("--constrain-layout", action="store_true",
-                   help="keep each layout stream in the checkpoint's layout grammar (a logits mask: category, ordered "
-                        "box coordinates, region close; at most --max-branches regions), so no page ends "
-                        "malformed_layout; teacher-forced tokens still win (default: off)")
-
-
-def add_render(p) -> None:
-    from padoc_ray.pdf import RenderConfig
-
-    d = RenderConfig()
-    p.add_argument("--longest-side", type=int, default=d.longest_side,
-                   help=f"render PDF pages to this many pixels (default {d.longest_side})")
-    p.add_argument("--dpi", type=float, default=None, help="render PDF pages at this DPI instead of --longest-side")

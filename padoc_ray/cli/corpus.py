@@ -14,13 +14,8 @@ import json
 import os
 import sys
 
-from padoc_ray.cli.common import add_command, group_help
+from padoc_ray.cli.common import add_command, die, group_help
 from padoc_ray.corpus.profiles import PROFILES
-
-
-def _error(msg: str, code: int = 2) -> int:
-    print(f"padoc-ray: error: {msg}", file=sys.stderr)
-    return code
 
 
 def _positive_int(text: str, what: str) -> int:
@@ -40,27 +35,27 @@ def cmd_generate(args) -> int:
         pages = _positive_int(args.pages, "--pages")
         workers = None if args.workers is None else _positive_int(args.workers, "--workers")
     except ValueError as e:
-        return _error(str(e))
+        return die(str(e), exit=False)
     try:
         seed = int(args.seed)
     except ValueError:
-        return _error(f"--seed must be an integer, got {args.seed!r}")
+        return die(f"--seed must be an integer, got {args.seed!r}", exit=False)
     try:
         dpi = float(args.dpi)
     except ValueError:
-        return _error(f"--dpi must be a number, got {args.dpi!r}")
+        return die(f"--dpi must be a number, got {args.dpi!r}", exit=False)
     if args.profile not in PROFILES:
-        return _error(f"unknown profile {args.profile!r}; valid profiles: {', '.join(sorted(PROFILES))}")
+        return die(f"unknown profile {args.profile!r}; valid profiles: {', '.join(sorted(PROFILES))}", exit=False)
     if args.image_format not in ("jpg", "png"):
-        return _error(f"--image-format must be jpg or png, got {args.image_format!r}")
+        return die(f"--image-format must be jpg or png, got {args.image_format!r}", exit=False)
     cfg = GenerateConfig(out=args.out, pages=pages, seed=seed, profile=args.profile, images=args.images,
                          image_format=args.image_format, dpi=dpi, workers=workers, force=args.force)
     try:
         res = generate_corpus(cfg, progress=print_progress)
     except CorpusError as e:
-        return _error(str(e))
+        return die(str(e), exit=False)
     except KeyboardInterrupt:
-        return _error("interrupted: no gt.json was written", 130)
+        return die("interrupted: no gt.json was written", 130, exit=False)
     print(f"wrote {res.pages} pages in {res.documents} PDFs to {args.out} ({args.profile}, seed {seed}) in "
           f"{res.seconds:.1f}s: {res.pages_per_s:.1f} pages/s on {res.workers} worker(s)")
     if args.images:
@@ -71,7 +66,8 @@ def cmd_generate(args) -> int:
     if res.errors:
         for e in res.errors[:5]:
             print(f"padoc-ray: {e}", file=sys.stderr)
-        return _error(f"{len(res.errors)} document(s) failed; gt.json lists only the {res.pages} pages written", 1)
+        return die(f"{len(res.errors)} document(s) failed; gt.json lists only the {res.pages} pages written", 1,
+                   exit=False)
     return 0
 
 
@@ -79,16 +75,16 @@ def cmd_verify(args) -> int:
     from padoc_ray.corpus.verify import verify_corpus
 
     if not os.path.isdir(args.dir):
-        return _error(f"corpus directory not found: {args.dir}")
+        return die(f"corpus directory not found: {args.dir}", exit=False)
     gt = args.gt or os.path.join(args.dir, "gt.json")
     if not os.path.exists(gt):
-        return _error(f"no ground truth at {gt}")
+        return die(f"no ground truth at {gt}", exit=False)
     if not 0 < args.min_coverage <= 1:
-        return _error(f"--min-coverage must be in (0, 1], got {args.min_coverage}")
+        return die(f"--min-coverage must be in (0, 1], got {args.min_coverage}", exit=False)
     try:
         rep = verify_corpus(args.dir, gt, pdf_dir=args.pdfs, min_coverage=args.min_coverage)
     except (ValueError, OSError) as e:
-        return _error(str(e))
+        return die(str(e), exit=False)
     for p in rep.pages:
         if args.verbose or not p.ok:
             cov = "skipped (scanned: no text layer)" if p.scanned else f"coverage {p.coverage:.3f}" \
@@ -114,23 +110,23 @@ def cmd_profile(args) -> int:
 
     paths = list(args.gt or []) + list(args.compare or [])
     if not paths:
-        return _error("give at least one --gt")
+        return die("give at least one --gt", exit=False)
     for p in paths:
         if not os.path.exists(p):
-            return _error(f"ground truth not found: {p}")
+            return die(f"ground truth not found: {p}", exit=False)
     if not os.path.isdir(args.model):
-        return _error(f"model directory not found: {args.model}")
+        return die(f"model directory not found: {args.model}", exit=False)
     try:
         rep = profile_files(paths, args.model)
     except Exception as e:  # noqa: BLE001 - bad JSON, bad spec, bad tokenizer: one line
-        return _error(f"{type(e).__name__}: {e}")
+        return die(f"{type(e).__name__}: {e}", exit=False)
     print(format_report(rep))
     if args.json:
         try:
             with open(args.json, "w", encoding="utf-8") as f:
                 json.dump(rep, f, indent=1, ensure_ascii=False)
         except OSError as e:
-            return _error(f"cannot write --json {args.json}: {e.strerror or e}")
+            return die(f"cannot write --json {args.json}: {e.strerror or e}", exit=False)
     return 0
 
 

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from padoc_ray.cli.common import add_command, group_help
+from padoc_ray.cli.common import add_command, die, group_help
 
 LAYOUT_DESCRIPTION = (
     "Score predicted layouts against OmniDocBench ground truth with PageIoU (paper App. B): coverage-based "
@@ -22,11 +22,6 @@ LAYOUT_DESCRIPTION = (
     "Parquet (an output folder with pages/*.parquet, or a .parquet file). Prints a Markdown table, writes "
     "OUT.json and a per-page CSV beside it (OUT.pages.csv), and summarizes input problems on stderr. Exit 0 "
     "when the evaluation ran (bad pages are reported, not fatal), 2 on usage errors.")
-
-
-def _err(msg: str) -> int:
-    print(f"padoc-ray: error: {msg}", file=sys.stderr)
-    return 2
 
 
 def _pred_map(text: str):
@@ -42,25 +37,26 @@ def _pred_map(text: str):
 
 
 def cmd_eval_layout(args) -> int:
+    from padoc_ray.cli.flags import from_args
     from padoc_ray.eval import layout as L
     from padoc_ray.eval.pageiou import PageIoUConfig
 
     try:
         pm = _pred_map(args.pred_map)
     except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
-        return _err(f"--pred-map {args.pred_map}: {e}")
+        return die(f"--pred-map {args.pred_map}: {e}", exit=False)
     try:
-        cfg = PageIoUConfig(backend=args.backend, grid=args.grid, pred_map=pm)
+        cfg = from_args(PageIoUConfig, args, pred_map=pm)
     except ValueError as e:
-        return _err(str(e))
+        return die(str(e), exit=False)
     out_dir = os.path.dirname(os.path.abspath(args.json))
     if not os.path.isdir(out_dir):
-        return _err(f"folder for --json does not exist: {out_dir}")
+        return die(f"folder for --json does not exist: {out_dir}", exit=False)
     try:
         gt = L.load_ground_truth(args.gt, fix_swapped=not args.keep_page_size)
         pred = L.load_predictions(args.pred, gt, fix_swapped=not args.keep_page_size)
     except L.LayoutInputError as e:
-        return _err(str(e))
+        return die(str(e), exit=False)
     t = time.perf_counter()
     rep = L.evaluate_layout(gt, pred, cfg)
     took = time.perf_counter() - t
@@ -83,10 +79,10 @@ def _register_layout(esub) -> None:
     p.add_argument("--json", required=True, metavar="OUT.json",
                    help="write the summary here ({'<count>/<category>': {'<class>': {iou, f1, precision, recall}}} "
                         "plus support, pages, problems, config); the per-page CSV goes beside it")
-    p.add_argument("--backend", choices=("exact", "raster"), default="exact",
-                   help="exact: coordinate-compressed exact areas (what results use); raster: a GRID x GRID "
-                        "pixel cross-check (default exact)")
-    p.add_argument("--grid", type=int, default=1000, help="raster backend: cells per side (default 1000)")
+    from padoc_ray.cli.flags import add_fields
+    from padoc_ray.eval.pageiou import PageIoUConfig
+
+    add_fields(p, PageIoUConfig, ("backend", "grid"))
     p.add_argument("--pred-map", default="soft", metavar="soft|include|FILE.json",
                    help="how predicted categories map to classes: soft (include or acceptable category of the "
                         "class; default), include (include categories only), or a JSON file "
@@ -147,14 +143,14 @@ def cmd_eval_e2e(args) -> int:
         try:
             cdm = read_cdm_file(args.cdm_file)
         except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
-            return _err(f"--cdm-file {args.cdm_file}: {e}")
+            return die(f"--cdm-file {args.cdm_file}: {e}", exit=False)
     try:
         cfg = E2EConfig(formula_cdm=cdm)
     except ValueError as e:
-        return _err(str(e))
+        return die(str(e), exit=False)
     out_dir = os.path.dirname(os.path.abspath(args.json))
     if not os.path.isdir(out_dir):
-        return _err(f"folder for --json does not exist: {out_dir}")
+        return die(f"folder for --json does not exist: {out_dir}", exit=False)
     t = time.perf_counter()
     try:
         pages, problems = load_ground_truth(args.gt)
@@ -163,9 +159,9 @@ def cmd_eval_e2e(args) -> int:
         else:
             preds, more = P.load_parquet(args.pred, pages)
     except E2EInputError as e:
-        return _err(str(e))
+        return die(str(e), exit=False)
     if not pages:
-        return _err(f"no usable ground-truth page in {args.gt}")
+        return die(f"no usable ground-truth page in {args.gt}", exit=False)
     rep = evaluate(pages, preds, cfg, problems + more)
     took = time.perf_counter() - t
     inputs = {"gt": os.path.abspath(args.gt), "pred": os.path.abspath(args.pred_md or args.pred),

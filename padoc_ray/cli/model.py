@@ -33,6 +33,7 @@ def cmd_init_model(args) -> int:
 
     from padoc_ray.checkpoint.init import InitModelError, VerifyError, init_model
     from padoc_ray.protocol import ProtocolError, ProtocolSpec
+    from padoc_ray.cli.flags import from_args
     from padoc_ray.storage import StorageConfig
 
     t = time.perf_counter()
@@ -42,7 +43,7 @@ def cmd_init_model(args) -> int:
         die(f"--spec {args.spec}: {e}")
     try:
         s = init_model(args.base, args.out, spec=spec, force=args.force, verify=args.verify,
-                       storage=StorageConfig(endpoint=args.s3_endpoint))
+                       storage=from_args(StorageConfig, args))
     except (InitModelError, FileNotFoundError) as e:
         die(str(e))
     except VerifyError as e:
@@ -64,6 +65,9 @@ def cmd_init_model(args) -> int:
 
 
 def register(sub) -> None:
+    from padoc_ray.cli.flags import add_fields
+    from padoc_ray.storage import StorageConfig
+
     b = add_command(sub, "build-tiny-model", help="build the tiny random-weight Qwen3-VL checkpoint (offline)",
                        description="Build, offline and deterministically, a tiny random-weight Qwen3-VL PaDoc "
                                    "checkpoint (float32) with tokenizer, processor configs, chat template and "
@@ -97,5 +101,5 @@ def register(sub) -> None:
     im.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                     help="start a vLLM engine on the result and generate with it (default: on; the CPU engine "
                          "without a GPU). --no-verify skips it")
-    im.add_argument("--s3-endpoint", default=None, help="S3-compatible endpoint URL for an s3:// --base")
+    add_fields(im, StorageConfig, ("endpoint",), helps={"endpoint": "S3-compatible endpoint URL for an s3:// --base"})
     im.set_defaults(func=cmd_init_model)

@@ -8,21 +8,16 @@ import json
 import os
 import sys
 
-from padoc_ray.cli.common import DEFAULT_MODEL, EXAMPLES_DIR, add_command, add_mode, add_render, add_stream_limits, die
+from padoc_ray.cli.common import DEFAULT_MODEL, EXAMPLES_DIR, add_command, die
+from padoc_ray.cli.flags import add_mode, add_render, add_scheduler_flags, from_args, scheduler_from_args
 from padoc_ray import status
 
-
-def _scheduler_cfg(args):
-    from padoc_ray.scheduler import SchedulerConfig
-
-    return SchedulerConfig(max_tokens=args.max_tokens, max_branches=args.max_branches, deadline_s=args.deadline,
-                           constrain_layout=args.constrain_layout)
+_scheduler_cfg = scheduler_from_args  # the name tests/test_constrain_layout_flags.py imports
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:
     add_mode(p)
-    add_stream_limits(p)
-    p.add_argument("--deadline", type=float, default=None, help="seconds per page before it is cut (default: none)")
+    add_scheduler_flags(p)
     add_render(p)
 
 
@@ -37,12 +32,12 @@ def _run_local(model: str, paths: list[str], args, *, pages=None, truth=None, co
         model_protocol = ModelProtocol(model)
     except (ProtocolError, OSError) as e:
         die(f"cannot load model {model}: {e}")
-    render = RenderConfig(longest_side=args.longest_side, dpi=args.dpi)
+    render = from_args(RenderConfig, args)
     items = load_pages(paths, render=render, pages=pages)
 
     if not any(it.page is not None for it in items):
         return items, [None] * len(items), model_protocol
-    cfg = HostConfig(mode=args.mode, scheduler=_scheduler_cfg(args), pages_in_flight=concurrency)
+    cfg = HostConfig(mode=args.mode, scheduler=scheduler_from_args(args), pages_in_flight=concurrency)
 
     async def go():
         host = await PageHost(model, cfg, truth=truth, model_protocol=model_protocol).start()
@@ -104,7 +99,8 @@ def cmd_demo(args) -> int:
     from padoc_ray.groundtruth import load_truth
     from padoc_ray.host import HostConfig
     from padoc_ray.output.reader import read_rows
-    from padoc_ray.pipeline.config import BatchConfig
+    from padoc_ray.pdf import RenderConfig
+    from padoc_ray.pipeline.config import BatchConfig, EnginesConfig, RasterConfig
     from padoc_ray.pipeline.job import run_batch
     from padoc_ray.protocol import quantized
 
@@ -136,8 +132,8 @@ def cmd_demo(args) -> int:
     init_ray("local", verbose=args.verbose)
     ray.data.DataContext.get_current().enable_progress_bars = args.verbose
     cfg = BatchConfig(input=os.path.join(args.examples, "*.pdf"), output=args.output, model=args.model,
-                      mode=args.mode, replay_gt=gt if replay else None,
-                      host=HostConfig(mode=args.mode, scheduler=_scheduler_cfg(args)))
+                      replay_gt=gt if replay else None, raster=RasterConfig(render=from_args(RenderConfig, args)),
+                      engines=EnginesConfig(host=HostConfig(mode=args.mode, scheduler=scheduler_from_args(args))))
     summary = run_batch(cfg)
     table = read_rows(args.output).to_pylist()
     table.sort(key=lambda r: (r["source_uri"], r["page_index"]))

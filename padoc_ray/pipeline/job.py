@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict
 from datetime import datetime, timezone
 
 import pyarrow as pa
@@ -111,7 +110,8 @@ def plan(listed: list[tuple[str, int]], existing: pa.Table, cfg: BatchConfig) ->
     :func:`~padoc_ray.pipeline.ledger.plan`.)"""
     lt = ledger.listing_table(listed)
     book = ledger.from_table(existing, lt.column("uri"))
-    return ledger.plan(book, lt.column("size").to_numpy(), cfg.limits, cfg.pages, cfg.max_pages_per_doc)
+    inp = cfg.inputs
+    return ledger.plan(book, lt.column("size").to_numpy(), inp.limits, inp.pages, inp.max_pages_per_doc)
 
 
 def _write_listing_rows(refused: list[dict], cfg: BatchConfig, model_id: str) -> None:
@@ -119,7 +119,7 @@ def _write_listing_rows(refused: list[dict], cfg: BatchConfig, model_id: str) ->
     driver itself: nothing of them is ever read."""
     out = []
     for t in refused:
-        code, message = limits.listing_refusal(t["size"], cfg.limits)
+        code, message = limits.listing_refusal(t["size"], cfg.inputs.limits)
         base = rows.base_row(run_id=cfg.run_id, uri=t["uri"], doc_id=None, page_index=-1, page_count=None,
                              mode=cfg.mode, model_id=model_id)
         out.append(rows.error_row(base, code, message))
@@ -136,8 +136,8 @@ def _write_listing_rows(refused: list[dict], cfg: BatchConfig, model_id: str) ->
 def docs_per_task(cfg: BatchConfig, n_docs: int, cpus: float) -> int:
     """Input files per raster task: the configured number, else up to 8 while every CPU still gets
     about 4 tasks (many small files share Ray's per-task cost; few files keep full parallelism)."""
-    if cfg.raster_docs_per_task:
-        return cfg.raster_docs_per_task
+    if cfg.raster.docs_per_task:
+        return cfg.raster.docs_per_task
     return max(1, min(8, int(n_docs // max(1.0, 4 * cpus))))
 
 
@@ -150,21 +150,22 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
     from padoc_ray.pipeline.stages import EngineStage, missing_engine_resources, rasterize
 
     ctx = DataContext.get_current()
-    ctx.target_max_block_size = cfg.raster_block_mb << 20
+    ctx.target_max_block_size = cfg.raster.block_mb << 20
     ds = ray.data.from_items(todo, override_num_blocks=min(len(todo), 200))
     per_task = docs_per_task(cfg, len(todo), ray.cluster_resources().get("CPU", 1))
     if (short := missing_engine_resources(cfg, ray.cluster_resources())) is not None:
         logger.warning(short)
-    ds = ds.map_batches(rasterize, batch_size=per_task, batch_format="pyarrow", num_cpus=cfg.raster_cpus,
+    ds = ds.map_batches(rasterize, batch_size=per_task, batch_format="pyarrow", num_cpus=cfg.raster.cpus,
                         fn_kwargs={"cfg": cfg, "model_id": model_id})
-    lo, hi = cfg.num_actors
+    lo, hi = cfg.engines.num_actors
     # Keep pages_in_flight pages inside each actor: batches of `batch` pages, enough of them queued.
-    batch = min(cfg.engine_batch_pages, cfg.host.pages_in_flight)
-    batches_in_flight = -(-cfg.host.pages_in_flight // batch) + 1
+    batch = min(cfg.engines.batch_pages, cfg.engines.host.pages_in_flight)
+    batches_in_flight = -(-cfg.engines.host.pages_in_flight // batch) + 1
     ds = ds.map_batches(
         EngineStage, fn_constructor_kwargs={"cfg": cfg}, batch_size=batch, batch_format="pyarrow",
         compute=ActorPoolStrategy(min_size=lo, max_size=hi, max_tasks_in_flight_per_actor=batches_in_flight),
-        num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor or None, resources=dict(cfg.engine_resources) or None,
+        num_cpus=cfg.engines.cpus_per_actor, num_gpus=cfg.engines.gpus_per_actor or None,
+        resources=dict(cfg.engines.engine_resources) or None,
         runtime_env={"env_vars": {"RAY_DATA_DEFAULT_ASYNC_BATCH_UDF_MAX_CONCURRENCY": str(batches_in_flight)}},
     )
     fs, path = filesystem(join(cfg.output, "pages"), cfg.storage)
@@ -173,40 +174,42 @@ def _pipeline(todo: list[dict], cfg: BatchConfig, model_id: str) -> None:
     # Writing Parquet is light; Ray Data's default of 1 CPU per write task would reserve a whole core
     # on a small node and starve rasterization (its budget is taken from the same pool).
     # files are named by the run (reader.RUN_FILE), so a later run can tell a killed run's torn file
-    ds.write_parquet(path, filesystem=fs, min_rows_per_file=cfg.rows_per_file,
+    ds.write_parquet(path, filesystem=fs, min_rows_per_file=cfg.outputs.rows_per_file,
                      filename_provider=FilenameProvider(dataset_uuid=cfg.run_id, file_format="parquet"),
-                     ray_remote_args={"num_cpus": cfg.writer_cpus})
+                     ray_remote_args={"num_cpus": cfg.outputs.writer_cpus})
 
 
 def run_batch(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
     """Run the job holding the output's lock; returns the summary (also written to
     OUTPUT/summary.json). Raises :class:`~padoc_ray.pipeline.lock.OutputInUse` (an InputError) when
-    another live run holds the output and ``cfg.lock_wait_s`` passes.
+    another live run holds the output and ``cfg.outputs.lock_wait_s`` passes.
 
     ``start_ray`` (a callable) starts or joins Ray; it is called only when there is work to do, so
     a rerun with nothing left answers from the listing and the existing rows alone. Without it,
     Ray must already be initialized (or ``ray.data`` starts a default local cluster)."""
-    with OutputLock(cfg.output, cfg.storage, cfg.run_id, wait_s=cfg.lock_wait_s, stale_s=cfg.lock_stale_s, log=log):
+    with OutputLock(cfg.output, cfg.storage, cfg.run_id, wait_s=cfg.outputs.lock_wait_s,
+                    stale_s=cfg.outputs.lock_stale_s, log=log):
         return _run_locked(cfg, log=log, start_ray=start_ray)
 
 
 def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
     t0 = time.perf_counter()
-    listed = ledger.listing_table(list_inputs(cfg.input, cfg.storage, cfg.manifest_allow,
-                                              follow_symlinks=cfg.follow_symlinks))
+    listed = ledger.listing_table(list_inputs(cfg.input, cfg.storage, cfg.inputs.manifest_allow,
+                                              follow_symlinks=cfg.inputs.follow_symlinks))
     sizes = listed.column("size").to_numpy()
     pages_uri = join(cfg.output, "pages")
-    fs, files, proven = page_files_for_run(pages_uri, cfg.storage, cleanup_for_run=cfg.run_id, grace_s=cfg.leftover_grace_s)
+    fs, files, proven = page_files_for_run(pages_uri, cfg.storage, cleanup_for_run=cfg.run_id,
+                                           grace_s=cfg.outputs.leftover_grace_s)
     commits.write_commit(pages_uri, cfg.storage, cfg.run_id, [n for n, _ in proven], [s for _, s in proven])
     book = scan_pages(fs, files, listed.column("uri"), cfg.run_id)
-    todo, complete = ledger.plan(book, sizes, cfg.limits, cfg.pages, cfg.max_pages_per_doc)
+    todo, complete = ledger.plan(book, sizes, cfg.inputs.limits, cfg.inputs.pages, cfg.inputs.max_pages_per_doc)
     model_id = cfg.model.rstrip("/").rsplit("/", 1)[-1]
-    refused = [t for t in todo if limits.listing_refusal(t["size"], cfg.limits) is not None]
+    refused = [t for t in todo if limits.listing_refusal(t["size"], cfg.inputs.limits) is not None]
     log(f"padoc-ray batch run {cfg.run_id}: {listed.num_rows} inputs, {complete} already complete, "
         f"{len(todo)} to do ({len(refused)} refused from the listing); output {cfg.output}")
     if refused:
         _write_listing_rows(refused, cfg, model_id)
-    work = [t for t in todo if limits.listing_refusal(t["size"], cfg.limits) is None]
+    work = [t for t in todo if limits.listing_refusal(t["size"], cfg.inputs.limits) is None]
     del todo
     if work:
         if start_ray is not None:
@@ -219,7 +222,7 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
         commits.write_commit(pages_uri, cfg.storage, cfg.run_id, [n for n, _ in proven], [s for _, s in proven])
         seen = set(files)
         book = scan_pages(fs, [f for f in now if f not in seen], listed.column("uri"), cfg.run_id, book=book)
-        book.facts = ledger.analyze(book, ranges=cfg.pages, max_pages=cfg.max_pages_per_doc)
+        book.facts = ledger.analyze(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
     changed = ledger.changed_inputs(book, [(t["uri"], t["doc_id"]) for t in work if t.get("doc_id")])
     book.drop_rows()  # the documents table needs the facts only
     doc_status, unaccounted = write_documents(book, join(cfg.output, "documents"), cfg.storage, cfg.run_id)
@@ -235,7 +238,7 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
         "wall_s": round(wall, 3),
         "pages_per_s": round(book.run_pages / wall, 4) if wall else None,
         "output_tokens_per_s": round(book.run_tokens / wall, 2) if wall else None,
-        "config": _config_dict(cfg),
+        "config": cfg.flat(),
     }
     body = json.dumps(summary, indent=2, default=str).encode()
     write_bytes(join(cfg.output, "summary.json"), body, cfg.storage)
@@ -268,9 +271,3 @@ def write_documents(book: ledger.Ledger, documents_uri: str, storage: StorageCon
                 unaccounted += batch.column("source_uri").filter(lost).to_pylist()[:100 - len(unaccounted)]
     fs.move(tmp, dpath.rstrip("/") + "/documents.parquet")
     return counts, unaccounted
-
-
-def _config_dict(cfg: BatchConfig) -> dict:
-    d = asdict(cfg)
-    d["pages"] = list(cfg.pages) if cfg.pages is not None else None
-    return d

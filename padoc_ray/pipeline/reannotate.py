@@ -368,8 +368,12 @@ def run_reannotate(cfg: ReannotateConfig, *, log=print, start_ray=None) -> dict:
         manifest = join(cfg.output, "inputs.txt")
         write_bytes(manifest, ("\n".join(parse) + "\n").encode(), cfg.batch.storage)
         for m in cfg.modes:
-            bc = dataclasses.replace(cfg.batch, input=manifest, output=join(cfg.output, "predictions", m), mode=m,
-                                     run_id=f"{cfg.batch.run_id}-{m}", manifest_allow=(cfg.source,))
+            b = cfg.batch
+            bc = dataclasses.replace(b, input=manifest, output=join(cfg.output, "predictions", m),
+                                     run_id=f"{b.run_id}-{m}",
+                                     engines=dataclasses.replace(b.engines, host=dataclasses.replace(b.engines.host,
+                                                                                                     mode=m)),
+                                     inputs=dataclasses.replace(b.inputs, manifest_allow=(cfg.source,)))
             s = run_batch(bc, log=log, start_ray=start_ray)
             runs[m] = {k: s[k] for k in ("pages_written", "page_status", "all_inputs_accounted", "wall_s")}
     loaded = {m: load_set(m, join(cfg.output, "predictions", m), "padoc", cfg.batch.storage) for m in cfg.modes}

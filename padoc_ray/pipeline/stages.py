@@ -47,7 +47,7 @@ def _doc_error(base: dict, doc_id: str | None, code: str, message: str, page_cou
 def page_choice(cfg: BatchConfig) -> PageChoice:
     """The batch job's page selection: ``--pages`` (pages past the end dropped), the first
     ``--max-pages-per-doc``, refused over ``--doc-page-limit`` (``too_many_pages``)."""
-    return PageChoice(wanted=cfg.pages, first=cfg.max_pages_per_doc, cap=cfg.limits.max_doc_pages,
+    return PageChoice(wanted=cfg.inputs.pages, first=cfg.inputs.max_pages_per_doc, cap=cfg.inputs.limits.max_doc_pages,
                       cap_message=limits.page_cap_message)
 
 
@@ -58,7 +58,7 @@ def rasterize(batch: pa.Table, cfg: BatchConfig, model_id: str) -> Iterator[pa.T
         uri, done = item["uri"], set(item["done"] or ())
         base = dict(run_id=cfg.run_id, uri=uri, mode=cfg.mode, model_id=model_id)
         if item["size"] is not None and item["size"] < 0:
-            yield _doc_error(base, None, *listing_refusal(item["size"], cfg.limits))
+            yield _doc_error(base, None, *listing_refusal(item["size"], cfg.inputs.limits))
             continue
         yield from _rasterize_doc(uri, done, cfg, base, item.get("doc_id"))
 
@@ -70,7 +70,7 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
     ``raster_block_mb`` of images), so a large document is never held whole and small ones do not
     cost one Ray object per page."""
     try:
-        data = read_bytes(uri, cfg.storage, max_bytes=cfg.limits.max_file_bytes)
+        data = read_bytes(uri, cfg.storage, max_bytes=cfg.inputs.limits.max_file_bytes)
     except NotRegularFile as e:  # swapped for a FIFO (or folder) after the listing
         yield _doc_error(base, None, limits.NOT_REGULAR_FILE, str(e))
         return
@@ -80,9 +80,9 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
     except OSError as e:  # TimeoutError included: the read has a deadline (StorageConfig.read_timeout_s)
         yield _doc_error(base, None, limits.READ_FAILED, str(e) or type(e).__name__)
         return
-    too_large = listing_refusal(len(data), cfg.limits)  # the file grew past the cap after it was listed
+    too_large = listing_refusal(len(data), cfg.inputs.limits)  # the file grew past the cap after it was listed
     if too_large is not None:
-        yield _doc_error(base, None, too_large[0], f"more than {cfg.limits.max_file_bytes} bytes when read "
+        yield _doc_error(base, None, too_large[0], f"more than {cfg.inputs.limits.max_file_bytes} bytes when read "
                                                    f"(--file-size-limit-mb)")
         return
     doc_id = doc_id_of(data)
@@ -92,9 +92,9 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
         done = set()
     pending: list[dict] = []
     pending_bytes = 0
-    for item in document_rows(renderer_for(cfg.renderer), data, os.path.basename(uri.rstrip("/")),
-                              {**base, "doc_id": doc_id}, page_choice(cfg), cfg.render, cfg.image_encoding,
-                              max_frames=cfg.limits.max_image_frames, skip=done):
+    for item in document_rows(renderer_for(cfg.raster.renderer), data, os.path.basename(uri.rstrip("/")),
+                              {**base, "doc_id": doc_id}, page_choice(cfg), cfg.raster.render, cfg.raster.encoding,
+                              max_frames=cfg.inputs.limits.max_image_frames, skip=done):
         if isinstance(item, DocFailed):
             yield _doc_error(base, doc_id, item.code, item.message, item.page_count)
             return
@@ -108,7 +108,7 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
         else:
             metrics.get().render_failed(item.row["error_code"])
         pending.append({**item.row, "image_bytes": item.image})
-        if len(pending) >= cfg.raster_pages_per_block or pending_bytes >= cfg.raster_block_mb << 20:
+        if len(pending) >= cfg.raster.pages_per_block or pending_bytes >= cfg.raster.block_mb << 20:
             yield pa.Table.from_pylist(pending, schema=RASTER_SCHEMA)
             pending, pending_bytes = [], 0
     if pending:
@@ -117,9 +117,9 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
 
 def missing_engine_resources(cfg: BatchConfig, cluster: dict[str, float]) -> str | None:
     """A warning when no node of the cluster now has the custom resources one engine actor asks for
-    (``cfg.engine_resources``; ``cluster`` is ``ray.cluster_resources()``): its actors then wait for
+    (``cfg.engines.engine_resources``; ``cluster`` is ``ray.cluster_resources()``): its actors then wait for
     such a node to join (an autoscaler may add one), else the job never finishes."""
-    short = {k: v for k, v in cfg.engine_resources.items() if cluster.get(k, 0.0) < v}
+    short = {k: v for k, v in cfg.engines.engine_resources.items() if cluster.get(k, 0.0) < v}
     if not short:
         return None
     have = ", ".join(f"{k}={cluster.get(k, 0.0):g}" for k in short)
@@ -145,7 +145,8 @@ class EngineStage:
                 return
             from padoc_ray.host import PageHost
 
-            self.host = await PageHost.from_config(self.cfg.model, self.cfg.host, self.cfg.storage, self.cfg.replay_gt)
+            self.host = await PageHost.from_config(self.cfg.model, self.cfg.engines.host, self.cfg.storage,
+                                                   self.cfg.replay_gt)
 
     async def __call__(self, batch: pa.Table) -> AsyncIterator[pa.Table]:
         from padoc_ray.engine.interface import EngineDeadError

@@ -45,9 +45,9 @@ class InputLimits:
       bounds a task's memory; large scanned PDFs stay well below it.
     """
 
-    max_doc_pages: int | None = 5000
-    max_image_frames: int = 1000
-    max_file_bytes: int | None = 512 << 20
+    max_doc_pages: int | None = 5000  #: selected pages of one document; more: too_many_pages (None: no cap)
+    max_image_frames: int = 1000  #: frames of one image; more: too_many_frames
+    max_file_bytes: int | None = 512 << 20  #: bytes of one input file; more: file_too_large (None: no cap)
 
     def __post_init__(self) -> None:
         for name in ("max_doc_pages", "max_image_frames", "max_file_bytes"):

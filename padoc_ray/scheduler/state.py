@@ -47,7 +47,7 @@ class SchedulerConfig:
     #: runaway guard: a stream whose last ``runaway_window`` tokens repeat with a period of at most
     #: ``runaway_max_period`` is stopped; None disables it
     runaway_window: int | None = 512
-    runaway_max_period: int = 16
+    runaway_max_period: int = 16  #: the runaway guard's longest repetition period, in tokens
     #: the layout stream must close a region at least every this many tokens
     layout_stall_tokens: int = 64
     #: skip forking branches for categories whose content format is "none" (figures)
@@ -70,7 +70,7 @@ class SchedulerConfig:
     #: Teacher-forced tokens still win. Off by default: a trained model rarely needs it; it costs a
     #: logits mask per step for each layout stream. Branches and sequential streams are never constrained.
     constrain_layout: bool = False
-    temperature: float = 0.0
+    temperature: float = 0.0  #: sampling temperature of every stream (0: greedy)
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_branches <= 100_000:

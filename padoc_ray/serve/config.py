@@ -31,7 +31,7 @@ def token_digest(token: str | None) -> str | None:
 @dataclass(frozen=True, kw_only=True)
 class ServeConfig:
     model: str  #: checkpoint directory, local or s3://
-    model_id: str | None = None  #: the name clients send as ``model`` (default: the checkpoint folder's name)
+    model_id: str | None = None  #: the name clients send as ``model`` (None: the checkpoint folder's name)
     #: the engine replica's host: the paper's per-page limits; 32 pages in flight per replica
     host: HostConfig = field(default_factory=lambda: HostConfig(pages_in_flight=32))
     #: teacher forcing (tiny-model demos and tests): OmniDocBench-format ground truth, matched by the
@@ -68,7 +68,7 @@ class ServeConfig:
     ingress_max_ongoing: int = 64  #: HTTP requests one ingress replica handles at once
     ingress_max_queued: int = 64  #: HTTP requests waiting; past it Serve answers 503 with Retry-After
     engine_cpus: float = 1.0
-    engine_gpus: float = 0.0  #: 1 on GPU machines
+    engine_gpus: float = 0.0  #: GPUs per engine replica (1 on GPU machines)
     ingress_cpus: float = 0.5
 
     def __post_init__(self) -> None:

@@ -52,11 +52,11 @@ class OptimConfig:
     (default 1.0; <= 0: no clipping).
     """
 
-    lr: float = 5e-6
+    lr: float = 5e-6  #: peak learning rate, after linear warm-up, cosine decay to 0 (5e-6: the paper's)
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
-    warmup_steps: int | None = None
+    warmup_steps: int | None = None  #: warm-up steps (None: min(500, 5% of the steps))
     min_lr_ratio: float = 0.0
     max_grad_norm: float = 1.0
 
@@ -83,8 +83,10 @@ class StepConfig:
     tree_varlen (default tree_varlen); ``grad_accum``: packed samples per step and per worker
     (default 1; global batch = workers x grad_accum)."""
 
+    #: ancestor-attention backend: dense (materialized mask, the reference), flex (flex attention; no backward on
+    #: CPU), tree_varlen (gathered prefixes + varlen causal attention)
     backend: str = "tree_varlen"
-    grad_accum: int = 1
+    grad_accum: int = 1  #: packed pages per step and worker (global batch = workers x grad_accum)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -98,8 +100,8 @@ class LoopConfig:
     resumed run continues up to this number); ``seed``: the data order (default 0; worker ``r``
     draws with seed ``seed * 7919 + r``, see :func:`~padoc_ray.trainer.loop.batch_for_step`)."""
 
-    steps: int
-    seed: int = 0
+    steps: int  #: optimizer steps in total (a resumed run continues up to this number)
+    seed: int = 0  #: data-order seed
     optim: OptimConfig = OptimConfig()
     step: StepConfig = StepConfig()
 
@@ -117,7 +119,9 @@ class PackingConfig:
     the price of a train/serve mismatch in image resolution).
     """
 
-    max_len: int = 8192
+    max_len: int = 8192  #: tokens per packed page; longer pages drop whole trailing regions
+    #: image pixel budget instead of the checkpoint processor's (fewer image tokens; written into the exported
+    #: preprocessor_config.json)
     max_pixels: int | None = None
     min_pixels: int | None = None
 
@@ -139,9 +143,14 @@ class DataConfig:
     consensus never), default None: every page equally often. ``packing``: how a page becomes a
     sample."""
 
-    gt: str | None = None
-    images: str | None = None
+    gt: str | None = None  #: OmniDocBench-format ground-truth JSON (a list of pages)
+    images: str | None = None  #: folder holding each page's page_info.image_path
+    #: instead of gt/images: padoc-ray batch output (folder with pages/ or Parquet files); rows with status ok
+    #: are trained on, their images re-rendered from source_uri
     batch_output: str | None = None
+    #: a re-annotation's OUTPUT/agreement/agreement.parquet: draw pages by difficulty, with probability
+    #: proportional to 0.25 + difficulty (the hardest pages 5x as often as the easiest); pages without a
+    #: consensus, or not in the table, are never drawn
     sample_weights: str | None = None
     packing: PackingConfig = PackingConfig()
 
@@ -167,12 +176,15 @@ class RayConfig:
     samples to this file.
     """
 
-    workers: int = 1
-    device: str = "auto"
+    workers: int = 1  #: Ray Train workers
+    device: str = "auto"  #: auto: GPUs when the cluster has one per worker, else CPU
     address: str | None = None
-    run_name: str = "train"
-    checkpoint_every: int = 50
+    run_name: str = "train"  #: run name under OUT/ray_results
+    checkpoint_every: int = 50  #: steps between distributed checkpoints; the last step always saves
     keep_checkpoints: int = 2
+    #: start from this checkpoint (a checkpoint_* folder) when the run has none of its own. Loading a checkpoint
+    #: unpickles its metadata (a crafted folder runs code on every worker), so it must be under --out, or owned
+    #: by you, with no symbolic links, writable by no one else
     resume: str | None = None
     grad_dump: str | None = None
 
