@@ -170,14 +170,14 @@ def step_cost(streams: Sequence[Sequence[int]], n_streams: int = 256, steps: int
     dets = fresh()
     t0 = time.perf_counter()
     for j in range(steps):
-        for d, t in zip(dets, toks):
+        for d, t in zip(dets, toks, strict=True):
             d.feed((t[j],))
     per_step = (time.perf_counter() - t0) / steps
     # the scheduler's way: deltas of 16 tokens per stream
     dets, chunk = fresh(), 16
     t0 = time.perf_counter()
     for j in range(0, steps, chunk):
-        for d, t in zip(dets, toks):
+        for d, t in zip(dets, toks, strict=True):
             d.feed(t[j:j + chunk])
     per_tok_delta = (time.perf_counter() - t0) / (steps * n_streams)
     us = per_step * 1e6
@@ -228,7 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"streams {fp['streams']}  tokens {fp['tokens']}  stops {fp['stops']}  "
           f"false-positive rate {fp['false_positive_rate']:.4%}")
     for h in fp["hits"]:
-        print(f"  STOP {h['page']} {h['stream']}: {h['reason']} at {h['position']} (period {h['period']}) {h['detail']}")
+        print(f"  STOP {h['page']} {h['stream']}: {h['reason']} at {h['position']} (period {h['period']}) "
+              f"{h['detail']}")
     if args.cost:
         streams = []
         for _, page in pages:

@@ -15,7 +15,7 @@ tokens of loop before the hit, counted from the first copy of the repeated unit)
 - exact short periods (``abcabc...``, what ``state.is_periodic`` catches after 512 tokens) after
   256 tokens (``min_span``);
 - long periods up to ``max_period`` (a sentence or a table row repeated) when the third copy has
-  begun: period 200 after 410 tokens, 400 after 810;
+  begun: period 200 after 412 tokens, 400 after 812;
 - near-repetitions (a repeated row whose number field increments): the ``n`` positions whose
   n-grams hold the changed token are a break of ``n`` (or ``n + 1``, ``n + 2`` when the number
   grows a digit), bridged up to ``max_break``. A row of at most ``n`` tokens with a changed token
@@ -55,7 +55,7 @@ class LoopConfig:
     #: n-gram size: positions are compared by the hash of the n tokens ending there. Smaller catches
     #: near-repetitions of shorter rows (no n-gram of a row of <= n tokens with a changed token
     #: recurs); larger ignores more shared phrasing in real text
-    n: int = 10
+    n: int = 12
     #: the n-gram ending at the tripping token must be at least its count-th occurrence, each within
     #: ``max_period`` tokens of the previous one: a long unit must be seen this many times
     count: int = 3
@@ -64,10 +64,10 @@ class LoopConfig:
     #: the last ``window`` tokens must all repeat earlier text (n-grams seen within ``max_period``),
     #: allowing breaks of at most ``max_break`` positions: this is what tells a loop from the
     #: sparse recurrences of real text (table markup, shared phrasing)
-    window: int = 128
+    window: int = 160
     #: a break of at most this many non-recurring positions inside a repetition is bridged: one
     #: changed token costs ``n`` positions (a row number that increments), a new digit one more
-    max_break: int = 12
+    max_break: int = 14
     #: a repetition must also span this many tokens (its repeating stretch plus one period), so a
     #: short exact run in real content (dot leaders, a blank table row, a zero matrix) is no loop;
     #: ``state.is_periodic`` asks for 512
@@ -123,7 +123,9 @@ class LoopDetector:
         self.cfg = cfg = cfg or LoopConfig()
         self.fed = 0  #: tokens examined so far (up to the tripping token)
         self.hit: LoopHit | None = None
-        self.peak = 0  #: the longest repeating stretch seen (tokens): how close the stream came
+        #: the longest repeating stretch seen at an n-gram's count-th occurrence or later (tokens): how
+        #: close the stream came (it trips at ``window``, or more for short periods)
+        self.peak = 0
         self._n = cfg.n
         self._pow = pow(_BASE, cfg.n, _MOD)  # the weight of the token leaving the n-gram
         self._hash = 0
@@ -183,9 +185,11 @@ class LoopDetector:
             last_rep = pos
             stretch = pos - start + 1
             pos += 1
+            if chain < count:
+                continue
             if stretch > self.peak:
                 self.peak = stretch
-            if chain >= count and stretch >= window and stretch + period >= span:
+            if stretch >= window and stretch + period >= span:
                 self._hash, self.fed, self._start, self._last_rep = h, pos, start, last_rep
                 self.hit = LoopHit(TOKEN_LOOP, pos, period,
                                    f"the last {stretch} tokens repeat (n-gram seen {chain} times)")
@@ -257,13 +261,14 @@ class RegionLoopDetector:
         cfg, past = self.cfg, self._past
         box = (bins[0], bins[1], bins[2], bins[3])
         tol = cfg.box_tolerance
-        same, stale_with = 0, None
+        same, nearest, stale_with = 0, 0, None
         for k in range(len(past) - 1, -1, -1):
             cat, b = past[k]
             if cat == category and all(abs(b[i] - box[i]) <= tol for i in range(4)):
                 same += 1
+                nearest = nearest or len(past) - k
                 if same + 1 >= cfg.repeats:
-                    self.hit = LoopHit(REPEATED_REGION, position, len(past) - k,
+                    self.hit = LoopHit(REPEATED_REGION, position, nearest,
                                        f"{category} {box} {same + 1} times in the last {len(past) + 1} regions")
                     break
             if stale_with is None and box_iou(b, box) >= cfg.overlap:
