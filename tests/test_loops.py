@@ -144,7 +144,7 @@ def test_the_hit_sticks():
 
 def test_memory_stays_bounded():
     d = fed_until_hit(normal(50_000, seed=24))
-    assert len(d._last) <= CFG.max_period + 1
+    assert len(d._const[2]) <= CFG.max_period + 1  # the n-gram dict
 
 
 @pytest.mark.parametrize("kw", [dict(n=1), dict(n=65), dict(count=1), dict(max_period=5), dict(window=0),
@@ -257,3 +257,22 @@ def test_cost_per_step_is_small(model_protocol, real_pages):
                                                                      p).branches]
     c = step_cost(streams, n_streams=32, steps=200)
     assert c["streams"] == 32 and c["us_per_step"] > 0 and c["tripped_while_timing"] == 0
+
+
+def test_layout_decisions_do_not_depend_on_chunking(model_protocol, real_pages):
+    v = model_protocol.vocab
+    layout = list(serialize_padoc(v, model_protocol.tokenizer, real_pages[1][1]).layout[:-1])
+    layout += layout[-14:] * 3
+    whole = LayoutLoopDetector(v)
+    assert whole.feed(layout)
+    for k in (1, 3, 7, 50):
+        d = LayoutLoopDetector(v)
+        for i in range(0, len(layout), k):
+            d.feed(layout[i:i + k])
+        assert d.hit == whole.hit
+
+
+def test_real_layouts_keep_a_margin(model_protocol, real_pages):
+    rep = measure(real_pages, model_protocol.vocab, model_protocol.tokenizer)
+    lay = rep.kinds["layout"]
+    assert lay.peak_repeats < LayoutLoopConfig().repeats and lay.peak_stalled < LayoutLoopConfig().stalled

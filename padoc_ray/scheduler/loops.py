@@ -116,8 +116,7 @@ class LoopDetector:
     the stream loops at a repeating position whose chain reaches ``count`` once its stretch is at
     least ``window`` long and spans ``min_span`` with one period."""
 
-    __slots__ = ("cfg", "fed", "hit", "peak", "_n", "_pow", "_hash", "_last", "_recent", "_hashes",
-                 "_start", "_last_rep")
+    __slots__ = ("cfg", "fed", "hit", "peak", "_const", "_hash", "_start", "_last_rep")
 
     def __init__(self, cfg: LoopConfig | None = None):
         self.cfg = cfg = cfg or LoopConfig()
@@ -126,12 +125,14 @@ class LoopDetector:
         #: the longest repeating stretch seen at an n-gram's count-th occurrence or later (tokens): how
         #: close the stream came (it trips at ``window``, or more for short periods)
         self.peak = 0
-        self._n = cfg.n
-        self._pow = pow(_BASE, cfg.n, _MOD)  # the weight of the token leaving the n-gram
+        recent = [0] * cfg.n  # the last n tokens (+1), as a ring
+        last: dict[int, tuple[int, int]] = {}  # n-gram hash -> (last position, chain length)
+        hashes = [-1] * (cfg.max_period + 1)  # hash at each position within the horizon, as a ring
+        weight = pow(_BASE, cfg.n, _MOD)  # the weight of the token leaving the n-gram
+        # what feed() needs, in one tuple (one attribute load per call: a logits processor calls it per token)
+        self._const = (cfg.n, recent, last, hashes, weight, cfg.max_period + 1, cfg.count, cfg.window,
+                       cfg.max_break, cfg.min_span - cfg.n + 1)
         self._hash = 0
-        self._recent = [0] * cfg.n  # the last n tokens (+1), as a ring
-        self._last: dict[int, tuple[int, int]] = {}  # n-gram hash -> (last position, chain length)
-        self._hashes = [-1] * (cfg.max_period + 1)  # hash at each position within the horizon, as a ring
         self._start = -1  # first position of the current repeating stretch
         self._last_rep = -(1 << 40)  # the last repeating position
 
@@ -152,10 +153,7 @@ class LoopDetector:
         at the tripping token)."""
         if self.hit is not None:
             return True
-        cfg = self.cfg
-        n, recent, last, hashes, weight = self._n, self._recent, self._last, self._hashes, self._pow
-        horizon = cfg.max_period + 1
-        count, window, max_break, span = cfg.count, cfg.window, cfg.max_break, cfg.min_span - n + 1
+        n, recent, last, hashes, weight, horizon, count, window, max_break, span = self._const
         h, pos, start, last_rep = self._hash, self.fed, self._start, self._last_rep
         for tok in token_ids:
             slot = pos % n
@@ -254,6 +252,8 @@ class RegionLoopDetector:
         self.hit: LoopHit | None = None
         self._past: list[tuple[str, tuple[int, int, int, int]]] = []  # the last `history` regions
         self._stale = 0  # regions in a row overlapping earlier ground
+        self.peak_repeats = 1  #: the most copies of one region seen among the last ``history`` (trips at repeats)
+        self.peak_stalled = 0  #: the longest run of regions on covered ground (trips at stalled)
 
     def feed_region(self, category: str, bins: Sequence[int], position: int = 0) -> bool:
         if self.hit is not None:
@@ -274,6 +274,8 @@ class RegionLoopDetector:
             if stale_with is None and box_iou(b, box) >= cfg.overlap:
                 stale_with = len(past) - k
         self._stale = self._stale + 1 if stale_with is not None else 0
+        self.peak_repeats = max(self.peak_repeats, same + 1)
+        self.peak_stalled = max(self.peak_stalled, self._stale)
         if self.hit is None and self._stale >= cfg.stalled:
             self.hit = LoopHit(STALLED_LAYOUT, position, stale_with or 0,
                                f"{self._stale} regions in a row overlap earlier ones (IoU >= {cfg.overlap})")
