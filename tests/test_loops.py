@@ -276,3 +276,28 @@ def test_real_layouts_keep_a_margin(model_protocol, real_pages):
     rep = measure(real_pages, model_protocol.vocab, model_protocol.tokenizer)
     lay = rep.kinds["layout"]
     assert lay.peak_repeats < LayoutLoopConfig().repeats and lay.peak_stalled < LayoutLoopConfig().stalled
+
+
+def test_real_looking_tables_through_the_tokenizer(model_protocol):
+    tok = model_protocol.tokenizer
+    rng = random.Random(26)
+    words = ("apple bridge candle desert engine forest garden harbor island jacket kettle ladder meadow needle "
+             "orange pencil quarry rabbit saddle tunnel umbrella valley wagon yellow zebra anchor basket castle "
+             "dragon eagle falcon glacier hammer igloo jungle kitten lemon mirror number ocean parrot quiet "
+             "river silver tiger uniform violet window yogurt zipper almond bottle carpet dolphin elbow fabric "
+             "goblet helmet insect jigsaw koala lantern magnet nectar oyster pepper quill rocket sandal tomato "
+             "unicorn velvet walnut yarrow blossom cactus dinner ember feather ginger hollow ivory jasmine "
+             "kernel lizard marble nutmeg oxygen prairie").split()
+    assert len(set(words)) >= 90
+    rng.shuffle(words)  # every row label: three words no other label has
+    numeric = "<table>" + "".join("<tr>" + "".join(f"<td>{rng.uniform(0, 100):.2f}</td>" for _ in range(5))
+                                  + "</tr>\n" for _ in range(60)) + "</table>"
+    worksheet = "<table>" + "".join(f"<tr><td>{' '.join(words[3 * r:3 * r + 3])}</td>"
+                                    + "<td></td>" * 8 + "</tr>\n" for r in range(30)) + "</table>"
+    toc = "".join(f"Chapter {i} Results " + "." * rng.randint(20, 60) + f" {i * 7}\n" for i in range(1, 40))
+    for text in (numeric, worksheet, toc):
+        assert not fed_until_hit(tok.encode(text)).looping
+    looping = "<table>" + "".join(f"<tr><td>{i}</td><td>Total revenue</td><td>0.00</td><td>0.00</td></tr>\n"
+                                  for i in range(95, 200)) + "</table>"  # 99 -> 100 on the way
+    d = fed_until_hit(tok.encode(looping))
+    assert d.looping and d.fed <= 512

@@ -17,9 +17,15 @@ tokens of loop before the hit, counted from the first copy of the repeated unit)
 - long periods up to ``max_period`` (a sentence or a table row repeated) when the third copy has
   begun: period 200 after 412 tokens, 400 after 812;
 - near-repetitions (a repeated row whose number field increments): the ``n`` positions whose
-  n-grams hold the changed token are a break of ``n`` (or ``n + 1``, ``n + 2`` when the number
-  grows a digit), bridged up to ``max_break``. A row of at most ``n`` tokens with a changed token
-  has no recurring n-gram: use a smaller ``n`` to catch those.
+  n-grams hold the changed token are a break of ``n`` (``n + 1`` when the number grows a digit),
+  bridged up to ``max_break`` (a break of ``n + 2``, 99 -> 100, restarts the stretch once). A row
+  of at most ``n`` tokens with a changed token has no recurring n-gram: a smaller ``n`` catches
+  those, at the price of more recurrences in real text.
+
+What trips it although it is real content: a long exact or near repetition that is really on the
+page, e.g. a 12 x 12 zero or identity matrix written out, or a blank form whose rows differ only by
+their number. No detector of repetition can tell those from a loop; the ground-truth pages hold
+none (``python -m padoc_ray.bench.loops``).
 
 What it leaves alone: n-grams that recur sparsely or in short runs (table markup, a blank
 worksheet row, shared phrasing, dot leaders), because the stream must repeat without a break
@@ -66,8 +72,10 @@ class LoopConfig:
     #: sparse recurrences of real text (table markup, shared phrasing)
     window: int = 160
     #: a break of at most this many non-recurring positions inside a repetition is bridged: one
-    #: changed token costs ``n`` positions (a row number that increments), a new digit one more
-    max_break: int = 14
+    #: changed token costs ``n`` positions (a row number that increments), a number that grows a
+    #: digit or two changed tokens side by side ``n + 1``; a row label of three new tokens costs
+    #: ``n + 2`` and is not bridged (a blank worksheet whose rows differ by their labels is no loop)
+    max_break: int = 13
     #: a repetition must also span this many tokens (its repeating stretch plus one period), so a
     #: short exact run in real content (dot leaders, a blank table row, a zero matrix) is no loop;
     #: ``state.is_periodic`` asks for 512
@@ -209,7 +217,7 @@ class LayoutLoopConfig:
     box_tolerance: int = 0
     #: this many regions in a row, each overlapping an earlier region of the last ``history`` by at
     #: least ``overlap`` IoU, is a stalled layout (boxes no longer advance)
-    stalled: int = 4
+    stalled: int = 3
     overlap: float = 0.5
     #: how many past regions a new region is compared against
     history: int = 32
