@@ -287,7 +287,7 @@ def test_real_looking_tables_through_the_tokenizer(model_protocol):
              "river silver tiger uniform violet window yogurt zipper almond bottle carpet dolphin elbow fabric "
              "goblet helmet insect jigsaw koala lantern magnet nectar oyster pepper quill rocket sandal tomato "
              "unicorn velvet walnut yarrow blossom cactus dinner ember feather ginger hollow ivory jasmine "
-             "kernel lizard marble nutmeg oxygen prairie").split()
+             "kernel lizard marble nutmeg oxygen prairie quartz").split()
     assert len(set(words)) >= 90
     rng.shuffle(words)  # every row label: three words no other label has
     numeric = "<table>" + "".join("<tr>" + "".join(f"<td>{rng.uniform(0, 100):.2f}</td>" for _ in range(5))
