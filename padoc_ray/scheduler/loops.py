@@ -77,7 +77,7 @@ class LoopConfig:
     #: ``n + 2`` and is not bridged (a blank worksheet whose rows differ by their labels is no loop)
     max_break: int = 13
     #: a repetition must also span this many tokens (its repeating stretch plus one period), so a
-    #: short exact run in real content (dot leaders, a blank table row, a zero matrix) is no loop;
+    #: short exact run in real content (dot leaders, a blank table row, a row of zeros) is no loop;
     #: ``state.is_periodic`` asks for 512
     min_span: int = 256
 
@@ -218,6 +218,7 @@ class LayoutLoopConfig:
     #: this many regions in a row, each overlapping an earlier region of the last ``history`` by at
     #: least ``overlap`` IoU, is a stalled layout (boxes no longer advance)
     stalled: int = 3
+    #: the IoU (boxes as inclusive bins) at which a region counts as lying on an earlier one's ground
     overlap: float = 0.5
     #: how many past regions a new region is compared against
     history: int = 32
