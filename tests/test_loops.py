@@ -301,3 +301,26 @@ def test_real_looking_tables_through_the_tokenizer(model_protocol):
                                   for i in range(95, 200)) + "</table>"  # 99 -> 100 on the way
     d = fed_until_hit(tok.encode(looping))
     assert d.looping and d.fed <= 512
+
+
+def test_a_sequential_stream_whose_content_loops_is_caught(model_protocol, real_pages):
+    v, tok = model_protocol.vocab, model_protocol.tokenizer
+    seq = list(serialize_sequential(v, tok, real_pages[0][1])[:-1])
+    g = StreamLoopGuard(vocab=v, sequential=True)
+    assert not g.feed(seq)
+    assert g.feed(tok.encode(" the same words again") * 60) and g.hit.reason == TOKEN_LOOP
+
+
+def test_the_script_reports_its_figures(tiny_model_dir, tmp_path, capsys):
+    import json
+
+    from padoc_ray.bench.loops import main
+
+    out = tmp_path / "loops.json"
+    assert main(["--model", tiny_model_dir, "--seeds", "0", "--cost", "--streams", "8", "--steps", "100",
+                 "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    fp = res["false_positives"]
+    assert fp["stops"] == 0 and fp["pages"] >= 5 and fp["streams"] > fp["pages"] and fp["false_positive_rate"] == 0
+    assert res["cost"]["streams"] == 8 and res["cost"]["us_per_step"] > 0
+    assert "false-positive rate" in capsys.readouterr().out
