@@ -89,8 +89,8 @@ def _attention_backend(vllm_config) -> str:
 
 
 def _protocol_report(model: str) -> tuple[dict, list[str]]:
-    from padoc_ray.tokenizer import ModelProtocol
     from padoc_ray.protocol.spec import SPEC_FILENAME
+    from padoc_ray.tokenizer import ModelProtocol
 
     path = os.path.join(model, SPEC_FILENAME)
     if not os.path.exists(path):
@@ -124,8 +124,8 @@ def smoke_page(model_protocol):
 
 def smoke_test(model: str, timeout_s: float) -> dict:
     """Start an engine on ``model`` and parse one teacher-forced page in fork mode."""
+    from padoc_ray.host import HostConfig, PageHost, PageRequest
     from padoc_ray.tokenizer import ModelProtocol
-    from padoc_ray.host import HostConfig, HostPage, PageHost
 
     mp = ModelProtocol(model)
     image, truth = smoke_page(mp)
@@ -136,7 +136,7 @@ def smoke_test(model: str, timeout_s: float) -> dict:
         await host.start()
         started = time.perf_counter() - t0
         try:
-            rec = await host.parse(HostPage(doc_id="0" * 64, page_index=0, image=image, source_name="doctor.png"))
+            rec = await host.parse(PageRequest(doc_id="0" * 64, page_index=0, image=image, source_name="doctor.png"))
         finally:
             runner = getattr(host.engine, "runner", None)
             host.shutdown()

@@ -83,8 +83,9 @@ class HostConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class HostPage:
-    """One page to run. Give ``image`` (PIL) or ``image_bytes`` (see :mod:`padoc_ray.raster.codec`)."""
+class PageRequest:
+    """One page to run on a :class:`PageHost` (a request to the host, not the host). Give ``image``
+    (PIL) or ``image_bytes`` (see :mod:`padoc_ray.raster.codec`)."""
 
     doc_id: str  #: content hash of the document (sha256 of its bytes): names the page in the engine
     page_index: int  #: 0-based
@@ -214,7 +215,7 @@ class PageHost:
             raise EngineDeadError(f"the engine died earlier: {self.dead}")
 
     # ---- pages ------------------------------------------------------------------------------------------
-    async def parse(self, page: HostPage) -> PageRecord:
+    async def parse(self, page: PageRequest) -> PageRecord:
         """Run one page; returns its record whatever happened to it. Raises only
         :class:`EngineDeadError` (the engine is gone) and :class:`asyncio.CancelledError`."""
         rec = await self._parse(page)
@@ -225,7 +226,7 @@ class PageHost:
         self.pages_running += delta
         metrics.get().pages_in_flight(self.pages_running)
 
-    async def _parse(self, page: HostPage) -> PageRecord:
+    async def _parse(self, page: PageRequest) -> PageRecord:
         self._check_alive()
         mode = page.mode or self.cfg.mode
         page_id, cache_salt = page_identity(page.doc_id, page.page_index, page.tenant, page.salt)
@@ -259,7 +260,7 @@ class PageHost:
         self.pages_done += 1
         return rec
 
-    def _input(self, page: HostPage, page_id: str, cache_salt: str) -> PageInput:
+    def _input(self, page: PageRequest, page_id: str, cache_salt: str) -> PageInput:
         img = page.image
         if img is None and page.image_bytes is not None and self.cfg.engine != "noop":
             # the no-op engine never looks at the image: do not decode it (it measures the pipeline alone)
@@ -296,11 +297,11 @@ async def parse_row(host: PageHost, row: dict, image: bytes | memoryview, *, ten
                     salt: str | None = None) -> dict:
     """Run the page of a rendered page row (the batch job's schema, see
     :func:`padoc_ray.raster.document.document_rows`) with its encoded ``image``; returns its
-    finished row. The one path row -> :class:`HostPage` -> row of the batch job's engine actors and
+    finished row. The one path row -> :class:`PageRequest` -> row of the batch job's engine actors and
     the Serve engine replica. Raises what :meth:`PageHost.parse` raises (an engine death)."""
     from padoc_ray.output import rows
 
-    rec = await host.parse(HostPage(
+    rec = await host.parse(PageRequest(
         doc_id=row["doc_id"], page_index=row["page_index"], image_bytes=image, width=row["image_width"],
         height=row["image_height"], source_name=row["source_uri"], mode=row["mode"], tenant=tenant, salt=salt))
     return rows.page_row(row, rec, render_s=row.get("render_s"))

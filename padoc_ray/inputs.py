@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from padoc_ray.groundtruth import IMAGE_EXTS
-from padoc_ray.host import HostPage, PageHost
+from padoc_ray.host import PageHost, PageRequest
 from padoc_ray.pdf import PdfError, RenderConfig, doc_id_of, iter_pages, open_pdf
 from padoc_ray.scheduler import PageRecord
 
@@ -23,7 +23,7 @@ from padoc_ray.scheduler import PageRecord
 class LocalPage:
     source: str
     page_index: int
-    page: HostPage | None
+    page: PageRequest | None
     error: PdfError | None = None
 
 
@@ -42,7 +42,7 @@ def load_pages(paths: Sequence[str], *, render: RenderConfig = RenderConfig(),
         doc_id = doc_id_of(data)
         if path.lower().endswith(IMAGE_EXTS):
             img = Image.open(io.BytesIO(data)).convert("RGB")
-            out.append(LocalPage(name, 0, HostPage(doc_id=doc_id, page_index=0, image=img, source_name=name)))
+            out.append(LocalPage(name, 0, PageRequest(doc_id=doc_id, page_index=0, image=img, source_name=name)))
             continue
         try:
             doc = open_pdf(data)
@@ -54,7 +54,7 @@ def load_pages(paths: Sequence[str], *, render: RenderConfig = RenderConfig(),
             if isinstance(r, PdfError):
                 out.append(LocalPage(name, -1, None, r))
                 continue
-            out.append(LocalPage(name, r.index, HostPage(doc_id=doc_id, page_index=r.index, image=r.image,
+            out.append(LocalPage(name, r.index, PageRequest(doc_id=doc_id, page_index=r.index, image=r.image,
                                                          source_name=name)))
         doc.close()
     return out

@@ -10,7 +10,7 @@ from PIL import Image
 
 from padoc_ray.engine.fake import ScriptedEngine
 from padoc_ray.engine.interface import EngineDeadError
-from padoc_ray.host import HostConfig, HostPage, PageHost, page_identity
+from padoc_ray.host import HostConfig, PageHost, PageRequest, page_identity
 from padoc_ray.protocol import quantized
 from padoc_ray.raster import encode_image
 
@@ -27,9 +27,9 @@ def img(color=(255, 255, 255)):
     return Image.new("RGB", (80, 100), color)
 
 
-def hp(doc="a" * 64, index=0, **kw) -> HostPage:
+def hp(doc="a" * 64, index=0, **kw) -> PageRequest:
     kw.setdefault("image", img())
-    return HostPage(doc_id=doc, page_index=index, source_name="doc.pdf", **kw)
+    return PageRequest(doc_id=doc, page_index=index, source_name="doc.pdf", **kw)
 
 
 def test_replay_truth_is_matched_by_file_name_and_page():
@@ -62,12 +62,13 @@ def test_any_exception_mid_page_is_that_pages_record_and_aborts_its_requests(whe
 def test_an_undecodable_image_is_one_error_record():
     eng = ScriptedEngine()
     h = host(eng)
-    rec = asyncio.run(h.parse(HostPage(doc_id="b" * 64, page_index=3, image_bytes=b"ZSTD-not-really",
+    rec = asyncio.run(h.parse(PageRequest(doc_id="b" * 64, page_index=3, image_bytes=b"ZSTD-not-really",
                                        width=10, height=10)))
     assert rec.status == "image_unreadable" and "decoded" in rec.message and rec.page.page_no == 3
     assert eng.requests == []  # nothing reached the engine
     good = encode_image(img(), "png")
-    assert asyncio.run(h.parse(HostPage(doc_id="b" * 64, page_index=0, image_bytes=good))).status != "image_unreadable"
+    rec = asyncio.run(h.parse(PageRequest(doc_id="b" * 64, page_index=0, image_bytes=good)))
+    assert rec.status != "image_unreadable"
 
 
 def test_an_engine_death_is_fatal_to_the_host_and_only_then():
@@ -93,8 +94,8 @@ def test_page_ids_come_from_content_and_tenant_never_from_names():
 
     eng = ScriptedEngine()
     h = host(eng)
-    asyncio.run(h.parse(HostPage(doc_id=a, page_index=0, image=img(), source_name="same.pdf")))
-    asyncio.run(h.parse(HostPage(doc_id=b, page_index=0, image=img((0, 0, 0)), source_name="same.pdf")))
+    asyncio.run(h.parse(PageRequest(doc_id=a, page_index=0, image=img(), source_name="same.pdf")))
+    asyncio.run(h.parse(PageRequest(doc_id=b, page_index=0, image=img((0, 0, 0)), source_name="same.pdf")))
     uuids = {r.image_uuid for r in eng.requests}
     salts = {r.cache_salt for r in eng.requests}
     assert len(uuids) == 2 and len(salts) == 2  # one name, two contents: two cache identities
@@ -117,7 +118,7 @@ def test_pages_in_flight_are_bounded():
                 await asyncio.sleep(0.001)
 
         w = asyncio.create_task(watch())
-        recs = await asyncio.gather(*(h.parse(HostPage(doc_id=str(i) * 64, page_index=0, image=img(),
+        recs = await asyncio.gather(*(h.parse(PageRequest(doc_id=str(i) * 64, page_index=0, image=img(),
                                                        source_name=f"d{i}.pdf")) for i in range(6)))
         w.cancel()
         return recs

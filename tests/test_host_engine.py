@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from padoc_ray.host import HostConfig, HostPage, PageHost
 from padoc_ray.groundtruth import load_truth
+from padoc_ray.host import HostConfig, PageHost, PageRequest
 from padoc_ray.inputs import load_pages
 
 from .conftest import ROOT
@@ -30,7 +30,7 @@ def test_pages_cancelled_early_do_not_break_the_next_request_for_them(cpu_engine
     async def go():
         await host.start()
         for delay in (0.02, 0.05, 0.1):
-            tasks = [asyncio.create_task(host.parse(HostPage(**{**p.__dict__, "salt": f"a{delay}-{i}"})))
+            tasks = [asyncio.create_task(host.parse(PageRequest(**{**p.__dict__, "salt": f"a{delay}-{i}"})))
                      for i, p in enumerate(pages)]
             await asyncio.sleep(delay)
             for t in tasks:
@@ -41,7 +41,7 @@ def test_pages_cancelled_early_do_not_break_the_next_request_for_them(cpu_engine
                     break
                 await asyncio.sleep(0.05)
             assert host.unfinished_requests() == 0
-            again = await asyncio.gather(*(host.parse(HostPage(**{**p.__dict__, "salt": f"b{delay}-{i}"}))
+            again = await asyncio.gather(*(host.parse(PageRequest(**{**p.__dict__, "salt": f"b{delay}-{i}"}))
                                            for i, p in enumerate(pages)))
             assert [r.status for r in again] == ["ok"] * len(pages), [(r.page_id, r.status, r.message) for r in again]
 

@@ -94,11 +94,11 @@ def test_host_records_every_page_and_pages_in_flight(monkeypatch):
     monkeypatch.setattr(metrics, "get", lambda: cap)
     h = host(ScriptedEngine(token_delay_s=0.003), truth={(f"d{i}.pdf", 0): page(3) for i in range(5)},
              pages_in_flight=2)
-    from padoc_ray.host import HostPage
+    from padoc_ray.host import PageRequest
 
     async def go():
-        pages = [HostPage(doc_id=str(i) * 64, page_index=0, image=img(), source_name=f"d{i}.pdf") for i in range(5)]
-        pages.append(HostPage(doc_id="f" * 64, page_index=0, image_bytes=b"not an image"))
+        pages = [PageRequest(doc_id=str(i) * 64, page_index=0, image=img(), source_name=f"d{i}.pdf") for i in range(5)]
+        pages.append(PageRequest(doc_id="f" * 64, page_index=0, image_bytes=b"not an image"))
         return await asyncio.gather(*(h.parse(p) for p in pages))
 
     recs = asyncio.run(go())

@@ -70,7 +70,7 @@ async def _direct(model: str, truth: dict, items: list[Item], concurrencies, n: 
     ``direct_prerendered`` hands the host images rendered beforehand (the engine alone)."""
     import threading
 
-    from padoc_ray.host import HostPage, PageHost
+    from padoc_ray.host import PageHost, PageRequest
     from padoc_ray.pdf import doc_id_of
 
     pdfium = threading.Lock()  # pdfium is not thread-safe
@@ -80,7 +80,7 @@ async def _direct(model: str, truth: dict, items: list[Item], concurrencies, n: 
             return _render(it)
 
     ids = [doc_id_of(it.data) for it in items]
-    pre = [HostPage(doc_id=d, page_index=it.page_index, image=_render(it), source_name=it.name)
+    pre = [PageRequest(doc_id=d, page_index=it.page_index, image=_render(it), source_name=it.name)
            for d, it in zip(ids, items)]
     host = await PageHost(model, cfg, truth=truth).start()
     out: dict[str, dict] = {"direct": {}, "direct_prerendered": {}}

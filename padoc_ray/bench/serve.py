@@ -184,12 +184,12 @@ class DirectTarget:
         return get() if get else None
 
     async def run(self, page: BenchPage, mode: str, tag: str, i: int) -> dict:
-        from padoc_ray.host import HostPage
+        from padoc_ray.host import PageRequest
 
         img = await asyncio.to_thread(_decode, page.data)
         t = time.perf_counter()
         # the run's tag as tenant, the page's position as salt: no run profits from another run's cache
-        rec = await self.host.parse(HostPage(doc_id=page.doc_id, page_index=0, image=img, source_name=page.name,
+        rec = await self.host.parse(PageRequest(doc_id=page.doc_id, page_index=0, image=img, source_name=page.name,
                                              mode=mode, tenant=tag, salt=str(i)))
         e2e = time.perf_counter() - t
         if page.name not in self._truth:
