@@ -264,7 +264,10 @@ class RgbPixels:
 
 
 @dataclass
-class RenderedPage:
+class PageImage:
+    """One rendered page in this process (the renderer process's events are
+    :class:`padoc_ray.raster.renderer.PageRendered`; a surface sees :class:`padoc_ray.raster.document.PageRow`)."""
+
     index: int
     image: object  # PIL.Image (RGB), or RgbPixels with render_page(..., pixels=True)
     width_pt: float
@@ -303,7 +306,7 @@ def _packed_rgb(bitmap) -> RgbPixels:
 
 
 def render_page(doc, index: int, cfg: RenderConfig = RenderConfig(), *, pixels: bool = False,
-                bitmap_maker=None) -> RenderedPage:
+                bitmap_maker=None) -> PageImage:
     """Render page ``index`` (0-based) as a viewer shows it: pdfium applies the page's /Rotate
     (a portrait MediaBox with /Rotate 90 comes out landscape). The image is a PIL RGB image, or
     :class:`RgbPixels` with ``pixels=True`` (same pixels, fewer copies; with a
@@ -314,7 +317,7 @@ def render_page(doc, index: int, cfg: RenderConfig = RenderConfig(), *, pixels: 
         img = doc.render(index, cfg)
         if pixels:
             img = RgbPixels(img.width, img.height, img.tobytes())
-        return RenderedPage(index=index, image=img, width_pt=None, height_pt=None, rotation=0)
+        return PageImage(index=index, image=img, width_pt=None, height_pt=None, rotation=0)
     # before pdfium loads the page: loading parses the content, forms included (minutes for a bomb)
     counter = getattr(doc, "padoc_draws", None)
     if cfg.max_page_draws and counter is not None:
@@ -350,7 +353,7 @@ def render_page(doc, index: int, cfg: RenderConfig = RenderConfig(), *, pixels: 
         if bitmap.n_channels != 3:
             raise PdfError(RENDER_FAILED, f"page {index}: unexpected {bitmap.n_channels}-channel bitmap")
         img = _packed_rgb(bitmap) if pixels else bitmap.to_pil()  # a 3-channel bitmap's to_pil is an RGB copy
-        return RenderedPage(index=index, image=img, width_pt=w, height_pt=h, rotation=rot)
+        return PageImage(index=index, image=img, width_pt=w, height_pt=h, rotation=rot)
     finally:
         page.close()
 
@@ -483,7 +486,7 @@ def _inherited_resources(page):
     return None
 
 
-def iter_pages(doc, indices: list[int] | None = None, cfg: RenderConfig = RenderConfig()) -> Iterator[RenderedPage | PdfError]:
+def iter_pages(doc, indices: list[int] | None = None, cfg: RenderConfig = RenderConfig()) -> Iterator[PageImage | PdfError]:
     """Yield pages one by one; a page that fails yields its PdfError instead (the rest go on)."""
     for i in indices if indices is not None else range(len(doc)):
         try:

@@ -120,7 +120,7 @@ def test_pixel_cap_bounds_huge_renders():
 def test_iter_pages_yields_errors_in_place():
     doc = open_pdf(text_pdf(3))
     out = list(iter_pages(doc, [0, 7, 2], RenderConfig(longest_side=200)))
-    assert [type(o).__name__ for o in out] == ["RenderedPage", "PdfError", "RenderedPage"]
+    assert [type(o).__name__ for o in out] == ["PageImage", "PdfError", "PageImage"]
     assert out[1].code == "page_load_failed"
 
 
