@@ -40,6 +40,9 @@ class GenRequest:
     seed: int | None = None
     priority: int = 0  # lower runs first, under the priority scheduling policy
     stream: bool = True  # False: one delta at the end (far less per-token work in the frontend)
+    #: with ``stream``: deliver new tokens in chunks of at least this many (vLLM's per-request
+    #: ``stream_interval``; the first and the final output come at once); None: every step
+    stream_interval: int | None = None
 
     @property
     def generation_limit(self) -> int:

@@ -113,6 +113,7 @@ def sampling_params(req: GenRequest, runner: str):
         seed=req.seed,
         stop_token_ids=list(req.stop_token_ids),
         output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
+        stream_interval=req.stream_interval if req.stream and req.stream_interval else None,
         detokenize=False,
         skip_special_tokens=False,
         extra_args=extra or None,
