@@ -52,6 +52,13 @@ _MOD = (1 << 61) - 1  # a Mersenne prime: the rolling hash's modulus
 _BASE = 1_000_003  # the rolling hash's base (any value coprime to _MOD; token ids are far below it)
 
 
+def _check_ranges(cfg, **bounds: tuple[int, int]) -> None:
+    """``name=(lo, hi)``: each of ``cfg``'s fields must lie in [lo, hi] (a ValueError naming both)."""
+    for name, (lo, hi) in bounds.items():
+        if not lo <= getattr(cfg, name) <= hi:
+            raise ValueError(f"{name} must be in [{lo}, {hi}]")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoopConfig:
     """When a token stream counts as looping. The defaults never trip on the project's ground-truth
@@ -82,18 +89,11 @@ class LoopConfig:
     min_span: int = 256
 
     def __post_init__(self) -> None:
-        if not 2 <= self.n <= 64:
-            raise ValueError("n must be in [2, 64]")
-        if not 2 <= self.count <= 1000:
-            raise ValueError("count must be in [2, 1000]")
+        _check_ranges(self, n=(2, 64), count=(2, 1000), window=(1, 100_000), min_span=(0, 100_000))
         if not self.n <= self.max_period <= 100_000:
             raise ValueError("max_period must be in [n, 100000]")
-        if not 1 <= self.window <= 100_000:
-            raise ValueError("window must be in [1, 100000]")
         if not 0 <= self.max_break < self.window:
             raise ValueError("max_break must be in [0, window)")
-        if not 0 <= self.min_span <= 100_000:
-            raise ValueError("min_span must be in [0, 100000]")
 
     def latency(self, period: int) -> int:
         """How many tokens of an exact loop of ``period`` (counted from the first token of its first
@@ -224,16 +224,9 @@ class LayoutLoopConfig:
     history: int = 32
 
     def __post_init__(self) -> None:
-        if not 2 <= self.repeats <= 1000:
-            raise ValueError("repeats must be in [2, 1000]")
-        if not 0 <= self.box_tolerance <= 100:
-            raise ValueError("box_tolerance must be in [0, 100]")
-        if not 1 <= self.stalled <= 1000:
-            raise ValueError("stalled must be in [1, 1000]")
+        _check_ranges(self, repeats=(2, 1000), box_tolerance=(0, 100), stalled=(1, 1000), history=(1, 10_000))
         if not 0.0 < self.overlap <= 1.0:
             raise ValueError("overlap must be in (0, 1]")
-        if not 1 <= self.history <= 10_000:
-            raise ValueError("history must be in [1, 10000]")
         if self.repeats - 1 > self.history:
             raise ValueError("history must hold repeats - 1 earlier regions")
 
