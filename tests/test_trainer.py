@@ -328,10 +328,17 @@ def test_export_loads_with_transformers_and_keeps_the_protocol(tmp_path, tiny_mo
 
 # ---- CLI ------------------------------------------------------------------------------------------
 def test_cli_backends_match_attention():
+    """`train --backend` offers exactly the attention backends the trainer has."""
+    import argparse
+
     from padoc_ray.cli import train as cli
     from padoc_ray.trainer import attention
 
-    assert cli.BACKENDS == attention.BACKENDS
+    sub = argparse.ArgumentParser().add_subparsers()
+    cli.register(sub)
+    train = sub.choices["train"]
+    backend = next(a for a in train._actions if "--backend" in a.option_strings)
+    assert tuple(backend.choices) == attention.BACKENDS
 
 
 def test_cli_rejects_bad_inputs(tmp_path, tiny_model_dir, capsys):
