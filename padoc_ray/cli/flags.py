@@ -169,6 +169,8 @@ def aliases() -> dict[tuple[str, str], Alias]:
         ("HostConfig", "mode"): Alias(choices=DECODE_MODES),
         ("HostConfig", "engine"): Alias(choices=("vllm", "noop")),
         ("HostConfig", "max_live_branches"): Alias(default_text="no cap"),
+        ("HostConfig", "inject_loops"): Alias(metavar="FRACTION"),
+        ("HostConfig", "inject_seed"): Alias(flags=("--seed",), metavar="N"),
         ("RenderConfig", "dpi"): Alias(default_text="none"),
         ("RenderConfig", "max_page_draws"): Alias(flags=("--page-draw-limit",), metavar="N"),
         ("RendererConfig", "isolate"): Alias(

@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from padoc_ray import status
 from padoc_ray.engine.interface import Engine, EngineDeadError, EngineError, GenRequest
@@ -41,6 +41,9 @@ class PageInput:
     forced_main: Sequence[int] | None = None
     #: ... and, in fork mode, branch k's generated tokens (content + end-of-stream)
     forced_branches: Sequence[Sequence[int]] | None = None
+    #: ... except that branch k's FIRST attempt is forced to ``forced_first_attempt[k]`` (benchmarks: an
+    #: injected loop, see replay.inject_loops); its later attempts replay ``forced_branches[k]``
+    forced_first_attempt: Mapping[int, Sequence[int]] | None = None
     #: the page's place in its host's admission order (SchedulerConfig.page_priority: lower runs first)
     seq: int = 0
 
@@ -74,6 +77,8 @@ class PageRecord:
     #: per branch that produced a token (region order): seconds from its region's close in the layout
     #: stream to its first token (the engine's own first-token time when it reports one)
     fork_latency_s: list[float] = field(default_factory=list)
+    #: branches whose first attempt was forced to loop (PageInput.forced_first_attempt; benchmarks)
+    injected_loops: int = 0
 
 
 class _Page:
@@ -264,6 +269,7 @@ class _Page:
             f_seq=depth.f_seq, f_padoc=depth.f_padoc, finish_reasons=reasons,
             region_finish_reasons=region_finish, region_tokens=region_tokens,
             fork_latency_s=[self.fork_latency[i] for i in sorted(self.fork_latency)],
+            injected_loops=len(inp.forced_first_attempt or ()),
         )
 
 
