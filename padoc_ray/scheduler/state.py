@@ -68,10 +68,10 @@ class SchedulerConfig:
     #: (needs scheduling_policy="priority", which the host then sets). With the engine's running batch
     #: capped (max_num_seqs), a burst of pages finishes one by one instead of all at its end.
     page_priority: bool = False
-    #: stream branch tokens (True: the runaway guard can stop a branch early) or take each branch's
-    #: output once at its end (False, the default: far less per-token work in the frontend; measured
-    #: 1.33x -> 1.56x median paired speedup at 16 pages in flight on CPU). A runaway branch then runs
-    #: to max_tokens and is flagged at the end.
+    #: stream every branch token (True: the guards can stop a branch at any token) or not (False, the
+    #: default: far less per-token work in the frontend; measured 1.33x -> 1.56x median paired speedup at
+    #: 16 pages in flight on CPU): branches then come in chunks of branch_stream_interval tokens, or, with
+    #: that 0, once at their end (a looping branch then runs to max_tokens and is judged at its end)
     stream_branches: bool = False
     #: keep the layout stream (fork mode) inside the checkpoint's layout grammar: the engine masks every
     #: token the grammar does not allow next (category, coordinates in field order with x1 <= x2 and
