@@ -211,3 +211,61 @@ def test_rows_carry_attempts_and_finish():
     t = to_table([{**base_row(run_id="r", uri="u", doc_id="d", page_index=0, page_count=1, mode="fork",
                               model_id="m"), **row}])
     assert t.column("regions").to_pylist()[0][1]["attempts"] == 2
+
+
+def test_a_looping_sequential_stream_is_stopped_early_as_runaway():
+    truth = page(4)
+    s = replay_input(P, truth, base(), "sequential")
+
+    def script(req):
+        return [*list(s.forced_main)[:20], *PHRASE * 400]
+
+    rec = asyncio.run(run_page(ScriptedEngine(script, chunk=4), P, base(), mode="sequential", cfg=SchedulerConfig()))
+    assert rec.status == "runaway" and "main stream loops (token_loop" in rec.message
+    assert rec.main_tokens < 20 + 256 + 8 and rec.retries == 0  # no retry in sequential mode
+
+
+def test_a_deadline_during_retries_leaves_nothing_live():
+    eng = ScriptedEngine(looping("b1"), chunk=4, token_delay_s=0.001)
+    rec = run(eng, replay_input(P, page(4), base(), "fork"), deadline_s=0.4, retry_token_budget=None,
+              branch_retries=100)
+    assert rec.status == "deadline" and eng.num_unfinished_requests() == 0
+    assert rec.region_attempts[1] >= 2
+
+
+def test_the_flags_set_the_retry_fields():
+    from padoc_ray.cli import build_parser
+    from padoc_ray.cli.flags import scheduler_from_args
+
+    p = build_parser()
+    argv = ["parse-page", "x.pdf", "--model", "m"]
+    assert scheduler_from_args(p.parse_args(argv)) == SchedulerConfig()
+    cfg = scheduler_from_args(p.parse_args([*argv, "--branch-retries", "0", "--retry-temperatures", "0.0,0.5",
+                                            "--retry-token-budget", "-1", "--layout-retries", "0",
+                                            "--no-loop-detection", "--branch-stream-interval", "0",
+                                            "--retry-seed", "7"]))
+    assert cfg == SchedulerConfig(branch_retries=0, retry_temperatures=(0.0, 0.5), retry_token_budget=None,
+                                  layout_retries=0, loop_detection=False, branch_stream_interval=0, retry_seed=7)
+    assert SchedulerConfig(temperature=0.4).attempt_temperature(0) == 0.4
+    assert [SchedulerConfig().attempt_temperature(i) for i in range(5)] == [0.0, 0.3, 0.6, 0.6, 0.6]
+
+
+def test_the_metric_counts_branch_retries_by_outcome():
+    from padoc_ray import metrics
+
+    class Counter:
+        def __init__(self):
+            self.calls = []
+
+        def inc(self, value, tags=None):
+            self.calls.append((value, tags))
+
+        observe = set = inc
+
+    r = object.__new__(metrics.RayRecorder)
+    r._m = {m.name: Counter() for m in metrics.METRICS}
+    r._warned, r._host = False, "h"
+    inp = replay_input(P, page(4), base(), "fork")
+    rec = run(ScriptedEngine(looping("b1"), chunk=4), inp)
+    r.page(rec)
+    assert r._m["padoc_branch_retries"].calls == [(1.0, {"outcome": "exhausted"})]
