@@ -116,6 +116,8 @@ class SchedulerConfig:
             raise ValueError("deadline_s must be positive")
         if self.runaway_window is not None and self.runaway_window <= 2 * self.runaway_max_period:
             raise ValueError("runaway_window must exceed twice runaway_max_period")
+        # a config file gives a list: keep the field a tuple of floats (hashable, equal to the flag's)
+        object.__setattr__(self, "retry_temperatures", tuple(float(t) for t in self.retry_temperatures))
         if not 0 <= self.branch_retries <= 100:
             raise ValueError("branch_retries must be in [0, 100]")
         if not 0 <= self.layout_retries <= 100:
