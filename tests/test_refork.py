@@ -269,3 +269,24 @@ def test_the_metric_counts_branch_retries_by_outcome():
     rec = run(ScriptedEngine(looping("b1"), chunk=4), inp)
     r.page(rec)
     assert r._m["padoc_branch_retries"].calls == [(1.0, {"outcome": "exhausted"})]
+
+
+def test_a_layout_retry_respects_the_budget_and_the_layout_grammar():
+    truth = page(5)
+    s, layout = _layout(truth)
+    cut = s.fork_points[1] + 1
+
+    def script(req):
+        if _rid(req) == "main":
+            return [*layout[:cut], *([ord("z")] * 300)]
+        return list(req.forced_tokens or ())
+
+    inp = replay_input(P, truth, base(), "fork")
+    rec = run(ScriptedEngine(script, chunk=4), inp, retry_token_budget=0)
+    assert rec.status == "layout_unrecovered" and "budget" in rec.message and rec.layout_retries == 0
+    assert len(rec.page.regions) == 2 and rec.main_tokens == cut  # the regions closed before the loop
+    eng = ScriptedEngine(script, chunk=4)
+    rec = run(eng, inp, constrain_layout=True, max_branches=10)
+    assert rec.status == "ok" and rec.page == quantized(truth, V)
+    reqs = {_rid(r): r for r in eng.requests}
+    assert reqs["main"].constrain_layout_regions == 10 and reqs["main.r1"].constrain_layout_regions == 8
