@@ -202,7 +202,24 @@ RECOVERED, EXHAUSTED, BUDGET = "recovered", "exhausted", "budget"
 
 
 class PageState:
-    """Decisions for one page in ``fork`` or ``sequential`` mode."""
+    """Decisions for one page in ``fork`` or ``sequential`` mode.
+
+    Loops (issue 31). Every stream has the runaway guard (``runaway_window``) and, with
+    ``loop_detection``, the detectors of :mod:`.loops` (the main stream's also check its regions).
+
+    - A branch stopped as a loop (or ended by vLLM's repetition check) or ended at max_tokens is
+      forked again (:meth:`on_branch_finished` returns the :class:`ForkAction`, ``attempt`` > 0) with
+      its first prompt, up to ``branch_retries`` times while ``retry_token_budget`` lasts; the region
+      keeps its last attempt (the first that ends with ``stop``). One that never does flags
+      BRANCH_UNRECOVERED (the page goes on); with ``branch_retries=0`` it flags RUNAWAY / TOKEN_LIMIT.
+    - A main stream that loops or stalls in fork mode is stopped and (:meth:`on_main_finished` returns
+      a :class:`MainRetry`) started again from its last closed region, up to ``layout_retries`` times:
+      its tokens after that boundary are dropped and the parser re-reads what is kept, so regions
+      already forked stay and new ones continue the numbering. A region whose close trips the detector
+      is not forked. After the retries the page ends with its closed regions (LAYOUT_UNRECOVERED). A
+      sequential stream that loops is RUNAWAY, as before.
+    - Every token of every attempt counts (``discarded_tokens``); the runner picks each attempt's
+      temperature (:meth:`SchedulerConfig.attempt_temperature`) and seed (:func:`retry_seed`)."""
 
     def __init__(self, vocab: Vocab, prompt_ids: Sequence[int], cfg: SchedulerConfig, mode: str = "fork"):
         if mode not in DECODE_MODES:
