@@ -41,13 +41,11 @@ class PageInput:
     forced_main: Sequence[int] | None = None
     #: ... and, in fork mode, branch k's generated tokens (content + end-of-stream)
     forced_branches: Sequence[Sequence[int]] | None = None
-    #: ... except that branch k's FIRST attempt is forced to ``forced_first_attempt[k]`` (benchmarks: an
-    #: injected loop, see replay.inject_loops); its later attempts replay ``forced_branches[k]``
-    forced_first_attempt: Mapping[int, Sequence[int]] | None = None
     #: the page's place in its host's admission order (SchedulerConfig.page_priority: lower runs first)
     seq: int = 0
-    #: loop injection (benchmarks, tests): branch k's FIRST attempt is forced to this trace instead (e.g. a
-    #: phrase repeated to the token limit); its later attempts (re-forks) to ``forced_branches[k]``
+    #: loop injection (benchmarks, tests; see replay.inject_loops): branch k's FIRST attempt is forced to
+    #: this trace instead (a phrase repeated to the token limit); its later attempts (re-forks) to
+    #: ``forced_branches[k]``
     forced_first_attempt: Mapping[int, Sequence[int]] | None = None
 
 
