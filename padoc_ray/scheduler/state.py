@@ -130,7 +130,10 @@ class SchedulerConfig:
             raise ValueError("branch_stream_interval must be >= 0")
 
     def attempt_temperature(self, attempt: int) -> float:
-        """The sampling temperature of attempt ``attempt`` (0 = the first) of a stream."""
+        """The sampling temperature of attempt ``attempt`` (0 = the first) of a stream. A negative
+        ``temperature`` is passed on as it is (the engine refuses it: engine_error, never hidden)."""
+        if self.temperature < 0:
+            return self.temperature
         ladder = self.retry_temperatures
         return max(self.temperature, ladder[min(attempt, len(ladder) - 1)])
 
