@@ -37,6 +37,7 @@ from padoc_ray import metrics
 from padoc_ray.engine.interface import EngineDeadError, GenRequest
 from padoc_ray.protocol import Page
 from padoc_ray.scheduler import PageInput, PageRecord, SchedulerConfig, replay_input, run_page
+from padoc_ray.scheduler.replay import inject_loops
 from padoc_ray.scheduler.runner import branch_admission
 from padoc_ray.scheduler.state import DECODE_MODES
 from padoc_ray.status import IMAGE_UNREADABLE, INTERNAL_ERROR
@@ -60,6 +61,10 @@ class HostConfig:
     mode: str = "fork"
     pages_in_flight: int = 16  #: pages run concurrently on the engine (more wait their turn)
     max_live_branches: int | None = None  #: cap on content branches live in the engine at once (None: none)
+    #: benchmarks: the share of teacher-forced branches whose first attempt is forced to repeat a phrase
+    #: to its token limit (chosen per page by ``inject_seed``); every later attempt replays the truth. 0: none
+    inject_loops: float = 0.0
+    inject_seed: int = 0  #: picks the branches inject_loops forces to loop (the same seed, the same branches)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -72,6 +77,8 @@ class HostConfig:
             raise ValueError("pages_in_flight must be >= 1")
         if self.max_live_branches is not None and self.max_live_branches < 1:
             raise ValueError("max_live_branches must be >= 1 (or None for no cap)")
+        if not 0.0 <= self.inject_loops <= 1.0:
+            raise ValueError(f"inject_loops is a fraction of branches in [0, 1], got {self.inject_loops!r}")
 
     def engine_config(self, model_dir: str):
         from padoc_ray.engine.config import engine_preset
@@ -280,7 +287,12 @@ class PageHost:
                         page_no=page.page_index, image_path=page.source_name)
         truth = self.truth_for(page.source_name, page.page_index)
         if truth is not None:
-            inp = replay_input(self.model_protocol, truth, inp, page.mode or self.cfg.mode)
+            mode = page.mode or self.cfg.mode
+            inp = replay_input(self.model_protocol, truth, inp, mode)
+            if self.cfg.inject_loops and mode == "fork":
+                key = f"{os.path.basename(page.source_name.rstrip('/'))}:{page.page_index}"
+                inp = inject_loops(self.model_protocol, inp, fraction=self.cfg.inject_loops,
+                                   seed=self.cfg.inject_seed, key=key, max_tokens=self.cfg.scheduler.max_tokens)
         return inp
 
     def truth_for(self, source_name: str | None, page_index: int) -> Page | None:

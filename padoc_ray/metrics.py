@@ -83,12 +83,18 @@ CACHED_TOKENS = MetricSpec(
 IN_FLIGHT = MetricSpec(
     "padoc_pages_in_flight", "gauge", "Pages running on one engine host now (at most its pages_in_flight).",
     ("host",))
+BRANCH_RETRIES = MetricSpec(
+    "padoc_branch_retries", "counter",
+    "Content branches that needed a re-fork (stopped as a loop or at the token limit), by outcome: recovered "
+    "(a later attempt ended normally), exhausted (every attempt failed: branch_retries), budget (the page's "
+    "retry_token_budget was spent first).", ("outcome",))
 RENDER_SECONDS = MetricSpec(
     "padoc_render_seconds", "histogram", "Per rendered page: seconds the renderer took (render_s).",
     boundaries=LATENCY_BUCKETS)
 
 METRICS: tuple[MetricSpec, ...] = (PAGES, DOCUMENT_ERRORS, BRANCHES, FORK_LATENCY, TTFT, PAGE_SECONDS,
-                                   OUTPUT_TOKENS, PROMPT_TOKENS, CACHED_TOKENS, IN_FLIGHT, RENDER_SECONDS)
+                                   OUTPUT_TOKENS, PROMPT_TOKENS, CACHED_TOKENS, IN_FLIGHT, RENDER_SECONDS,
+                                   BRANCH_RETRIES)
 
 
 def exported_names() -> dict[str, MetricSpec]:
@@ -167,6 +173,8 @@ class RayRecorder(Recorder):
         self._inc(OUTPUT_TOKENS, rec.output_tokens)
         self._inc(PROMPT_TOKENS, rec.prompt_tokens)
         self._inc(CACHED_TOKENS, rec.cached_tokens)
+        for outcome in getattr(rec, "retry_outcomes", ()):
+            self._inc(BRANCH_RETRIES, 1, {"outcome": outcome})
 
     def pages_in_flight(self, n: int) -> None:
         self._do(self._m[IN_FLIGHT.name].set, float(n), {"host": self._host})

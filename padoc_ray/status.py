@@ -62,6 +62,13 @@ OK = _code("ok", PAGE, "parsed; every stream ended normally", http=200, content=
 MALFORMED_LAYOUT = _code("malformed_layout", PAGE, "the layout stream parsed with errors (what was recoverable "
                                                    "is kept)", http=200, content=True)
 TOKEN_LIMIT = _code("token_limit", PAGE, "a stream hit its token limit (max_tokens)", http=200, content=True)
+BRANCH_UNRECOVERED = _code("branch_unrecovered", PAGE, "a content branch looped or hit its token limit on every "
+                                                       "attempt (re-forks included, or the retry budget was spent): "
+                                                       "that region's content is not to be trusted, the other "
+                                                       "regions are kept", http=200, content=True)
+LAYOUT_UNRECOVERED = _code("layout_unrecovered", PAGE, "the layout stream looped again after its retry from the "
+                                                       "last region boundary: the page ends with the regions it "
+                                                       "has", http=200, content=True)
 BRANCH_LIMIT = _code("branch_limit", PAGE, "the layout closed more regions than max_branches", http=200,
                      content=True)
 RUNAWAY = _code("runaway", PAGE, "a stream repeated itself or stopped progressing, and was stopped", http=200,
@@ -190,3 +197,7 @@ JOB_FINAL = frozenset({JOB_DONE, JOB_CANCELLED, JOB_FAILED})
 
 # ---- a region's finish in a page row (otherwise the engine's finish reason: stop, length, abort) --------
 REGION_SKIPPED = "skipped"  #: no branch forked: its category has no content (figures)
+# a region's ``finish``: how the last attempt of its branch ended (else an engine finish reason, or stopped)
+REGION_STOP = "stop"  #: ended normally (its end-of-stream)
+REGION_LOOP = "loop"  #: a loop detector (or the engine's repetition check) stopped it
+REGION_LENGTH = "length"  #: it hit max_tokens

@@ -87,6 +87,8 @@ def test_parse_page_replays_a_sample_page_through_the_engine(tiny_model_dir):
     assert [r["content"] for r in obj["regions"]][:3] == [d["text"] for d in sorted(
         (d for d in memo["layout_dets"] if d["order"] is not None), key=lambda d: d["order"])][:3]
     assert obj["f_padoc"] < obj["f_seq"] and obj["n_branches"] == len(memo["layout_dets"])
+    assert obj["output_tokens"] > 0 and obj["retries"] == 0  # every generated token, every attempt
+    assert all(r["attempts"] == 1 and r["finish"] == "stop" for r in obj["regions"])
 
 
 @pytest.mark.engine

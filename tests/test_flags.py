@@ -111,7 +111,10 @@ def test_no_hand_written_flag_shadows_a_field_flag(parsers):
     storage, input caps) is made from that field wherever it appears, unless it means something else
     on purpose (bench pipeline's own defaults for its no-op actor)."""
     own = {("bench", "pipeline"): {"--pages-in-flight", "--dpi"},  # its no-op actor's and raw side's own
-           ("bench", "raster"): {"--dpi"}, ("corpus", "generate"): {"--dpi"}}  # one DPI for every tool compared
+           ("bench", "raster"): {"--dpi"},  # one DPI for every tool compared
+           # --seed: the injected loops' on bench replay/serve; elsewhere the seed of that tool's own generator
+           ("corpus", "generate"): {"--dpi", "--seed"}, ("build-tiny-model",): {"--seed"},
+           ("bench", "pageiou"): {"--seed"}}
     shared = {"SchedulerConfig", "HostConfig", "RenderConfig", "RendererConfig", "StorageConfig", "InputLimits"}
     field_flags = {s for p in parsers.values() for a in _options(p)
                    if getattr(a, "padoc_field", (type,))[0].__name__ in shared for s in a.option_strings}

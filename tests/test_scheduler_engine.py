@@ -158,7 +158,8 @@ def test_limits_give_their_status_and_leave_no_live_requests(bundled, cpu_engine
     rp = replay_input(mp, truth, inp, "fork")
     loop = mp.tokenizer.encode("ab") * 400
     cases["runaway"] = (type(rp)(**{**rp.__dict__, "forced_branches": [loop] * len(rp.forced_branches)}), "fork",
-                        dict(runaway_window=64, runaway_max_period=4, stream_branches=True))  # checked as it streams
+                        dict(runaway_window=64, runaway_max_period=4, stream_branches=True,
+                             branch_retries=0))  # checked as it streams; re-forks off (today's status)
     # a layout stream with a broken region
     bad = [v.region_open, v.coord_ids[5], v.region_close, *serialize_padoc(v, mp.tokenizer, truth).layout]
     cases["malformed_layout"] = (type(rp)(**{**rp.__dict__, "forced_main": bad}), "fork", {})
@@ -169,6 +170,29 @@ def test_limits_give_their_status_and_leave_no_live_requests(bundled, cpu_engine
     big_inp, big = _one(bundled, "ex-report.pdf-0")  # 862 sequential tokens: seconds of decoding
     rec = _run(loop_thread, cpu_engine, mp, replay_input(mp, big, big_inp, "sequential"), "sequential", deadline_s=0.3)
     assert rec.status == "deadline" and rec.e2e_s < 3 and 0 < len(rec.page.regions) < len(big.regions)
+    assert cpu_engine.num_unfinished_requests() == 0
+
+
+def test_a_looping_branch_is_cut_early_and_reforked_to_the_truth(bundled, cpu_engine, model_protocol, loop_thread):
+    """Issue 31: branch k's first attempt is teacher-forced to a phrase repeated to the token limit, its
+    re-fork to the truth. Branches stream in chunks (branch_stream_interval): the loop detector cuts the
+    first attempt within its window plus one chunk, and the page comes out valid and equal to the truth."""
+    import dataclasses
+
+    mp = model_protocol
+    inp, truth = _one(bundled, "ex-paper.pdf-0")
+    rp = replay_input(mp, truth, inp, "fork")
+    clean = _run(loop_thread, cpu_engine, mp, rp)
+    k = next(i for i, b in enumerate(rp.forced_branches) if len(b) > 1)
+    loop = (mp.tokenizer.encode("the same sentence again, ") * 2000)[:SchedulerConfig().max_tokens]
+    rec = _run(loop_thread, cpu_engine, mp, dataclasses.replace(rp, forced_first_attempt={k: loop}))
+    assert clean.status == "ok" and rec.status == "ok" and rec.valid, rec.message
+    assert rec.page == clean.page  # the re-fork reproduces the truth
+    assert rec.region_attempts[k] == 2 and rec.region_finish[k] == "stop"  # region k: the k-th in reading order
+    assert sum(rec.region_attempts) == sum(clean.region_attempts) + 1
+    spent = rec.region_tokens[k] - clean.region_tokens[k]
+    assert 0 < spent <= 256 + 64 + 64, spent  # the detector's span, a chunk, and one more in flight
+    assert rec.output_tokens == clean.output_tokens + spent
     assert cpu_engine.num_unfinished_requests() == 0
 
 

@@ -92,9 +92,13 @@ def test_branch_limit_stops_the_page_and_leaves_nothing_live():
 
 def test_token_limit_on_a_branch():
     truth = page(2, content="x" * 100 + "%d")
-    rec = run(ScriptedEngine(chunk=5), replay_input(P, truth, base(), "fork"), "fork", max_tokens=50)
+    rec = run(ScriptedEngine(chunk=5), replay_input(P, truth, base(), "fork"), "fork", max_tokens=50, branch_retries=0)
     assert rec.status == "token_limit" and not rec.valid
     assert rec.finish_reasons["b1"] == "length" and rec.branch_tokens[1] == 50
+    # re-forks on (the default): the branch is tried 3 times, every token counts, the page says which region
+    rec = run(ScriptedEngine(chunk=5), replay_input(P, truth, base(), "fork"), "fork", max_tokens=50)
+    assert rec.status == "branch_unrecovered" and not rec.valid and "branch 1 did not recover" in rec.message
+    assert rec.region_attempts[1] == 3 and rec.region_finish[1] == "length" and rec.region_tokens[1] == 150
 
 
 def test_sequential_token_limit_keeps_what_was_read():
@@ -109,20 +113,28 @@ def test_runaway_branch_is_stopped():
             return [ord("a"), ord("b")] * 2000
         return list(req.forced_tokens or ())
 
+    # branch_retries=0: today's behaviour (the page is a runaway); loop_detection off: the runaway guard alone
     rec = run(ScriptedEngine(script, chunk=8), replay_input(P, page(3), base(), "fork"), "fork", runaway_window=128,
-              stream_branches=True)
+              stream_branches=True, branch_retries=0, loop_detection=False)
     assert rec.status == "runaway" and "branch 1 repeats" in rec.message
     assert rec.branch_tokens[1] < 400  # stopped early
     eng = ScriptedEngine(script, chunk=8)
-    rec = run(eng, replay_input(P, page(3), base(), "fork"), "fork", runaway_window=128, max_tokens=1000)
+    rec = run(eng, replay_input(P, page(3), base(), "fork"), "fork", runaway_window=128, max_tokens=1000,
+              branch_retries=0, branch_stream_interval=0)
     assert rec.status == "runaway" and rec.branch_tokens[1] == 1000  # final-only: flagged at the end
     assert all(r.stream is False for r in eng.requests[1:]) and eng.requests[0].stream
 
 
 def test_layout_stall_is_a_runaway():
     garbage = [ord("z")] * 200
-    rec = run(ScriptedEngine(lambda r: garbage, chunk=4), base(), "fork", layout_stall_tokens=40)
+    rec = run(ScriptedEngine(lambda r: garbage, chunk=4), base(), "fork", layout_stall_tokens=40, layout_retries=0)
     assert rec.status == "runaway" and rec.main_tokens <= 48
+    # the default: one retry from the last region boundary (here: the page's start), then the page ends
+    eng = ScriptedEngine(lambda r: garbage, chunk=4)
+    rec = run(eng, base(), "fork", layout_stall_tokens=40)
+    assert rec.status == "layout_unrecovered" and rec.layout_retries == 1 and not rec.valid
+    assert [r.request_id.rsplit("/", 1)[1] for r in eng.requests] == ["main", "main.r1"]
+    assert rec.main_tokens == 0 and 80 < rec.output_tokens <= 96
 
 
 def test_malformed_layout_gives_a_status_and_the_recoverable_regions():
@@ -182,8 +194,9 @@ class _FinishAs(ScriptedEngine):
                                             ("repetition", "runaway"), ("length", "token_limit")])
 def test_every_finish_reason_of_vllm_has_a_page_status(reason, status):
     """vLLM 0.32's finish reasons are stop, length, abort, error, repetition: only stop leaves a page ok,
-    so a page is never 'ok' but invalid."""
-    rec = run(_FinishAs(reason), replay_input(P, page(4), base(), "fork"), "fork")
+    so a page is never 'ok' but invalid (re-forks off: with them a length / repetition branch is retried,
+    tests/test_refork.py)."""
+    rec = run(_FinishAs(reason), replay_input(P, page(4), base(), "fork"), "fork", branch_retries=0)
     assert rec.status == status and not rec.valid
     assert rec.finish_reasons["b1"] == reason and "branch 1" in rec.message
     assert run(_FinishAs("stop"), replay_input(P, page(4), base(), "fork"), "fork").status == "ok"

@@ -136,7 +136,7 @@ def test_the_table():
         # a rerun retries documents, never page rows
         assert c.rerun == status.NEVER or c.tiers == {status.DOCUMENT}
     assert status.CONTENT_CODES == {status.OK, status.MALFORMED_LAYOUT, status.TOKEN_LIMIT, status.BRANCH_LIMIT,
-                                    status.RUNAWAY}
+                                    status.RUNAWAY, status.BRANCH_UNRECOVERED, status.LAYOUT_UNRECOVERED}
     # document statuses and document codes never collide (documents.parquet holds both in one column)
     assert not set(status.DOCUMENT_STATUSES[1:]) & set(status.CODES)
     assert status.http_status(status.FILE_TOO_LARGE) == 413 and status.http_status(status.CORRUPT_PDF) == 422

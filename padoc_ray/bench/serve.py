@@ -197,7 +197,8 @@ class DirectTarget:
         return {"t_send": t, "e2e_s": e2e, "status": rec.status, "valid": rec.valid, "ttft_s": rec.ttft_s,
                 "output_tokens": rec.output_tokens, "prompt_tokens": rec.prompt_tokens,
                 "cached_tokens": rec.cached_tokens, "n_branches": rec.n_branches, "f_seq": rec.f_seq,
-                "f_padoc": rec.f_padoc, "equals_truth": rec.page.regions == self._truth[page.name].regions}
+                "f_padoc": rec.f_padoc, "equals_truth": rec.page.regions == self._truth[page.name].regions,
+                "injected_loops": rec.injected_loops}
 
 
 class HttpTarget:
@@ -239,7 +240,7 @@ class HttpTarget:
         if row is None:
             return {"t_send": t, "e2e_s": e2e, "status": f"http_{r.status_code}", "valid": False}
         out = {"t_send": t, "e2e_s": e2e, "status": row["status"], "valid": bool(row.get("valid")),
-               "equals_truth": None}
+               "equals_truth": None, "injected_loops": None}  # the page row does not say; see --target direct
         for k in ("ttft_s", "output_tokens", "prompt_tokens", "cached_tokens", "n_branches", "f_seq", "f_padoc"):
             out[k] = row.get(k)
         return out

@@ -176,7 +176,7 @@ def add_host_args(p: argparse.ArgumentParser) -> None:
 
     add_scheduler_flags(p)
     add_max_num_seqs(p)
-    add_fields(p, HostConfig, ("max_live_branches",))
+    add_fields(p, HostConfig, ("max_live_branches", "inject_loops", "inject_seed"))
 
 
 def _host_cfg(args, pages_in_flight: int):

@@ -117,6 +117,15 @@ def _none_is_zero(v):
     return 0 if v is None else v
 
 
+def _none_if_negative(v):
+    """A negative number on the command line: None in the config (where 0 means something: none allowed)."""
+    return None if v is not None and v < 0 else v
+
+
+def _none_is_negative(v):
+    return -1 if v is None else v
+
+
 MB = 2 ** 20
 
 
@@ -166,9 +175,16 @@ def aliases() -> dict[tuple[str, str], Alias]:
                                                  default_text="none"),
         ("SchedulerConfig", "runaway_window"): Alias(metavar="N", to_field=_or_none, from_field=_none_is_zero,
                                                      note="0: off"),
+        ("SchedulerConfig", "branch_retries"): Alias(metavar="K"),
+        ("SchedulerConfig", "retry_temperatures"): Alias(metavar="T,T,...", note="comma list"),
+        ("SchedulerConfig", "retry_token_budget"): Alias(metavar="TOKENS", to_field=_none_if_negative,
+                                                         from_field=_none_is_negative, note="-1: no cap",
+                                                         show=lambda v: "no cap" if v < 0 else str(v)),
         ("HostConfig", "mode"): Alias(choices=DECODE_MODES),
         ("HostConfig", "engine"): Alias(choices=("vllm", "noop")),
         ("HostConfig", "max_live_branches"): Alias(default_text="no cap"),
+        ("HostConfig", "inject_loops"): Alias(metavar="FRACTION"),
+        ("HostConfig", "inject_seed"): Alias(flags=("--seed",), metavar="N"),
         ("RenderConfig", "dpi"): Alias(default_text="none"),
         ("RenderConfig", "max_page_draws"): Alias(flags=("--page-draw-limit",), metavar="N"),
         ("RendererConfig", "isolate"): Alias(
@@ -370,7 +386,9 @@ def to_field(action) -> Any:
 # ---- the scheduler: every SchedulerConfig knob on every parsing surface -----------------------------------
 SCHEDULER_FIELDS = ("max_tokens", "max_branches", "deadline_s", "constrain_layout", "runaway_window",
                     "runaway_max_period", "layout_stall_tokens", "skip_contentless", "layout_priority",
-                    "page_priority", "stream_branches", "temperature")
+                    "page_priority", "stream_branches", "temperature", "loop_detection", "branch_retries",
+                    "retry_temperatures", "retry_seed", "layout_retries", "retry_token_budget",
+                    "branch_stream_interval")
 
 def add_scheduler_flags(p, *, number: Callable[[Callable], Callable] | None = None, base=None) -> None:
     """Every :class:`~padoc_ray.scheduler.SchedulerConfig` field as a flag (``--page-deadline`` also spelled

@@ -1,8 +1,9 @@
 """A scripted engine for fast unit tests and no-op pipeline benchmarks (never instead of the real one).
 
 It implements :class:`~padoc_ray.engine.interface.Engine`: each request emits its forced tokens
-(or what ``script(request)`` returns) in deltas of ``chunk`` tokens (one delta for a request with
-``stream=False``), taking ``token_delay_s`` per token, honouring ``max_tokens`` (without a script,
+(or what ``script(request)`` returns) in deltas of ``chunk`` tokens (at least ``stream_interval``
+where the request sets one; one delta for a request with ``stream=False``), taking ``token_delay_s``
+per token, honouring ``max_tokens`` (without a script,
 :attr:`~padoc_ray.engine.interface.GenRequest.generation_limit`) and ``stop_token_ids`` like vLLM.
 It records every request it saw and which ones are live, and can be told to fail. Pure: no vllm,
 no torch.
@@ -78,6 +79,8 @@ class ScriptedEngine:
                 reason = "stop" if len(out) < limit else "length"
             cached = self._cached(req.prompt_ids)
             chunk = self.chunk if req.stream else max(len(out), 1)
+            if req.stream and req.stream_interval:  # vLLM's per-request stream_interval: chunks of at least it
+                chunk = max(chunk, req.stream_interval)
             for i in range(0, max(len(out), 1), chunk):
                 part = out[i:i + chunk]
                 await asyncio.sleep(self.token_delay_s * max(1, len(part)))  # time grows with tokens

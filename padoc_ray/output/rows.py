@@ -25,8 +25,10 @@ REGION_TYPE = pa.struct([
     ("content", pa.string()),
     ("content_format", pa.string()),  # text | latex | html | none
     ("finish_reason", pa.string()),  # of the region's branch: stop | length | stopped | skipped | null
-    ("tokens", pa.int32()),  # generated tokens of the region's branch (content in sequential mode)
+    ("tokens", pa.int32()),  # generated tokens of the region's branch, every attempt (content in sequential mode)
     ("errors", pa.list_(pa.string())),
+    ("attempts", pa.int32()),  # attempts of the region's branch (re-forks included; 0: none ran)
+    ("finish", pa.string()),  # how its last attempt ended: stop | loop | length | skipped | stopped | ... | null
 ])
 
 PAGE_SCHEMA = pa.schema([
@@ -129,6 +131,10 @@ def error_row(base: dict, code: str, message: str) -> dict:
             "error_message": message[:2000], "processed_at": now()}
 
 
+def _at(values, i: int):
+    return values[i] if values is not None and i < len(values) else None
+
+
 def page_row(base: dict, rec, *, render_s: float | None = None) -> dict:
     """A row from a scheduler :class:`~padoc_ray.scheduler.PageRecord`."""
     page = rec.page
@@ -140,6 +146,8 @@ def page_row(base: dict, rec, *, render_s: float | None = None) -> dict:
             "finish_reason": rec.region_finish_reasons[i] if i < len(rec.region_finish_reasons) else None,
             "tokens": rec.region_tokens[i] if i < len(rec.region_tokens) else None,
             "errors": list(r.errors),
+            "attempts": _at(getattr(rec, "region_attempts", None), i),
+            "finish": _at(getattr(rec, "region_finish", None), i),
         })
     ok = rec.status == status.OK
     return {

@@ -16,14 +16,14 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from padoc_ray import status
 from padoc_ray.engine.interface import Engine, EngineDeadError, EngineError, GenRequest
 from padoc_ray.protocol import DecodeDepth, Page, assemble_page, decode_depth, depth_from_trace, parse_branch
 from padoc_ray.protocol.codec import ParsedBranch
 
-from .state import DECODE_MODES, ForkAction, PageState, PageStatus, SchedulerConfig
+from .state import DECODE_MODES, ForkAction, MainRetry, PageState, PageStatus, SchedulerConfig, retry_seed
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,10 @@ class PageInput:
     forced_branches: Sequence[Sequence[int]] | None = None
     #: the page's place in its host's admission order (SchedulerConfig.page_priority: lower runs first)
     seq: int = 0
+    #: loop injection (benchmarks, tests; see replay.inject_loops): branch k's FIRST attempt is forced to
+    #: this trace instead (a phrase repeated to the token limit); its later attempts (re-forks) to
+    #: ``forced_branches[k]``
+    forced_first_attempt: Mapping[int, Sequence[int]] | None = None
 
 
 @dataclass
@@ -70,10 +74,20 @@ class PageRecord:
     #: per region of ``page`` (reading order): its branch's finish reason ("skipped" for
     #: contentless regions, None where no branch ran or in sequential mode) and generated tokens
     region_finish_reasons: list[str | None] = field(default_factory=list)
-    region_tokens: list[int] = field(default_factory=list)
+    region_tokens: list[int] = field(default_factory=list)  #: every attempt of the region's branch
+    #: per region: attempts of its branch (0: none ran), and how the last one ended (stop | loop | length |
+    #: skipped | stopped | an engine finish reason; None where no branch ran or in sequential mode)
+    region_attempts: list[int] = field(default_factory=list)
+    region_finish: list[str | None] = field(default_factory=list)
+    retries: int = 0  #: retry attempts started (branch re-forks and layout retries)
+    layout_retries: int = 0  #: of those, retries of the layout stream
+    #: branches that needed a retry -> how it went: recovered | exhausted | budget (region order)
+    retry_outcomes: list[str] = field(default_factory=list)
     #: per branch that produced a token (region order): seconds from its region's close in the layout
     #: stream to its first token (the engine's own first-token time when it reports one)
     fork_latency_s: list[float] = field(default_factory=list)
+    #: branches whose first attempt was forced to loop (PageInput.forced_first_attempt; benchmarks)
+    injected_loops: int = 0
 
 
 class _Page:
@@ -93,6 +107,7 @@ class _Page:
         self.main_done: float | None = None
         self.closed_at: dict[int, float] = {}  # branch -> when the layout stream closed its region
         self.fork_latency: dict[int, float] = {}  # branch -> region close to first token
+        self.closing = False  # the page is ending: no new request may start
 
     def _priority(self, branch: bool) -> int:
         """Lower runs first: the page's admission order (page_priority), then its layout stream ahead of
@@ -100,12 +115,17 @@ class _Page:
         base = 2 * self.inp.seq if self.cfg.page_priority else 0
         return base + (1 if branch and self.cfg.layout_priority else 0)
 
-    def _request(self, rid: str, prompt: Sequence[int], forced, priority: int, stream: bool = True) -> GenRequest:
+    def _request(self, rid: str, prompt: Sequence[int], forced, priority: int, stream: bool = True, *,
+                 stream_interval: int | None = None, attempt: int = 0, stream_no: int = -1) -> GenRequest:
+        """One request; ``attempt`` > 0 is a retry of stream ``stream_no`` (a region index, -1: the main
+        stream): the ladder's temperature and its own seed."""
+        seed = retry_seed(self.inp.page_id, stream_no, attempt, self.cfg.retry_seed) if attempt else None
         return GenRequest(
             request_id=rid, prompt_ids=prompt, max_tokens=self.cfg.max_tokens, image=self.inp.image,
             image_uuid=self.inp.page_id, cache_salt=self.inp.cache_salt,
             stop_token_ids=(self.model_protocol.vocab.end_of_stream,), forced_tokens=forced,
-            temperature=self.cfg.temperature, priority=priority, stream=stream,
+            temperature=self.cfg.attempt_temperature(attempt), seed=seed, priority=priority, stream=stream,
+            stream_interval=stream_interval,
         )
 
     async def _consume(self, req: GenRequest, branch: int | None) -> None:
@@ -130,20 +150,30 @@ class _Page:
                         halt = st.on_branch_tokens(branch, d.token_ids)
                     if d.finished:
                         finished = True
-                        args = (d.finish_reason, first.num_prompt_tokens, first.num_cached_tokens)
-                        st.on_main_finished(*args) if branch is None else st.on_branch_finished(branch, *args)
+                        self._finished(branch, d.finish_reason, first)
                     if halt or st.stop_all:
                         break
         finally:
             self.live.discard(req.request_id)
             if not finished:
                 await self.engine.abort([req.request_id])
-                args = ("stopped", getattr(first, "num_prompt_tokens", None), getattr(first, "num_cached_tokens", None))
-                st.on_main_finished(*args) if branch is None else st.on_branch_finished(branch, *args)
+                self._finished(branch, "stopped", first)
             if branch is None:
                 self.main_done = time.perf_counter() - self.t0
             if st.stop_all:
                 self.stop.set()
+
+    def _finished(self, branch: int | None, reason: str | None, first) -> None:
+        """Tell the state a request ended; start the retry it decides on, if any."""
+        args = (reason, getattr(first, "num_prompt_tokens", None), getattr(first, "num_cached_tokens", None))
+        if branch is None:
+            retry = self.state.on_main_finished(*args)
+            if retry is not None:
+                self._spawn_main(retry)
+        else:
+            again = self.state.on_branch_finished(branch, *args)
+            if again is not None:
+                self._spawn(again)
 
     def _first_branch_token(self, branch: int, sent: float, engine_first_s: float | None) -> None:
         now = time.perf_counter()
@@ -152,13 +182,39 @@ class _Page:
         self.fork_latency[branch] = max(0.0, first - self.closed_at.get(branch, sent))
 
     def _spawn(self, f: ForkAction) -> None:
-        self.closed_at[f.index] = time.perf_counter()  # the delta that closed the region just arrived
+        if self.closing:
+            return
+        if f.attempt == 0:
+            self.closed_at[f.index] = time.perf_counter()  # the delta that closed the region just arrived
         forced = None
-        if self.inp.forced_branches is not None and f.index < len(self.inp.forced_branches):
+        first = self.inp.forced_first_attempt
+        if f.attempt == 0 and first is not None and f.index in first:
+            forced = first[f.index]
+        elif self.inp.forced_branches is not None and f.index < len(self.inp.forced_branches):
             forced = self.inp.forced_branches[f.index]
         prio = self._priority(branch=True)
-        req = self._request(f"{self.run_id}/b{f.index}", f.prompt_ids, forced, prio, self.cfg.stream_branches)
+        cfg = self.cfg
+        stream = cfg.stream_branches or cfg.branch_stream_interval > 0
+        interval = None if cfg.stream_branches or not cfg.branch_stream_interval else cfg.branch_stream_interval
+        rid = f"{self.run_id}/b{f.index}" + (f".r{f.attempt}" if f.attempt else "")
+        req = self._request(rid, f.prompt_ids, forced, prio, stream, stream_interval=interval, attempt=f.attempt,
+                            stream_no=f.index)
         self.tasks.append(asyncio.create_task(self._admitted(req, f.index)))
+
+    def _spawn_main(self, retry: MainRetry) -> None:
+        """The main stream again, from its last closed region (a forced trace continues from there)."""
+        if self.closing:
+            return
+        forced = self.inp.forced_main
+        if forced is not None:
+            forced = forced[retry.boundary:]
+        main = self._request(f"{self.run_id}/main.r{retry.attempt}", retry.prompt_ids, forced,
+                             self._priority(branch=False), attempt=retry.attempt, stream_no=-1)
+        if self.cfg.constrain_layout and self.mode == "fork":
+            # the grammar counts regions from the request's start: allow what is left
+            left = max(0, self.cfg.max_branches - len(self.state.branches) - len(self.state.skipped))
+            main = dataclasses.replace(main, constrain_layout_regions=left)
+        self.tasks.append(asyncio.create_task(self._consume(main, None)))
 
     async def _admitted(self, req: GenRequest, branch: int) -> None:
         if self.admission is None:
@@ -181,6 +237,7 @@ class _Page:
             stopper.cancel()
 
     async def _cleanup(self) -> None:
+        self.closing = True
         for t in self.tasks:
             if not t.done():
                 t.cancel()
@@ -243,10 +300,15 @@ class _Page:
         if self.mode == "fork":
             region_finish = [(status.REGION_SKIPPED if r.index in st.skipped else
                               st.branches[r.index].finish_reason if r.index in st.branches else None) for r in regions]
-            region_tokens = [len(st.branches[r.index].tokens) if r.index in st.branches else 0 for r in regions]
+            region_tokens = [st.region_tokens(r.index) for r in regions]
+            region_attempts = [st.attempts.get(r.index, 0) for r in regions]
+            region_end = [(status.REGION_SKIPPED if r.index in st.skipped else st.finish_of.get(r.index))
+                          for r in regions]
         else:
             region_finish = [None] * len(regions)
             region_tokens = [len(r.content_ids) for r in regions]
+            region_attempts = [0] * len(regions)
+            region_end = [None] * len(regions)
         reasons = {"main": st.main.finish_reason}
         reasons.update({f"b{i}": st.branches[i].finish_reason for i in sorted(st.branches)})
         valid = (st.status == PageStatus.OK and not page.errors
@@ -258,12 +320,16 @@ class _Page:
             layout_s=self.main_done, n_branches=len(br), branch_tokens=[len(b.tokens) for b in br],
             branch_prompt_tokens=[b.prompt_tokens or 0 for b in br],
             branch_cached_tokens=[b.cached_tokens or 0 for b in br],
-            main_tokens=len(st.main.tokens), output_tokens=sum(len(s.tokens) for s in streams),
-            prompt_tokens=sum(s.prompt_tokens or 0 for s in streams),
-            cached_tokens=sum(s.cached_tokens or 0 for s in streams),
+            main_tokens=len(st.main.tokens),
+            output_tokens=sum(len(s.tokens) for s in streams) + st.discarded_tokens,
+            prompt_tokens=sum(s.prompt_tokens or 0 for s in streams) + st.discarded_prompt_tokens,
+            cached_tokens=sum(s.cached_tokens or 0 for s in streams) + st.discarded_cached_tokens,
             f_seq=depth.f_seq, f_padoc=depth.f_padoc, finish_reasons=reasons,
             region_finish_reasons=region_finish, region_tokens=region_tokens,
+            region_attempts=region_attempts, region_finish=region_end, retries=st.retries,
+            layout_retries=st.main_attempt, retry_outcomes=[st.outcomes[i] for i in sorted(st.outcomes)],
             fork_latency_s=[self.fork_latency[i] for i in sorted(self.fork_latency)],
+            injected_loops=len(inp.forced_first_attempt or ()),
         )
 
 
