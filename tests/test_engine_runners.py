@@ -69,6 +69,23 @@ def test_v1_sampling_params_are_unchanged():
     assert sampling_params(_req(), "v1").extra_args is None
 
 
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_a_chunked_branch_stream_reaches_vllm_on_both_runners(runner):
+    """Branches stream in chunks (SchedulerConfig.branch_stream_interval): vLLM's per-request
+    stream_interval, a frontend setting both runners share, allowed with a trace (MRv2's forcing)."""
+    from vllm.sampling_params import RequestOutputKind
+
+    from padoc_ray.engine.vllm_engine import sampling_params
+
+    sp = sampling_params(_req(forced_tokens=TRACE, stream=True, stream_interval=64, seed=7), runner)
+    assert sp.stream_interval == 64 and sp.output_kind == RequestOutputKind.DELTA and sp.seed == 7
+    if runner == "v2":
+        sp._validate_trace_replay(types.SimpleNamespace(get_vocab_size=lambda: 9280), None)
+    # no interval for a final-only request, nor when none is asked for
+    assert sampling_params(_req(stream=False, stream_interval=64), runner).stream_interval is None
+    assert sampling_params(_req(stream=True), runner).stream_interval is None
+
+
 def test_engine_arguments_per_runner(tiny_model_dir):
     from padoc_ray.engine.vllm_engine import engine_args
 

@@ -206,8 +206,10 @@ def step_cost(streams: Sequence[Sequence[int]], n_streams: int = 256, steps: int
 
 
 # ---- the command --------------------------------------------------------------------------------
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m padoc_ray.bench.loops", description=__doc__.split("\n\n")[0])
+def _parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """The flags of ``padoc-ray bench loops`` (``python -m padoc_ray.bench.loops``)."""
+    ap = argparse.ArgumentParser(prog="python -m padoc_ray.bench.loops", description=__doc__.split("\n\n")[0],
+                                 add_help=add_help)
     ap.add_argument("--model", required=True, help="a checkpoint directory (its tokenizer and padoc_protocol.json)")
     ap.add_argument("--seeds", type=int, default=4, help="corpus seeds 0..N-1 (default 4)")
     ap.add_argument("--pages-per-run", type=int, default=15,
@@ -223,7 +225,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    return run(_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The false-positive measurement (and with ``--cost`` the cost per step) of parsed flags."""
     from padoc_ray.tokenizer import ModelProtocol
 
     mp = ModelProtocol(args.model)

@@ -309,6 +309,16 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_bench_serve)
     from padoc_ray.bench.steps import StepsConfig
 
+    from padoc_ray.bench import loops
+
+    bl = add_command(bsub, "loops", parents=[loops._parser(add_help=False)],
+                     help="the loop detector on every ground-truth page: false positives, and its cost per step",
+                     description="Teacher-force every ground-truth page the project has (the demo pages and the "
+                                 "corpus generator over --seeds) through the scheduler's loop detectors, stream by "
+                                 "stream, as replay serializes them; print the stops (0 on real pages) and the "
+                                 "closest any real stream came to one. --cost also times the detector per engine "
+                                 "step at --streams live streams.")
+    bl.set_defaults(func=loops.run)
     bst = add_command(bsub, "steps", help="engine decode step time vs batch size: is this machine in fork's regime?",
                       description="On the real engine with the serving settings for this machine: for each batch "
                                   "size n, n requests sharing one page image and prompt (one page's branches) each "
