@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import pytest
+
 from padoc_ray.engine.fake import ScriptedEngine
 from padoc_ray.output.rows import page_row, to_table
 from padoc_ray.protocol import quantized, serialize_padoc
@@ -290,3 +292,15 @@ def test_a_layout_retry_respects_the_budget_and_the_layout_grammar():
     assert rec.status == "ok" and rec.page == quantized(truth, V)
     reqs = {_rid(r): r for r in eng.requests}
     assert reqs["main"].constrain_layout_regions == 10 and reqs["main.r1"].constrain_layout_regions == 8
+
+
+def test_the_loop_detectors_settings_are_scheduler_fields():
+    """n, count, window and the longest period of the token loop detector come from SchedulerConfig
+    (flags --loop-ngram, --loop-count, --loop-window, --loop-max-period); a bad one is refused."""
+    from padoc_ray.scheduler.loops import LoopConfig
+
+    assert SchedulerConfig().loop_config == LoopConfig()
+    cfg = SchedulerConfig(loop_ngram=8, loop_count=4, loop_window=200, loop_max_period=256).loop_config
+    assert (cfg.n, cfg.count, cfg.window, cfg.max_period, cfg.max_break) == (8, 4, 200, 256, 9)
+    with pytest.raises(ValueError, match="loop detector"):
+        SchedulerConfig(loop_ngram=1)

@@ -17,7 +17,7 @@ from padoc_ray import status
 from padoc_ray.protocol import Vocab
 from padoc_ray.protocol.codec import RawRegion, StreamParser, child_prompt
 
-from .loops import LoopDetector, StreamLoopGuard
+from .loops import LoopConfig, LoopDetector, StreamLoopGuard
 
 DECODE_MODES = ("fork", "sequential")
 
@@ -85,6 +85,15 @@ class SchedulerConfig:
     #: layout stream repeated or stalled regions) on every stream, next to the runaway guard; off: the
     #: runaway guard and the layout stall check alone
     loop_detection: bool = True
+    #: the loop detector's n-gram size (scheduler.loops.LoopConfig.n): smaller catches near-repetitions
+    #: of shorter rows, larger ignores more shared phrasing; a changed token inside a repetition is bridged
+    loop_ngram: int = LoopConfig.n
+    #: how many times that n-gram must recur, each within loop_max_period tokens of the previous one
+    loop_count: int = LoopConfig.count
+    #: the stretch of recent tokens that must all repeat earlier text before a stream counts as looping
+    loop_window: int = LoopConfig.window
+    #: the longest period a loop may have (a repeated table row) for the detector to catch it
+    loop_max_period: int = LoopConfig.max_period
     #: re-forks of a content branch stopped as a loop or ended at max_tokens: the same prompt (still in the
     #: prefix cache) again, at the next temperature of retry_temperatures; the region keeps the first attempt
     #: that ends normally, the layout stream and the other branches are untouched. 0: no re-fork (such a
@@ -128,6 +137,17 @@ class SchedulerConfig:
             raise ValueError("retry_token_budget must be >= 0 (or None: no cap)")
         if self.branch_stream_interval < 0:
             raise ValueError("branch_stream_interval must be >= 0")
+        self.loop_config  # the detector's own checks of its settings
+
+    @property
+    def loop_config(self) -> LoopConfig:
+        """The token loop detector's settings (a changed token inside a repetition, n or n + 1
+        positions, is bridged whatever n is)."""
+        try:
+            return LoopConfig(n=self.loop_ngram, count=self.loop_count, window=self.loop_window,
+                              max_period=self.loop_max_period, max_break=self.loop_ngram + 1)
+        except ValueError as e:
+            raise ValueError(f"loop detector: {e}") from None
 
     def attempt_temperature(self, attempt: int) -> float:
         """The sampling temperature of attempt ``attempt`` (0 = the first) of a stream. A negative
@@ -255,7 +275,8 @@ class PageState:
 
     def _new_main_guards(self) -> None:
         self._guard = RunawayGuard(self.cfg.runaway_window, self.cfg.runaway_max_period)
-        self._loops = (StreamLoopGuard(vocab=self.vocab, sequential=(self.mode == "sequential"))
+        self._loops = (StreamLoopGuard(self.cfg.loop_config, vocab=self.vocab,
+                                       sequential=(self.mode == "sequential"))
                        if self.cfg.loop_detection else None)
 
     # ---- status -------------------------------------------------------------------------------
@@ -351,7 +372,7 @@ class PageState:
     def _start_attempt(self, index: int, attempt: int) -> None:
         self.branches[index] = StreamTrace()
         self.attempts[index] = attempt + 1
-        det = LoopDetector() if self.cfg.loop_detection else None
+        det = LoopDetector(self.cfg.loop_config) if self.cfg.loop_detection else None
         self._branch_guards[index] = (RunawayGuard(self.cfg.runaway_window, self.cfg.runaway_max_period), det)
 
     def on_main_finished(self, reason: str | None, prompt_tokens: int | None,
