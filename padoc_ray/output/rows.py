@@ -132,7 +132,8 @@ def error_row(base: dict, code: str, message: str) -> dict:
 
 
 def _at(values, i: int):
-    return values[i] if values is not None and i < len(values) else None
+    """``values[i]``, or None past the end (a record's per-region lists may be shorter than its regions)."""
+    return values[i] if i < len(values) else None
 
 
 def page_row(base: dict, rec, *, render_s: float | None = None) -> dict:
@@ -143,11 +144,8 @@ def page_row(base: dict, rec, *, render_s: float | None = None) -> dict:
         regions.append({
             "order": i, "category": r.category, "bbox": list(r.box.as_tuple()), "content": r.content,
             "content_format": r.content_format,
-            "finish_reason": rec.region_finish_reasons[i] if i < len(rec.region_finish_reasons) else None,
-            "tokens": rec.region_tokens[i] if i < len(rec.region_tokens) else None,
-            "errors": list(r.errors),
-            "attempts": _at(getattr(rec, "region_attempts", None), i),
-            "finish": _at(getattr(rec, "region_finish", None), i),
+            "finish_reason": _at(rec.region_finish_reasons, i), "tokens": _at(rec.region_tokens, i),
+            "errors": list(r.errors), "attempts": _at(rec.region_attempts, i), "finish": _at(rec.region_finish, i),
         })
     ok = rec.status == status.OK
     return {
