@@ -221,6 +221,8 @@ def aliases() -> dict[tuple[str, str], Alias]:
                                              to_field=tuple, from_field=list, note="repeatable"),
         ("ServeConfig", "request_timeout_s"): Alias(flags=("--request-timeout",)),
         ("ServeConfig", "job_lease_s"): Alias(flags=("--job-lease",)),
+        ("ServeConfig", "job_ttl_s"): Alias(flags=("--job-ttl",), metavar="SECONDS"),
+        ("ServeConfig", "body_timeout_s"): Alias(flags=("--body-timeout",), metavar="SECONDS"),
         ("ServeConfig", "replay_gt"): Alias(flags=("--replay",), dest="replay", metavar="GT.json"),
         ("BatchConfig", "replay_gt"): Alias(flags=("--replay",), dest="replay", metavar="GT.json"),
         ("EnginesConfig", "num_actors"): Alias(flags=("--actors",), type=_range_pair, from_field=tuple,

@@ -56,6 +56,25 @@ class ServeConfig:
     #: batch job's schema). Every ingress replica must see it; None: a folder under the Ray temp dir
     job_store: str | None = None
     job_lease_s: float = 15.0  #: a running job whose owner has not written for this long is taken over
+    #: finished jobs (done, failed, cancelled: input, state and page rows) are deleted this long after
+    #: they finished; 0 keeps them until deleted by hand
+    job_ttl_s: float = 86400.0
+    max_jobs: int = 4  #: jobs one ingress replica runs at once; more wait queued, started round-robin by tenant
+    max_jobs_per_tenant: int = 2  #: jobs of one tenant running at once on one ingress replica
+    #: unfinished jobs (queued or running) one tenant may have; past it POST /v1/jobs answers 429
+    max_queued_jobs_per_tenant: int = 100
+    #: seconds a client may take to send its whole request body; past it 408 (a slow client cannot hold
+    #: a request slot for long)
+    body_timeout_s: float = 60.0
+    #: HTTP requests of one tenant an ingress replica handles at once; past it 429 with Retry-After, so
+    #: that no client holds every slot (keep it below ingress_max_ongoing)
+    max_requests_per_tenant: int = 16
+    #: take the tenant from the X-Padoc-Tenant header (a trusted gateway sets it; the bearer token is still
+    #: required when one is set). Off: the tenant is the token (its digest), and without auth everyone is one
+    tenant_header: bool = False
+    #: renderer processes one tenant's documents may hold at once (of render_workers), so one client's
+    #: heavy PDFs cannot take every renderer
+    render_workers_per_tenant: int = 1
     #: sha256 of the bearer token; None: no auth. ``padoc-ray serve`` fills it from PADOC_RAY_API_TOKEN
     token_sha256: str | None = None
     # Serve deployment options (see README "Online endpoint")
@@ -78,11 +97,14 @@ class ServeConfig:
             raise ValueError(f"image_encoding must be one of {', '.join(ENCODINGS)}")
         for name in ("render_workers", "max_upload_bytes", "max_pages", "max_job_pages", "target_ongoing_pages",
                      "engine_max_ongoing", "engine_max_queued", "ingress_replicas", "ingress_max_ongoing",
-                     "ingress_max_queued"):
+                     "ingress_max_queued", "max_jobs", "max_jobs_per_tenant", "max_queued_jobs_per_tenant",
+                     "max_requests_per_tenant", "render_workers_per_tenant"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.request_timeout_s <= 0 or self.job_lease_s <= 0:
-            raise ValueError("request_timeout_s and job_lease_s must be > 0")
+        if self.request_timeout_s <= 0 or self.job_lease_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError("request_timeout_s, job_lease_s and body_timeout_s must be > 0")
+        if self.job_ttl_s < 0:
+            raise ValueError("job_ttl_s must be >= 0 (0: keep finished jobs)")
         lo, hi = self.engine_replicas
         if not 1 <= lo <= hi:
             raise ValueError(f"engine_replicas must satisfy 1 <= min <= max, got {self.engine_replicas}")
