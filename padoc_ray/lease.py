@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import threading
+import uuid
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 
@@ -46,6 +47,7 @@ class Lease:
         self.stale_s, self.mode, self.what = stale_s, mode, what
         self.lost = False  #: (s3) a heartbeat found the lease taken over: this holder is no longer alone
         self.info_uri = join(base, f"{name}.json")
+        self._token = uuid.uuid4().hex  # this Lease object's: two of one holder never take each other's for theirs
         self._flock = None
         self._etag = None
         self._stop = threading.Event()
@@ -122,7 +124,7 @@ class Lease:
 
         if not create and not os.path.exists(join(self.base, self.name)):
             return None
-        os.makedirs(self.base, exist_ok=True)
+        os.makedirs(self.base, 0o777 if self.mode is None else 0o700, exist_ok=True)
         kw = {} if self.mode is None else {"mode": self.mode}
         return FileLock(join(self.base, self.name), thread_local=False, **kw)
 
@@ -154,7 +156,7 @@ class Lease:
     def _info(self) -> dict:
         now = _now()
         return {"run_id": self.holder_id, "host": socket.gethostname(), "pid": os.getpid(), "since": now,
-                "heartbeat": now}
+                "heartbeat": now, "token": self._token}
 
     def _try_s3(self) -> dict | None:
         from botocore.exceptions import ClientError

@@ -233,3 +233,192 @@ def test_one_tenants_many_jobs_do_not_all_run_before_anothers_one(tmp_path):
         await mgr.close()
 
     asyncio.run(main())
+
+
+# ---- cancel, in every state ------------------------------------------------------------------------------
+def test_cancel_ends_cancelled_in_every_state(tmp_path):
+    async def main():
+        root = str(tmp_path / "s")
+        ra, rb = Runner("a", hold=1), Runner("b", hold=1)
+        a = _manager(JobStore(root), ra, "a", max_jobs=1)
+        b = _manager(JobStore(root), rb, "b")
+        running = await _create(a, "t", "running", pages=3)
+        queued = await _create(a, "t", "queued")
+        await _until(lambda: a.store.done_pages(running["id"]) == {0}, "the first job's first page")
+        assert (await a.cancel(queued["id"], "t"))["status"] == status.JOB_CANCELLED  # queued here: at once
+        assert (await a.cancel(running["id"], "t"))["status"] == status.JOB_CANCELLED  # running here: stopped
+        orphan = a.store.create(tenant="t", name="orphan", data=b"%PDF orphan", options={}, pages_total=1)
+        assert (await b.cancel(orphan["id"], "t"))["status"] == status.JOB_CANCELLED  # nobody runs it
+        elsewhere = await _create(a, "t", "elsewhere", pages=3)
+        await _until(lambda: a.store.done_pages(elsewhere["id"]) == {0}, "the job elsewhere runs")
+        assert (await b.cancel(elsewhere["id"], "t"))["status"] == status.JOB_CANCELLING  # a's runner sees it
+        assert await b.cancel(elsewhere["id"], "someone else") is None
+        await _until(_status_is(b, elsewhere["id"], "t", status.JOB_CANCELLED), "stopped by its own runner")
+        await a.start()
+        for _ in range(3):
+            await a.sweep()
+        await a.close()
+        assert ra.started == ["running", "elsewhere"] and rb.started == []  # the queued one never ran
+        for v in (running, queued, orphan, elsewhere):
+            view = await b.view(v["id"], "t")
+            assert view["status"] == status.JOB_CANCELLED, v["name"]
+            refusal = result_refusal(view, doc_error_status)
+            assert (refusal.status, refusal.code, refusal.headers) == (409, "job_cancelled", {})
+            assert (await b.cancel(v["id"], "t"))["status"] == status.JOB_CANCELLED  # final
+        assert a.store.active() == []
+
+    asyncio.run(main())
+
+
+def test_result_refusals_say_what_each_state_means():
+    base = {"error": None}
+    assert result_refusal({**base, "status": status.JOB_DONE}, doc_error_status) is None
+    waiting = result_refusal({**base, "status": status.JOB_QUEUED}, doc_error_status)
+    assert (waiting.status, waiting.code, waiting.headers) == (409, "job_not_finished", {"Retry-After": "2"})
+    failed = result_refusal({"status": status.JOB_FAILED, "error": {"code": status.ENCRYPTED_PDF, "message": "pw"}},
+                            doc_error_status)
+    assert (failed.status, failed.code, failed.message) == (422, status.ENCRYPTED_PDF, "pw")
+
+
+def test_a_document_that_fails_as_a_whole_fails_its_job(tmp_path):
+    async def runner(st, skip):
+        raise BadRequest(status.ENCRYPTED_PDF, "the PDF needs a password", 422)
+        yield  # an async generator
+
+    async def main():
+        mgr = _manager(JobStore(str(tmp_path / "s")), runner)
+        v = await _create(mgr, "t", "locked")
+        await _until(_status_is(mgr, v["id"], "t", status.JOB_FAILED), "failed")
+        assert (await mgr.view(v["id"], "t"))["error"] == {"code": status.ENCRYPTED_PDF,
+                                                           "message": "the PDF needs a password"}
+        await mgr.close()
+
+    asyncio.run(main())
+
+
+# ---- retention and what a sweep costs -----------------------------------------------------------------------
+def test_retention_deletes_expired_finished_jobs_only(tmp_path):
+    store = JobStore(str(tmp_path / "s"))
+    t0 = 1_800_000_000.0
+    jobs = {}
+    for name, at in (("old", t0), ("recent", t0 + 100), ("later", t0 + 5000), ("open", None)):
+        st = store.create(tenant="t", name=name, data=b"%PDF " + name.encode(), options={}, pages_total=1)
+        store.write_page(st["id"], _row(st, 0))
+        if at is not None:
+            store.finish({**st, "status": status.JOB_DONE}, at=at)
+        jobs[name] = st["id"]
+    assert store.expire(1000, now=t0 + 999) == []
+    assert store.expire(1000, now=t0 + 1050) == [jobs["old"]]
+    assert store.expire(1000, now=t0 + 1100) == [jobs["recent"]]
+    assert store.get(jobs["old"]) is None and not (tmp_path / "s" / "jobs" / jobs["old"]).exists()
+    assert store.expire(1000, now=t0 + 10**6) == [jobs["later"]]
+    assert [j for j, _ in store.active()] == [jobs["open"]] and store.done_pages(jobs["open"]) == {0}
+    assert os.listdir(tmp_path / "s" / "finished") == []  # emptied hours go too
+
+
+def test_a_sweep_costs_the_same_with_300_finished_jobs_as_with_none(tmp_path):
+    async def cost(root: str, finished: int):
+        store = JobStore(root)
+        for i in range(finished):
+            st = store.create(tenant="t", name=f"f{i}", data=b"%PDF f", options={}, pages_total=1)
+            store.finish({**st, "status": status.JOB_DONE})
+        live = store.create(tenant="t", name="live", data=b"%PDF live", options={}, pages_total=1)
+        other = store.lease(live["id"], "another replica", 5)
+        assert other.try_acquire() is None  # running elsewhere
+        runner = Runner()
+        mgr = _manager(store, runner, ttl_s=86400)
+        store.ops.clear()
+        await mgr.sweep()  # the first sweep runs retention too
+        await mgr.sweep()
+        other.release()
+        assert runner.started == [] and len(store.active()) == 1
+        return dict(store.ops)
+
+    none, many = asyncio.run(cost(str(tmp_path / "none"), 0)), asyncio.run(cost(str(tmp_path / "many"), 300))
+    assert many == none and none["list"] > 0
+
+
+# ---- the s3 variant (moto) --------------------------------------------------------------------------------
+@pytest.fixture
+def s3_store(s3, monkeypatch):
+    for k, v in s3["env"].items():
+        monkeypatch.setenv(k, v)
+    bucket = f"jobs-{uuid.uuid4().hex[:8]}"
+    s3["client"].create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/store", StorageConfig(endpoint=s3["endpoint"]), s3["client"], bucket
+
+
+def test_an_s3_store_signs_runs_cancels_and_expires_jobs(s3_store):
+    root, cfg, client, bucket = s3_store
+
+    async def main():
+        store = JobStore(root, cfg)
+        assert JobStore(root, cfg)._key == store._key  # one key per store, created once
+        runner = Runner()
+        mgr = _manager(store, runner, ttl_s=3600)
+        await mgr.start()
+        try:
+            v = await _create(mgr, "t", "doc", pages=3)
+            await _until(_status_is(mgr, v["id"], "t", status.JOB_DONE), "done on s3")
+            state, page_rows = await mgr.rows(v["id"], "t")
+            assert [r["page_index"] for r in page_rows] == [0, 1, 2] and state["document_status"] == status.DOC_OK
+            orphan = store.create(tenant="t", name="orphan", data=b"%PDF orphan", options={}, pages_total=1)
+            store.cancel(orphan["id"])  # marked, and nobody alive runs it: the sweeper ends it cancelled
+            await _until(_status_is(mgr, orphan["id"], "t", status.JOB_CANCELLED), "the orphan cancelled")
+            await _until(lambda: store.active() == [], "both off the active index")
+            assert runner.started == ["doc"]
+        finally:
+            await mgr.close()
+        planted = uuid.uuid4().hex
+        client.put_object(Bucket=bucket, Key=f"store/jobs/{planted}/input", Body=b"%PDF planted")
+        client.put_object(Bucket=bucket, Key=f"store/jobs/{planted}/job.json", Body=json.dumps(
+            {"id": planted, "tenant": "t", "name": "planted", "status": status.JOB_QUEUED, "pages_total": 1,
+             "created": 0, "input_sha256": "0" * 64, "sig": "0" * 64}).encode())
+        client.put_object(Bucket=bucket, Key=f"store/active/{tenant_key('t')}-{planted}", Body=b"")
+        mgr = _manager(store, runner)
+        await mgr.sweep()
+        await mgr.close()
+        assert store.get(planted) is None and runner.started == ["doc"]
+        assert sorted(store.expire(3600, now=time.time() + 3601)) == sorted([v["id"], orphan["id"]])
+        keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="store/jobs/").get("Contents", [])]
+        assert keys and all(k.startswith(f"store/jobs/{planted}/") for k in keys)
+
+    asyncio.run(main())
+
+
+def test_an_s3_job_lease_is_exclusive_and_a_dead_holders_is_taken_over(s3_store):
+    root, cfg, _, _ = s3_store
+    store = JobStore(root, cfg)
+    st = store.create(tenant="t", name="x", data=b"%PDF x", options={}, pages_total=1)
+    a, b = store.lease(st["id"], "a", 2), store.lease(st["id"], "b", 2)
+    assert a.try_acquire() is None and a.held
+    assert b.try_acquire()["run_id"] == "a" and b.holder()["run_id"] == "a"
+    time.sleep(3)  # longer than stale_s: a's heartbeat keeps it
+    assert b.try_acquire()["run_id"] == "a"
+    a.abandon()  # a dies
+    deadline = time.monotonic() + 30
+    while b.try_acquire() is not None:
+        assert time.monotonic() < deadline, "the stale lease was never taken over"
+        time.sleep(0.5)
+    assert b.held and store.lease(st["id"], "c", 2).holder()["run_id"] == "b"
+    b.release()
+    assert store.lease(st["id"], "c", 2).holder() is None
+
+
+def test_a_run_whose_s3_lease_was_taken_over_stops_and_writes_nothing_more(s3_store):
+    root, cfg, client, bucket = s3_store
+
+    async def main():
+        runner = Runner("a", hold=1)
+        mgr = _manager(JobStore(root, cfg), runner, lease_s=2, sweep_s=0.05)
+        v = await _create(mgr, "t", "doc", pages=3)
+        await _until(lambda: mgr.store.done_pages(v["id"]) == {0}, "the first page")
+        # another replica took the lease over (this one stalled): the object is no longer this run's
+        client.put_object(Bucket=bucket, Key=f"store/jobs/{v['id']}/lease.json", Body=b'{"run_id": "b"}')
+        await _until(lambda: not mgr._running, "the local run stopped")
+        state = mgr.store.get(v["id"])
+        assert state["status"] == status.JOB_RUNNING and state["owner"] == "a"  # not finished, not cancelled
+        assert mgr.store.lease(v["id"], "c", 2).holder() == {"run_id": "b"}  # the new holder's lease stays
+        await mgr.close()
+
+    asyncio.run(main())

@@ -163,12 +163,11 @@ class JobManager:
     async def sweep(self) -> None:
         """One round: queue the active jobs that nobody holds (and are not queued or running here);
         retention when it is due."""
-        known = set(self._running) | {j for q in self._queued.values() for j in q}
         for job_id, key in await asyncio.to_thread(self.store.active):
-            if job_id in known:
+            if self._known(job_id):
                 continue
             lease = self.store.lease(job_id, self.replica_id, self.lease_s)
-            if await asyncio.to_thread(lease.holder) is None:
+            if await asyncio.to_thread(lease.holder) is None and not self._known(job_id):  # created meanwhile?
                 self._queued[key].append(job_id)
         self._pump()
         if self.retention_s is not None and time.monotonic() - self._last_retention >= self.retention_s:
@@ -176,6 +175,9 @@ class JobManager:
             gone = await asyncio.to_thread(self.store.expire, self.ttl_s)
             if gone:
                 logger.info("deleted %d finished jobs older than %g s", len(gone), self.ttl_s)
+
+    def _known(self, job_id: str) -> bool:
+        return job_id in self._running or any(job_id in q for q in self._queued.values())
 
     async def _sweep_loop(self) -> None:
         while True:
