@@ -190,6 +190,7 @@ def test_a_killed_replicas_job_is_finished_by_another_parsing_only_the_missing_p
         assert [p for _, p in rb.yielded] == [3, 4, 5]
         state, page_rows = await b.rows(v["id"], "t")
         assert [r["page_index"] for r in page_rows] == list(range(6)) and state["document_status"] == status.DOC_OK
+        assert not (tmp_path / "s" / "jobs" / v["id"] / "input").exists()  # a finished job keeps no input
 
     asyncio.run(main())
 

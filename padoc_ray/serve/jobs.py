@@ -5,7 +5,8 @@ Under the store's root:
 * ``store.key``: 32 random bytes, created once; every job's state is signed with it (HMAC-SHA256
   over its id, tenant, created time and input digest), so a job planted by anyone without the key
   is never listed, returned or run;
-* ``jobs/<id>/job.json`` (state), ``input`` (the document's bytes, its sha256 in the state),
+* ``jobs/<id>/job.json`` (state), ``input`` (the document's bytes, its sha256 in the state; deleted
+  when the job finishes),
   ``pages/<page_index>.parquet`` (one page row each, the batch job's schema, written as the page
   finishes), ``cancel`` (present once cancelled), ``lease`` (:mod:`padoc_ray.lease`: held by the
   replica running the job);
@@ -137,9 +138,11 @@ class JobStore:
         return raw
 
     def finish(self, state: dict, at: float | None = None) -> None:
-        """Write the final state, file the job for retention and take it off the active index."""
+        """Write the final state, drop the input (no longer needed), file the job for retention and take
+        it off the active index."""
         at = time.time() if at is None else at
         self.put({**state, "finished": at})
+        self.backend.delete(f"jobs/{state['id']}/input")
         bucket = int(at // BUCKET_S * BUCKET_S)
         self.backend.write(f"finished/{bucket}/{int(at * 1000)}-{state['id']}", b"")
         self.backend.delete(f"active/{tenant_key(state['tenant'])}-{state['id']}")
