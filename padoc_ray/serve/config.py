@@ -20,10 +20,6 @@ from padoc_ray.storage import StorageConfig
 
 TOKEN_ENV = "PADOC_RAY_API_TOKEN"
 
-#: the configuration of this process's ingress replica, for its HTTP middleware (set when it starts)
-ACTIVE: dict[str, "ServeConfig"] = {}
-
-
 def token_digest(token: str | None) -> str | None:
     return hashlib.sha256(token.encode()).hexdigest() if token else None
 
@@ -111,6 +107,13 @@ class ServeConfig:
         for p in self.allowed_s3:
             if not p.startswith("s3://") or len(p.rstrip("/")) <= len("s3://"):
                 raise ValueError(f"allowed_s3 entries are s3://bucket[/prefix], got {p!r}")
+
+    @property
+    def http_request_timeout_s(self) -> float:
+        """Ray Serve's own end-to-end limit (``http_options.request_timeout_s``): past this service's
+        deadlines (body, then request), so that its own 408/504 answers come first, yet no request,
+        however it stalls, holds a slot longer."""
+        return self.body_timeout_s + self.request_timeout_s + 30.0
 
     @property
     def served_model_id(self) -> str:

@@ -111,6 +111,10 @@ class JobManager:
             self._stop(job_id, CLOSE)
         await asyncio.gather(*runs, return_exceptions=True)
 
+    def counts(self) -> dict[str, int]:
+        """Jobs of this replica now: queued here, and running here (for the jobs gauge)."""
+        return {status.JOB_QUEUED: sum(len(q) for q in self._queued.values()), status.JOB_RUNNING: len(self._running)}
+
     # ---- the routes' calls ---------------------------------------------------------------------------
     async def create(self, *, tenant: str, name: str, data: bytes, options: dict, pages_total: int) -> dict:
         key = tenant_key(tenant)
