@@ -312,20 +312,21 @@ def test_the_guard_s_config_comes_from_the_service_s():
         GuardConfig(body_timeout_s=0)
 
 
-def asgi_call(scope: dict) -> list[dict]:
-    """What the guard alone sends for ``scope`` (its app must not be reached)."""
+async def never_called(scope, receive, send):
+    raise AssertionError("the app is never called")
+
+
+def asgi_call(scope: dict, app=never_called, config: GuardConfig | None = None) -> list[dict]:
+    """What the guard sends for ``scope`` in front of ``app``; the body is 1000-byte chunks, without end."""
     sent = []
 
-    async def app(scope, receive, send):
-        raise AssertionError("the app is never called")
-
     async def receive():
-        return {"type": "http.request", "body": b"", "more_body": False}
+        return {"type": "http.request", "body": b"x" * 1000, "more_body": True}
 
     async def send(msg):
         sent.append(msg)
 
-    asyncio.run(Guard(app, GuardConfig())({"path": "/v1/parse", "headers": [], **scope}, receive, send))
+    asyncio.run(Guard(app, config or GuardConfig())({"path": "/v1/parse", "headers": [], **scope}, receive, send))
     return sent
 
 
@@ -336,3 +337,12 @@ def test_websockets_and_bad_lengths_are_refused():
     for lengths in ([b"x1"], [b"\xb2"], [b"1", b"2"]):
         sent = asgi_call({"type": "http", "method": "POST", "headers": [(b"content-length", v) for v in lengths]})
         assert sent[0]["status"] == 400 and json.loads(sent[1]["body"])["error"]["code"] == errors.BAD_REQUEST
+
+
+def test_an_app_without_starlette_s_exception_handling_still_gets_the_refusal_answered():
+    async def raw_app(scope, receive, send):
+        while True:
+            await receive()
+
+    sent = asgi_call({"type": "http", "method": "POST"}, raw_app, GuardConfig(max_body_bytes=CAP))
+    assert sent[0]["status"] == 413 and json.loads(sent[1]["body"])["error"]["code"] == "file_too_large"

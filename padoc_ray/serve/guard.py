@@ -187,7 +187,7 @@ class Guard:
 
         try:
             await self.app(scope, body, tracked)
-        except Refused as e:  # the app let the refusal through (without errors.install, or outside a route)
+        except Refused as e:  # an inner app without Starlette's exception middleware let it through
             if not started:  # else the response is cut short: the server closes the connection
                 await e.response()(scope, receive, send)
         finally:
