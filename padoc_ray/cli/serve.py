@@ -76,14 +76,14 @@ PROG = "padoc-ray serve"
 
 def config_from_args(args: argparse.Namespace):
     from padoc_ray.host import HostConfig
-    from padoc_ray.serve.config import TOKEN_ENV, ServeConfig, token_digest
+    from padoc_ray.serve.config import TOKEN_ENV, ServeConfig, token_fields
     from padoc_ray.storage import StorageConfig
 
     d = ServeConfig(model="-")
     host = from_args(HostConfig, args, base=d.host, scheduler=scheduler_from_args(args))
     return from_args(ServeConfig, args, model=args.model, host=host,
                      storage=from_args(StorageConfig, args, base=d.storage),
-                     token_sha256=token_digest(os.environ.get(TOKEN_ENV)))
+                     **token_fields(os.environ.get(TOKEN_ENV)))
 
 
 def _wait_ready(url: str, timeout_s: float, stop: threading.Event) -> bool:
