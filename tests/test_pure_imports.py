@@ -32,6 +32,8 @@ PURE_MODULES = [
     "padoc_ray.engine.faults",
     "padoc_ray.eval.pageiou", "padoc_ray.eval.agreement", "padoc_ray.eval.consensus", "padoc_ray.eval.importers",
     "padoc_ray.trainer.tree", "padoc_ray.trainer.config", "padoc_ray.groundtruth", "padoc_ray.status",
+    # the online service's HTTP edge (its runner, jobs and uploads run without Ray too, over pyarrow)
+    "padoc_ray.serve.guard", "padoc_ray.serve.errors", "padoc_ray.serve.fair", "padoc_ray.serve.schemas",
 ]
 #: pure at import; may look for torch when asked (engine.config: is there a GPU?)
 IMPORT_ONLY = {"padoc_ray.engine.config"}

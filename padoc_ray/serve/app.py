@@ -35,7 +35,7 @@ from padoc_ray.serve.config import ServeConfig
 from padoc_ray.serve.documents import BadRequest, RenderPool, parse_page_spec
 from padoc_ray.serve.engine import EngineReplica, RayEngine
 from padoc_ray.serve.fair import FairGate
-from padoc_ray.serve.guard import Guard, GuardConfig
+from padoc_ray.serve.guard import Guard, GuardConfig, authenticated
 from padoc_ray.serve.job_manager import JobManager, TooManyJobs, result_refusal
 from padoc_ray.serve.jobs import JobStore
 from padoc_ray.serve.openai import chat as chat_completion
@@ -60,7 +60,8 @@ def default_job_store(instance: str) -> str:
 def make_ingress(cfg: ServeConfig):
     """The ingress class of one application, with its own FastAPI app (guard configured from ``cfg``)."""
     api = FastAPI(title="padoc-ray", version="1", description=API_DESCRIPTION, docs_url=None, redoc_url=None)
-    api.add_middleware(Guard, config=GuardConfig.from_serve(cfg))
+    guard = GuardConfig.from_serve(cfg)
+    api.add_middleware(Guard, config=guard)  # before @serve.ingress, which keeps a copy of api as it is then
     errors.install(api)
 
     @serve.ingress(api)
@@ -130,7 +131,7 @@ def make_ingress(cfg: ServeConfig):
                 return JSONResponse({"status": "not_ready", "reason": type(e).__name__}, status_code=503,
                                     headers={"Retry-After": "5"})
             # other clients' activity is nobody's business but the operator's (or everyone's, without auth)
-            return {**ready, "engine": stats} if Guard.authenticated(request, self.cfg) else ready
+            return {**ready, "engine": stats} if authenticated(request.scope, guard) else ready
 
         @api.get("/docs", include_in_schema=False)
         async def swagger(self, request: Request):

@@ -144,6 +144,26 @@ class _Body:
         return msg
 
 
+def token_tenant(scope: Scope, cfg: GuardConfig) -> str | None:
+    """The tenant of the request's bearer token (its digest's first 16 hex digits); None when it
+    carries none of the configured tokens. Every token is compared (in constant time), so the time
+    says nothing of which one matched."""
+    auth = _headers(scope, b"authorization")
+    scheme, _, token = (auth[0] if len(auth) == 1 else "").partition(" ")
+    given = hashlib.sha256(token.strip().encode()).hexdigest() if scheme.lower() == "bearer" else ""
+    tenant = None
+    for digest in cfg.tokens_sha256:
+        if hmac.compare_digest(given, digest):
+            tenant = digest[:16]
+    return tenant
+
+
+def authenticated(scope: Scope, cfg: GuardConfig) -> bool:
+    """Whether an open route's caller may see more (the engine's counts on /readyz): it carries a
+    valid token, or the service has none."""
+    return not cfg.tokens_sha256 or token_tenant(scope, cfg) is not None
+
+
 class Guard:
     """Pure ASGI middleware: auth, tenant, request slot and body limits (see the module docstring)."""
 
@@ -199,12 +219,7 @@ class Guard:
         """The request's tenant, after its token is checked (:class:`Refused` 401 / 400)."""
         cfg, tenant = self.config, ""
         if cfg.tokens_sha256:
-            auth = _headers(scope, b"authorization")
-            scheme, _, token = (auth[0] if len(auth) == 1 else "").partition(" ")
-            given = hashlib.sha256(token.strip().encode()).hexdigest() if scheme.lower() == "bearer" else ""
-            for digest in cfg.tokens_sha256:  # every one compared: the time says nothing of which matched
-                if hmac.compare_digest(given, digest):
-                    tenant = digest[:16]
+            tenant = token_tenant(scope, cfg) or ""
             if not tenant:
                 raise Refused(401, errors.UNAUTHORIZED, "a valid bearer token is required",
                               {"WWW-Authenticate": "Bearer", **_CLOSE})
