@@ -179,7 +179,10 @@ class Client:
         r = self.send("job_create", "POST", "/v1/jobs", files={"file": (name, data, "application/pdf")})
         if r is None or r.status_code != 202:
             return
-        trace = JobTrace(r.json()["id"], tuple(range(n)))
+        view = r.json()
+        trace = JobTrace(view["id"], tuple(range(n)))
+        if view.get("pages_total") != n:
+            self.sh.note(f"job_pages_total_{view.get('pages_total')}_not_{n}")
         self.sh.jobs.append(trace)
         if self.rng.random() < CANCEL_SHARE:
             self.stop.wait(self.rng.uniform(0, 0.5))
