@@ -55,10 +55,12 @@ def test_slope_of_a_shrinking_process_is_negative_and_of_too_few_samples_none():
     assert rss_slope_mb_per_h([(0, 1.0), (10, 2.0)], after_s=5) is None
 
 
-def test_warm_up_is_a_fifth_and_at_least_a_minute_unless_the_run_is_shorter():
+def test_warm_up_is_a_fifth_at_least_a_minute_at_most_half():
     assert warmup_seconds(30 * 60) == pytest.approx(6 * 60)
     assert warmup_seconds(3 * 60) == pytest.approx(60)
-    assert warmup_seconds(30) == pytest.approx(6)
+    assert warmup_seconds(61) == pytest.approx(30.5)
+    assert warmup_seconds(30) == pytest.approx(15)
+    assert warmup_seconds(30 * 60, fraction=0.5) == pytest.approx(15 * 60)
     with pytest.raises(ValueError, match="warm-up fraction"):
         warmup_seconds(60, fraction=1.0)
 
@@ -146,6 +148,28 @@ def test_process_labels():
     assert process_label(["python", "-m", "padoc_ray.raster.worker"], "ServeReplica:padoc:Ingress") == \
         "ServeReplica:padoc:Ingress/children"
     assert process_label(["python", "-m", "x"], "ServeController") is None
+
+
+# ---- inputs ----
+def test_inputs_and_the_replay_truth_of_the_generated_pdfs(tmp_path):
+    """Every generated page is a copy of an example page, and the replay truth gives it that page's truth."""
+    from padoc_ray.bench.soak_traffic import soak_inputs, write_replay_truth
+
+    examples = os.path.join(ROOT, "examples")
+    inputs = soak_inputs(examples)
+    assert {"memo.pdf", "paper.pdf", "report.pdf", "soak-mix.pdf", "soak-long.pdf"} <= set(inputs.good)
+    assert inputs.good["soak-long.pdf"][1] == 12 and len(inputs.origins["soak-long.pdf"]) == 12
+    assert set(inputs.bad) == {"corrupt.pdf", "truncated.pdf", "notes.txt", "empty.pdf", "encrypted.pdf"}
+    assert all(url.startswith("data:image/png;base64,") for url in inputs.images.values())
+    gt_path = os.path.join(examples, "ground_truth.json")
+    with open(write_replay_truth(gt_path, inputs, str(tmp_path / "gt.json"))) as f:
+        truth = json.load(f)
+    by_page = {(g["page_info"]["source_pdf"], g["page_info"]["page_no"]): g for g in truth}
+    with open(gt_path) as f:
+        assert len(truth) == len(json.load(f)) + 12 + inputs.good["soak-mix.pdf"][1]
+    for name, origins in inputs.origins.items():
+        for i, src in enumerate(origins):
+            assert by_page[(name, i)]["layout_dets"] == by_page[src]["layout_dets"]
 
 
 # ---- one short run ----

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -36,7 +37,8 @@ class SoakConfig:
     #: teacher-forcing truth (uploads named like the examples are forced with it); None: the examples'
     #: ground truth with the vllm engine, none with noop
     replay: str | None = None
-    warmup_fraction: float = 0.2  #: share of the run left out of the RSS slopes (at least a minute)
+    #: share of the run left out of the RSS slopes (at least a minute, at most half the run)
+    warmup_fraction: float = 0.2
     sample_interval_s: float = 10.0  #: how often RSS is sampled
     drain_s: float = 120.0  #: after the traffic, how long unfinished jobs may take to finish
     request_timeout_s: float = 300.0  #: client-side timeout of one request
@@ -53,12 +55,23 @@ class SoakConfig:
             raise ValueError("sample_interval_s and request_timeout_s must be > 0, drain_s >= 0")
 
 
-def serve_flags(cfg: SoakConfig, examples_dir: str) -> list[str]:
-    """The ``padoc-ray serve`` flags of the run (besides --model, --port and --job-store)."""
-    flags = ["--engine", cfg.engine]
+def replay_source(cfg: SoakConfig, examples_dir: str) -> str | None:
+    """The teacher-forcing truth the run starts from (None: none)."""
     replay = cfg.replay or (os.path.join(examples_dir, "ground_truth.json") if cfg.engine == "vllm" else None)
+    if replay and not os.path.isfile(replay):
+        raise ValueError(f"--replay: {replay} does not exist")
+    return replay
+
+
+def serve_flags(cfg: SoakConfig, examples_dir: str, inputs, tmp: str) -> list[str]:
+    """The ``padoc-ray serve`` flags of the run (besides --model, --port and --job-store). With a
+    replay truth, the generated PDFs' pages are added to it (a copy in ``tmp``)."""
+    from padoc_ray.bench.soak_traffic import write_replay_truth
+
+    flags = ["--engine", cfg.engine]
+    replay = replay_source(cfg, examples_dir)
     if replay:
-        flags += ["--replay", replay]
+        flags += ["--replay", write_replay_truth(replay, inputs, os.path.join(tmp, "replay.json"))]
     return flags
 
 
@@ -72,37 +85,37 @@ def run(cfg: SoakConfig, root: str, log: Callable[[str], None] = print) -> dict:
         raise ValueError(f"{model} is not a PaDoc checkpoint (no padoc_protocol.json)")
     examples = os.path.join(root, "examples")
     inputs = soak_inputs(examples)
-    flags = serve_flags(cfg, examples)
-    srv = ServeProcess(model, flags)
-    sampler = None
-    stopped: dict = {}
-    try:
-        log(f"starting padoc-ray serve {' '.join(flags)} on port {srv.port}")
-        t_ready = time.monotonic()
-        srv.start()
-        log(f"ready in {time.monotonic() - t_ready:.0f} s; {cfg.clients} clients for {cfg.minutes:g} min")
-        shared = Shared(url=srv.url, token=srv.token, inputs=inputs, timeout_s=cfg.request_timeout_s)
-        stop = threading.Event()
-        clients = [Client(shared, random.Random(cfg.seed * 1000 + i), stop) for i in range(cfg.clients)]
-        threads = [threading.Thread(target=c.loop, name=f"soak-client-{i}", daemon=True)
-                   for i, c in enumerate(clients)]
-        sampler = RssSampler(srv.proc.pid, cfg.sample_interval_s).start()
-        t0 = time.monotonic()
-        for t in threads:
-            t.start()
-        _wait(stop, t0 + cfg.minutes * 60, log, shared)
-        for t in threads:
-            t.join(cfg.request_timeout_s + 30)
-        duration = time.monotonic() - t0
-        series = sampler.stop()
-        left = drain_jobs(shared, cfg.drain_s)
-        log(f"traffic done: {len(shared.responses)} requests in {duration:.0f} s; "
-            f"{left} jobs still unfinished after the drain")
-    finally:
-        stopped = srv.stop(list(sampler.seen.values()) if sampler else ())
-        srv.close()
+    with tempfile.TemporaryDirectory(prefix="padoc-soak-truth-") as tmp:
+        flags = serve_flags(cfg, examples, inputs, tmp)
+        srv = ServeProcess(model, flags)
+        sampler = None
+        try:
+            log(f"starting padoc-ray serve {' '.join(flags)} on port {srv.port}")
+            t_ready = time.monotonic()
+            srv.start()
+            log(f"ready in {time.monotonic() - t_ready:.0f} s; {cfg.clients} clients for {cfg.minutes:g} min")
+            shared = Shared(url=srv.url, token=srv.token, inputs=inputs, timeout_s=cfg.request_timeout_s)
+            stop = threading.Event()
+            clients = [Client(shared, random.Random(cfg.seed * 1000 + i), stop) for i in range(cfg.clients)]
+            threads = [threading.Thread(target=c.loop, name=f"soak-client-{i}", daemon=True)
+                       for i, c in enumerate(clients)]
+            sampler = RssSampler(srv.proc.pid, cfg.sample_interval_s).start()
+            t0 = time.monotonic()
+            for t in threads:
+                t.start()
+            _wait(stop, t0 + cfg.minutes * 60, log, shared)
+            for t in threads:
+                t.join(cfg.request_timeout_s + 30)
+            duration = time.monotonic() - t0
+            series = sampler.stop()
+            left = drain_jobs(shared, cfg.drain_s)
+            log(f"traffic done: {len(shared.responses)} requests in {duration:.0f} s; "
+                f"{left} jobs still unfinished after the drain")
+        finally:
+            stopped = srv.stop(list(sampler.seen.values()) if sampler else ())
+            srv.close()
     warm = warmup_seconds(duration, cfg.warmup_fraction)
-    server = {"flags": flags, "model": model, **stopped}
+    server = {"flags": flags, "model": model, "replay_from": replay_source(cfg, examples), **stopped}
     return build_report(shared.responses, shared.jobs, series, duration_s=duration, warmup_s=warm, server=server,
                         anomalies=shared.anomalies,
                         config={**asdict(cfg), "mix": MIX, "inputs": sorted(inputs.good) + sorted(inputs.bad),

@@ -49,13 +49,11 @@ class Response:
 
 
 def warmup_seconds(duration_s: float, fraction: float = 0.2, min_s: float = 60.0) -> float:
-    """The part of a run left out of the RSS slopes: ``fraction`` of it, at least ``min_s``, unless
-    that would leave nothing (a run of ``min_s`` or shorter: just ``fraction``)."""
+    """The part of a run left out of the RSS slopes: ``fraction`` of it, at least ``min_s``, but
+    never more than half of it (a run under ``2 * min_s`` keeps its second half)."""
     if not 0 <= fraction < 1:
         raise ValueError(f"warm-up fraction must be in [0, 1), got {fraction}")
-    if duration_s <= min_s:
-        return fraction * duration_s
-    return max(fraction * duration_s, min_s)
+    return max(fraction * duration_s, min(min_s, duration_s / 2))
 
 
 def rss_slope_mb_per_h(samples: Sequence[tuple[float, float]], after_s: float = 0.0) -> float | None:

@@ -35,6 +35,8 @@ class Inputs:
     good: dict[str, tuple[bytes, int]]  #: upload name -> (PDF bytes, pages)
     bad: dict[str, bytes]  #: upload name -> bytes the service must refuse with 4xx
     images: dict[str, str]  #: name -> a page image as a base64 PNG data URL
+    #: a generated PDF's name -> the (example name, page index) each of its pages is a copy of
+    origins: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
 
 
 def soak_inputs(examples_dir: str) -> Inputs:
@@ -54,17 +56,20 @@ def soak_inputs(examples_dir: str) -> Inputs:
         raise ValueError(f"no PDFs in {examples_dir}")
     sources = [pikepdf.open(io.BytesIO(d)) for d, _ in good.values()]
     pages = [p for pdf in sources for p in pdf.pages]
+    where = [(name, i) for name, (_, n) in good.items() for i in range(n)]
+    origins: dict[str, list[tuple[str, int]]] = {}
 
-    def made(n: int) -> bytes:
+    def made(name: str, n: int) -> None:
         out = pikepdf.new()
         for i in range(n):
             out.pages.append(pages[i % len(pages)])
         buf = io.BytesIO()
         out.save(buf)
-        return buf.getvalue()
+        good[name] = (buf.getvalue(), n)
+        origins[name] = [where[i % len(where)] for i in range(n)]
 
-    good["soak-mix.pdf"] = (made(len(pages)), len(pages))
-    good["soak-long.pdf"] = (made(12), 12)
+    made("soak-mix.pdf", len(pages))
+    made("soak-long.pdf", 12)
     enc = io.BytesIO()
     sources[0].save(enc, encryption=pikepdf.Encryption(user="soak-secret", owner="soak-owner"))
     first = next(iter(good.values()))[0]
@@ -76,7 +81,27 @@ def soak_inputs(examples_dir: str) -> Inputs:
         buf = io.BytesIO()
         img.save(buf, format="PNG")
         images[name] = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-    return Inputs(good, bad, images)
+    return Inputs(good, bad, images, origins)
+
+
+def write_replay_truth(gt_path: str, inputs: Inputs, out_path: str) -> str:
+    """``gt_path``'s OmniDocBench ground truth plus entries for the generated PDFs' pages (copies of
+    their examples' pages), so that every upload is teacher-forced; returns ``out_path``."""
+    import copy
+    import json
+
+    with open(gt_path, encoding="utf-8") as f:
+        gt = json.load(f)
+    by_page = {(g["page_info"]["source_pdf"], g["page_info"]["page_no"]): g for g in gt}
+    for name, pages in inputs.origins.items():
+        for i, key in enumerate(pages):
+            if key in by_page:
+                g = copy.deepcopy(by_page[key])
+                g["page_info"].update(source_pdf=name, page_no=i, image_path=f"{name[:-4]}_page{i}.png")
+                gt.append(g)
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(gt, f)
+    return out_path
 
 
 @dataclass
@@ -151,7 +176,7 @@ class Client:
         name, data, _ = self._doc()
         r = self.send("parse", "POST", "/v1/parse", files={"file": (name, data, "application/pdf")})
         if r is not None and r.status_code == 200 and r.json().get("status") not in (status.DOC_OK, status.DOC_PARTIAL):
-            self.sh.note(f"parse_status_{r.json().get('status')}")
+            self.sh.note(f"parse_status_{r.json().get('status')}: {name}")
 
     def stream(self) -> None:
         name, data, _ = self._doc()
