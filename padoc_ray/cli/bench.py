@@ -212,6 +212,21 @@ def cmd_bench_serve(args) -> int:
     return 0
 
 
+def cmd_bench_soak(args) -> int:
+    from padoc_ray.bench.soak import SoakConfig, run
+    from padoc_ray.cli.common import ROOT
+
+    try:
+        cfg = from_args(SoakConfig, args)
+        report = run(cfg, ROOT, log=lambda m: print(m, file=sys.stderr, flush=True))
+    except (ValueError, RuntimeError) as e:
+        die(str(e))
+    _write_json(args.json, report)
+    keys = ("requests", "http_5xx", "http_503_retry_after", "jobs_lost", "job_pages_duplicated")
+    print(json.dumps({**{k: report[k] for k in keys}, "rss_slope_mb_per_h": report["rss_slope_mb_per_h"]}, indent=2))
+    return 1 if report["http_5xx"] or report["jobs_lost"] or report["job_pages_duplicated"] else 0
+
+
 def cmd_bench_replay(args) -> int:
     """`bench replay`: the serving benchmark with its old defaults (C=1,4,16, every page) and its old
     output (summary.json, pages.jsonl, the table on stdout), plus report.json/report.md."""
@@ -403,6 +418,20 @@ def register(sub) -> None:
     bd.add_argument("--workers", type=int, default=2, help="processes building the synthetic output (default 2)")
     _add_json(bd)
     bd.set_defaults(func=cmd_bench_driver)
+    from padoc_ray.bench.soak import SoakConfig
+
+    bso = add_command(bsub, "soak", help="a long mixed-traffic run of the online endpoint: RSS slopes, 5xx, lost jobs",
+                      description="Start `padoc-ray serve` (its own local Ray, a bearer token), run --clients "
+                                  "closed-loop clients for --minutes with a mix of sync parses, NDJSON streams, jobs "
+                                  "(some cancelled), chat completions, bad inputs (must get 4xx) and client "
+                                  "disconnects, drain the jobs, stop the server with SIGTERM, and write the figures: "
+                                  "RSS slope (MB/h, after the warm-up) of every Serve process, 5xx (503 with "
+                                  "Retry-After apart), lost jobs, duplicated job pages, latency per kind. Exits 1 "
+                                  "when there were 5xx, lost jobs or duplicated pages.")
+    add_fields(bso, SoakConfig, ("minutes", "clients", "engine", "model", "replay", "warmup_fraction",
+                                 "sample_interval_s", "drain_s", "seed"))
+    bso.add_argument("--json", required=True, metavar="OUT.json", help="write the report here")
+    bso.set_defaults(func=cmd_bench_soak)
     bh = add_command(bsub, "http", help="the Serve endpoint's overhead: HTTP clients vs the engine host directly",
                          description="Send the same one-page requests (teacher-forced) to a PageHost directly and to "
                                      "the Serve endpoint (padoc-ray serve's application on a local Ray) over HTTP, in "
