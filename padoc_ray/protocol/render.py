@@ -36,6 +36,13 @@ def region_markdown(r: Region, index: int) -> str | None:
     return text
 
 
+def region_block(r: Region, index: int, *, include_furniture: bool = False) -> str | None:
+    """Region ``index``'s block in the page's Markdown, or None when it has none there (furniture, empty)."""
+    if r.category in FURNITURE and not include_furniture:
+        return None
+    return region_markdown(r, index)
+
+
 def to_markdown(page: Page, *, include_furniture: bool = False) -> str:
     return markdown_spans(page, include_furniture=include_furniture)[0]
 
@@ -50,9 +57,7 @@ def markdown_spans(page: Page, *, include_furniture: bool = False) -> tuple[str,
     spans: list[tuple[int, int, int]] = []
     at = 0
     for i, r in enumerate(page.regions):
-        if r.category in FURNITURE and not include_furniture:
-            continue
-        md = region_markdown(r, i)
+        md = region_block(r, i, include_furniture=include_furniture)
         if md is None:
             continue
         if blocks:
