@@ -63,7 +63,8 @@ def run(pages: int, scratch: str, repeats: int = 5) -> dict:
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
     mid = out.documents.column("source_uri")[out.documents.num_rows // 2].as_py()
-    views = {"table": "/", "table_filtered": "/?status=" + status.DOC_PARTIAL, "table_search": "/?q=" + os.path.basename(mid),
+    views = {"table": "/", "table_filtered": "/?status=" + status.DOC_PARTIAL,
+             "table_search": "/?q=" + os.path.basename(mid),
              "page_view": "/doc?" + urllib.parse.urlencode({"uri": mid, "page": 3})}
     result = {"pages": pages, "documents": out.documents.num_rows, "open_s": round(open_s, 2), "views": {}}
     t1 = time.perf_counter()
