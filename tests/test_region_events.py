@@ -13,6 +13,7 @@ from padoc_ray import status
 from padoc_ray.groundtruth import load_truth
 from padoc_ray.host import HostConfig, PageHost, PageRequest
 from padoc_ray.inputs import load_pages
+from padoc_ray.output import rows
 from padoc_ray.protocol import to_markdown
 from padoc_ray.protocol.render import SEPARATOR
 from padoc_ray.scheduler import PageRecord
@@ -45,6 +46,12 @@ def check_protocol(events: list[dict], rec: PageRecord, page_index: int) -> None
         assert box["bbox"] == pytest.approx(list(r.box.as_tuple()), abs=1e-5)
     text = [blocks[o] for o in range(n) if blocks[o] is not None]
     assert SEPARATOR.join(text) + ("\n" if text else "") == to_markdown(rec.page)
+    # the page row's span map points at the very blocks the events carried
+    base = rows.base_row(run_id="r", uri="x.pdf", doc_id="d", page_index=page_index, page_count=1, mode=rec.mode,
+                         model_id="m")
+    row = rows.page_row(base, rec)
+    assert [s["order"] for s in row["spans"]] == [o for o in range(n) if blocks[o] is not None]
+    assert all(row["markdown"][s["start"]:s["end"]] == blocks[s["order"]] for s in row["spans"])
 
 
 @pytest.mark.parametrize("mode", ["fork", "sequential"])
