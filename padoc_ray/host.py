@@ -26,7 +26,10 @@ Ray-free: imports neither ray nor vllm at module level (vLLM is imported when th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import heapq
+import itertools
 import logging
 import os
 import time
@@ -105,6 +108,9 @@ class PageRequest:
     tenant: str = ""  #: namespaces page ids and cache salts between clients ("" for the batch job)
     #: extra cache namespace (e.g. a request id): requests with different salts share no prefix blocks
     salt: str | None = None
+    #: lower runs first: in the host's queue of pages waiting for a turn and, under vLLM's priority
+    #: scheduling policy, in the engine (Serve: 0 for interactive pages, 1 for job pages)
+    priority: int = 0
 
 
 def page_identity(doc_id: str, page_index: int, tenant: str = "", salt: str | None = None) -> tuple[str, str]:
@@ -168,7 +174,7 @@ class PageHost:
             from padoc_ray.tokenizer import ModelProtocol
 
             self.model_protocol = ModelProtocol(self.model_dir)
-        self.sem = asyncio.Semaphore(self.cfg.pages_in_flight)
+        self.sem = PrioritySlots(self.cfg.pages_in_flight)
         self.admission = branch_admission(self.cfg.max_live_branches)
         if self.engine is None:
             if self.cfg.engine == "noop":
@@ -273,10 +279,10 @@ class PageHost:
             logger.exception("page %s: could not be prepared", page_id)
             return error_record(page_id, mode, INTERNAL_ERROR, f"{type(e).__name__}: {e}", page.width or 0,
                                 page.height or 0, page.page_index)
-        async with self.sem:
+        async with self.sem.slot(page.priority):
             self._in_flight(+1)
             self.pages_admitted += 1
-            inp = replace(inp, seq=self.pages_admitted)
+            inp = replace(inp, seq=self.pages_admitted, priority=page.priority)
             try:
                 rec = await run_page(self.engine, self.model_protocol, inp, mode=mode, cfg=self.cfg.scheduler,
                                      admission=self.admission, on_event=on_event)
@@ -340,30 +346,69 @@ def event_json(ev: RegionEvent, page_index: int) -> dict:
     return out
 
 
+class PrioritySlots:
+    """``n`` slots; waiters get them lowest ``priority`` first, then in arrival order. A waiter
+    cancelled while it waits leaves the queue; a slot granted to it at that moment is handed on."""
+
+    def __init__(self, n: int):
+        self.free = n
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._arrivals = itertools.count()
+
+    @contextlib.asynccontextmanager
+    async def slot(self, priority: int = 0):
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+        else:
+            fut = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._waiters, (priority, next(self._arrivals), fut))
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._release()
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self.free += 1
+        while self.free > 0 and self._waiters:
+            _, _, fut = heapq.heappop(self._waiters)
+            if not fut.done():  # a cancelled waiter's future is done: skip it
+                self.free -= 1
+                fut.set_result(None)
+
+
+def row_request(row: dict, image: bytes | memoryview, *, tenant: str = "", salt: str | None = None,
+                priority: int = 0) -> PageRequest:
+    """The :class:`PageRequest` of a rendered page row and its encoded ``image``."""
+    return PageRequest(doc_id=row["doc_id"], page_index=row["page_index"], image_bytes=image,
+                       width=row["image_width"], height=row["image_height"], source_name=row["source_uri"],
+                       mode=row["mode"], tenant=tenant, salt=salt, priority=priority)
+
+
 async def parse_row(host: PageHost, row: dict, image: bytes | memoryview, *, tenant: str = "",
-                    salt: str | None = None) -> dict:
+                    salt: str | None = None, priority: int = 0) -> dict:
     """Run the page of a rendered page row (the batch job's schema, see
     :func:`padoc_ray.raster.document.document_rows`) with its encoded ``image``; returns its
     finished row. The one path row -> :class:`PageRequest` -> row of the batch job's engine actors and
     the Serve engine replica. Raises what :meth:`PageHost.parse` raises (an engine death)."""
     from padoc_ray.output import rows
 
-    rec = await host.parse(PageRequest(
-        doc_id=row["doc_id"], page_index=row["page_index"], image_bytes=image, width=row["image_width"],
-        height=row["image_height"], source_name=row["source_uri"], mode=row["mode"], tenant=tenant, salt=salt))
+    rec = await host.parse(row_request(row, image, tenant=tenant, salt=salt, priority=priority))
     return rows.page_row(row, rec, render_s=row.get("render_s"))
 
 
 async def stream_row(host: PageHost, row: dict, image: bytes | memoryview, *, tenant: str = "",
-                     salt: str | None = None) -> AsyncIterator[dict]:
+                     salt: str | None = None, priority: int = 0) -> AsyncIterator[dict]:
     """:func:`parse_row` with the page's region events: yields each event dict of
     :meth:`PageHost.events` as it happens, then ``{"event": "row", "row": <the finished row>}``."""
     from padoc_ray.output import rows
 
-    req = PageRequest(doc_id=row["doc_id"], page_index=row["page_index"], image_bytes=image,
-                      width=row["image_width"], height=row["image_height"], source_name=row["source_uri"],
-                      mode=row["mode"], tenant=tenant, salt=salt)
-    async for item in host.events(req):
+    async for item in host.events(row_request(row, image, tenant=tenant, salt=salt, priority=priority)):
         if isinstance(item, PageRecord):
             yield {"event": "row", "row": rows.page_row(row, item, render_s=row.get("render_s"))}
         else:

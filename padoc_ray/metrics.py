@@ -53,7 +53,8 @@ class MetricSpec:
 PAGES = MetricSpec(
     "padoc_pages", "counter",
     "Pages finished, by final status (the status written in the page row). stage=render: the page failed "
-    "rendering and never reached an engine; stage=engine: an engine host ran it (any status).",
+    "rendering and never reached an engine; stage=engine: an engine host ran it (any status); stage=serve: the "
+    "online service answered it without an engine finishing it (engine_unavailable, request_timeout).",
     ("status", "stage"))
 DOCUMENT_ERRORS = MetricSpec(
     "padoc_document_errors", "counter",
@@ -92,9 +93,19 @@ RENDER_SECONDS = MetricSpec(
     "padoc_render_seconds", "histogram", "Per rendered page: seconds the renderer took (render_s).",
     boundaries=LATENCY_BUCKETS)
 
+HTTP_REQUESTS = MetricSpec(
+    "padoc_http_requests", "counter", "Online service: requests answered, by route and HTTP status code.",
+    ("route", "code"))
+PAGES_WAITING = MetricSpec(
+    "padoc_pages_waiting", "gauge", "Online service: pages waiting for engine capacity in one ingress replica, by "
+    "class (interactive: /v1/parse and chat; job).", ("host", "class"))
+JOBS = MetricSpec(
+    "padoc_jobs", "gauge", "Online service: jobs of one ingress replica now, by state (queued, running).",
+    ("host", "state"))
+
 METRICS: tuple[MetricSpec, ...] = (PAGES, DOCUMENT_ERRORS, BRANCHES, FORK_LATENCY, TTFT, PAGE_SECONDS,
                                    OUTPUT_TOKENS, PROMPT_TOKENS, CACHED_TOKENS, IN_FLIGHT, RENDER_SECONDS,
-                                   BRANCH_RETRIES)
+                                   BRANCH_RETRIES, HTTP_REQUESTS, PAGES_WAITING, JOBS)
 
 
 def exported_names() -> dict[str, MetricSpec]:
@@ -126,6 +137,18 @@ class Recorder:
 
     def document_error(self, status: str) -> None:
         """A document that got one error row (``page_index`` -1) in the render stage."""
+
+    def page_unrun(self, status: str) -> None:
+        """A page the online service answered without an engine finishing it."""
+
+    def http_request(self, route: str, code: int) -> None:
+        """One answered request of the online service."""
+
+    def pages_waiting(self, klass: str, n: int) -> None:
+        """Pages of ``klass`` waiting for engine capacity in this ingress replica now."""
+
+    def jobs(self, state: str, n: int) -> None:
+        """Jobs of this ingress replica in ``state`` now."""
 
 
 class RayRecorder(Recorder):
@@ -187,6 +210,18 @@ class RayRecorder(Recorder):
 
     def document_error(self, status: str) -> None:
         self._inc(DOCUMENT_ERRORS, 1, {"status": status})
+
+    def page_unrun(self, status: str) -> None:
+        self._inc(PAGES, 1, {"status": status, "stage": "serve"})
+
+    def http_request(self, route: str, code: int) -> None:
+        self._inc(HTTP_REQUESTS, 1, {"route": route, "code": str(code)})
+
+    def pages_waiting(self, klass: str, n: int) -> None:
+        self._do(self._m[PAGES_WAITING.name].set, float(n), {"host": self._host, "class": klass})
+
+    def jobs(self, state: str, n: int) -> None:
+        self._do(self._m[JOBS.name].set, float(n), {"host": self._host, "state": state})
 
 
 NOOP = Recorder()

@@ -30,28 +30,30 @@ _filter_lock = threading.Lock()
 _filter_installed = False
 
 
-def init_ray(address: str | None = None, *, verbose: bool = False, filter_noise: bool = True, **kwargs) -> None:
+def init_ray(address: str | None = None, *, verbose: bool = False, filter_noise: bool = True, **kwargs) -> dict | None:
     """``ray.init`` for a command: ``address`` is a cluster address or ``"local"`` (a fresh local
     cluster); None: RAY_ADDRESS when set, else a fresh local cluster (never whatever `ray start`
-    last recorded on the machine). Extra keyword arguments go to ``ray.init``."""
+    last recorded on the machine). Extra keyword arguments go to ``ray.init``. Returns the new
+    cluster's address info (ports, e.g. ``metrics_export_port``); None when Ray was initialized already."""
     import ray
 
     address = address or os.environ.get("RAY_ADDRESS") or "local"
 
     if ray.is_initialized():
-        return
+        return None
     # Ray turns token auth on when RAY_AUTH_MODE is unset and warns that it did, on every start
     auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
     level = auth_log.level
     if "RAY_AUTH_MODE" not in os.environ:
         auth_log.setLevel(logging.ERROR)
     try:
-        ray.init(address=address, log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.WARNING,
-                 **kwargs)
+        ctx = ray.init(address=address, log_to_driver=verbose,
+                       logging_level=logging.INFO if verbose else logging.WARNING, **kwargs)
     finally:
         auth_log.setLevel(level)
     if filter_noise:
         filter_stderr(KNOWN_NOISE)
+    return dict(getattr(ctx, "address_info", None) or {})
 
 
 def filter_stderr(patterns) -> None:

@@ -127,3 +127,28 @@ def test_engine_fault_spec(monkeypatch, tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait(timeout=10)
+
+
+def test_a_salt_is_a_cache_namespace(cpu_engine, model_protocol, loop_thread, tiny_model_dir):
+    """What makes Serve's per-request salt mean anything: the same page parsed twice reuses its
+    image and prompt prefix when both requests carry one salt, and reuses nothing when they carry
+    two (the second then counts exactly the cached tokens of the first, which are the page's own
+    branch-over-layout reuse)."""
+    truth = load_truth(os.path.join(ROOT, "examples", "ground_truth.json"))
+    (page,) = [it.page for it in load_pages([os.path.join(ROOT, "examples", "memo.pdf")])]
+    host = PageHost(tiny_model_dir, HostConfig(), truth=truth, engine=cpu_engine, model_protocol=model_protocol)
+
+    async def go():
+        await host.start()
+        out = {}
+        for salts in (("one", "one"), ("first", "second")):
+            recs = [await host.parse(PageRequest(**{**page.__dict__, "salt": f"cache-test-{s}", "tenant": "t"}))
+                    for s in salts]
+            assert [r.status for r in recs] == ["ok", "ok"]
+            out[salts] = [r.cached_tokens for r in recs]
+        return out
+
+    got = loop_thread.run(go(), timeout=600)
+    shared, apart = got[("one", "one")], got[("first", "second")]
+    assert shared[1] > shared[0], got  # one salt: the second request hit the first one's blocks
+    assert apart[1] == apart[0] == shared[0], got  # two salts: nothing shared

@@ -337,8 +337,7 @@ def test_the_lock_on_an_s3_output_heartbeats_and_a_dead_runs_lock_is_taken_over(
     time.sleep(3)  # longer than stale_s: run-a's heartbeat keeps its lock fresh
     with pytest.raises(OutputInUse):
         OutputLock(out, cfg, "run-b", stale_s=2).acquire()
-    a._stop.set()  # run-a dies: no heartbeat, no release
-    a._beat.join()
+    a.lease.abandon()  # run-a dies: no heartbeat, no release
     b = OutputLock(out, cfg, "run-b", stale_s=2, wait_s=30, poll_s=0.5)
     t = time.monotonic()
     b.acquire()  # waits until the lock is stale, then takes it over

@@ -29,6 +29,8 @@ from .conftest import BIN, ROOT, _env, _free_port
 pytestmark = pytest.mark.engine
 
 EXAMPLES = os.path.join(ROOT, "examples")
+#: what an error message must never show: an absolute path of this machine, a Python traceback, a bucket
+LEAKS = re.compile(r"(?<![\w:/])/(?:tmp|home|root|usr|var|work|proc|etc|opt|srv|mnt)/|Traceback|File \"|padoc-in")
 GT = os.path.join(EXAMPLES, "ground_truth.json")
 TOKEN = "test-token-123"
 LONG_PAGES = 40
@@ -61,8 +63,9 @@ class Service:
         env = _env(PADOC_RAY_API_TOKEN=token, **(env or {})) if token else _env(**(env or {}))
         if not token:
             env.pop("PADOC_RAY_API_TOKEN", None)
+        self.job_store = os.path.join(tmp, f"jobs-{self.port}")
         cmd = [os.path.join(BIN, "padoc-ray"), "serve", "--model", model, "--port", str(self.port), "--replay", gt,
-               "--job-store", os.path.join(tmp, f"jobs-{self.port}"), *extra]
+               "--job-store", self.job_store, *extra]
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, env=env, start_new_session=True)
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
@@ -114,7 +117,9 @@ class Service:
                                  timeout=http_timeout)
 
     def engine_stats(self) -> dict:
-        r = requests.get(f"{self.url}/readyz", timeout=60)
+        """The engine replica's counts (``pages_done`` counts pages the engine finished, not result files);
+        /readyz shows them to an authenticated caller only."""
+        r = requests.get(f"{self.url}/readyz", headers=self.headers, timeout=60)
         assert r.status_code == 200, r.text
         return r.json()["engine"]
 
@@ -137,10 +142,13 @@ def services(tmp_path_factory, tiny_model_dir, long_doc, s3):
     """Both services start at once (their engines load side by side)."""
     tmp = str(tmp_path_factory.mktemp("serve"))
     _, gt = long_doc
+    metrics_port = _free_port()
     svc = Service(tmp, tiny_model_dir, gt, TOKEN, "--max-upload-mb", "2", "--max-pages", "20", "--job-lease", "3",
+                  "--metrics-port", str(metrics_port),
                   "--allow-s3", "s3://padoc-in/allowed/", "--s3-endpoint", s3["endpoint"], env=s3["env"])
     tight = Service(tmp, tiny_model_dir, gt, None, "--engine-max-ongoing", "1", "--engine-max-queued", "1",
                     "--pages-in-flight", "1", "--max-pages", "5")
+    svc.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     try:
         svc.wait_ready()
         tight.wait_ready()
@@ -281,7 +289,7 @@ def test_every_error_has_its_status_and_code(svc, tmp_path):
 
     def err(resp, status, code):
         assert resp.status_code == status and resp.json()["error"]["code"] == code, resp.text
-        assert "/work" not in resp.text and str(tmp_path) not in resp.text  # no local paths
+        assert not LEAKS.search(resp.text), resp.text  # no local path, traceback or bucket
 
     # bad files: the batch job's document codes, 422
     from .pdf_factory import text_pdf, zero_page_pdf
@@ -315,9 +323,13 @@ def test_every_error_has_its_status_and_code(svc, tmp_path):
                       timeout=60), 403, "disallowed_uri")
     err(requests.post(f"{svc.url}/v1/parse", json={"content_base64": "%%%"}, headers=svc.headers, timeout=60),
         400, "bad_request")
-    # the per-request deadline: 504, and the engine work of the request stops
+    # the per-request deadline: 504, and the engine work of the request stops: of its 20 pages, the
+    # engine finishes only those done by the deadline (not all 20, as it would if nothing were cancelled)
+    before = svc.wait_engine_idle()["pages_done"]
     err(svc.parse(long_pdf, pages="1-20", timeout="1"), 504, "request_timeout")
-    assert svc.wait_engine_idle()["unfinished_requests"] == 0
+    idle = svc.wait_engine_idle()
+    assert idle["unfinished_requests"] == 0 and idle["pages_running"] == 0
+    assert idle["pages_done"] - before < 20, (before, idle)
     # jobs
     err(requests.get(f"{svc.url}/v1/jobs/{'0' * 32}", headers=svc.headers, timeout=30), 404, "job_not_found")
     err(requests.get(f"{svc.url}/v1/jobs/..%2F..%2Fetc", headers=svc.headers, timeout=30), 404, "not_found")
@@ -468,6 +480,16 @@ def _ingress_pids(svc) -> list[int]:
     return [int(line.split()[0]) for line in svc.session_processes() if "ServeReplica:padoc:Ingress" in line]
 
 
+def _stored_rows(svc, job_id) -> list[dict]:
+    """The job's page rows as the store holds them (Parquet, the batch job's schema, with ``run_id``:
+    the job and the replica run that parsed the page)."""
+    import pyarrow.parquet as pq
+
+    folder = os.path.join(svc.job_store, "jobs", job_id, "pages")
+    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    return [r for n in names if n.endswith(".parquet") for r in pq.read_table(os.path.join(folder, n)).to_pylist()]
+
+
 def test_an_async_job_survives_its_ingress_replica_being_killed(svc, long_doc):
     path, _ = long_doc
     job = _job(svc, path)
@@ -475,6 +497,8 @@ def test_an_async_job_survives_its_ingress_replica_being_killed(svc, long_doc):
     _wait_job(svc, job["id"], lambda s: s["pages_done"] >= 2)
     (pid,) = _ingress_pids(svc)
     os.kill(pid, signal.SIGKILL)
+    at_kill = _stored_rows(svc, job["id"])
+    assert 2 <= len(at_kill) < LONG_PAGES, "the job must still be running when its replica dies"
     done = _wait_job(svc, job["id"], lambda s: s.get("status") in ("done", "failed", "cancelled"), timeout=600)
     assert done["status"] == "done" and done["pages_done"] == LONG_PAGES, done
     assert _ingress_pids(svc) and _ingress_pids(svc) != [pid]  # Serve replaced the replica
@@ -484,6 +508,12 @@ def test_an_async_job_survives_its_ingress_replica_being_killed(svc, long_doc):
     assert [p["page_index"] for p in res["pages"]] == list(range(LONG_PAGES))  # each page exactly once
     report = _pages(svc.parse(os.path.join(EXAMPLES, "report.pdf")))
     assert all(p["markdown"] == report[p["page_index"] % 2]["markdown"] for p in res["pages"])
+    # the new replica parsed only the pages missing when the first died: the first run's rows are intact
+    stored = {r["page_index"]: r["run_id"] for r in _stored_rows(svc, job["id"])}
+    first = {r["page_index"]: r["run_id"] for r in at_kill}
+    assert all(stored[i] == run for i, run in first.items())
+    runs = set(stored.values())
+    assert len(runs) == 2 and all(run.startswith(job["id"][:12]) for run in runs), runs
 
 
 def test_deleting_a_job_stops_its_engine_work(svc, long_doc):
@@ -491,15 +521,17 @@ def test_deleting_a_job_stops_its_engine_work(svc, long_doc):
     job = _job(svc, path)
     _wait_job(svc, job["id"], lambda s: s["pages_done"] >= 1)
     r = requests.delete(f"{svc.url}/v1/jobs/{job['id']}", headers=svc.headers, timeout=30)
+    at_cancel = svc.engine_stats()["pages_done"]
     assert r.status_code == 200 and r.json()["status"] in ("cancelling", "cancelled"), r.text
     st = _wait_job(svc, job["id"], lambda s: s["status"] == "cancelled", timeout=60)
     idle = svc.wait_engine_idle(timeout=30)
     assert idle["unfinished_requests"] == 0 and idle["pages_running"] == 0
-    time.sleep(1.5)
+    # the engine finished (almost) nothing after the cancel: without it, the job's other pages would run
+    assert idle["pages_done"] - at_cancel <= 2 < LONG_PAGES - st["pages_done"], (at_cancel, idle, st)
     later = requests.get(f"{svc.url}/v1/jobs/{job['id']}", headers=svc.headers, timeout=30).json()
-    assert later["pages_done"] == st["pages_done"] < LONG_PAGES  # nothing ran after the cancel
+    assert later["pages_done"] == st["pages_done"] < LONG_PAGES and later["status"] == "cancelled"
     r = requests.get(f"{svc.url}/v1/jobs/{job['id']}/result", headers=svc.headers, timeout=30)
-    assert r.status_code == 409
+    assert r.status_code == 409 and r.json()["error"]["code"] == "job_cancelled" and "retry-after" not in r.headers
     # another tenant (no token) cannot see it at all
     assert requests.get(f"{svc.url}/v1/jobs/{job['id']}", timeout=30).status_code == 401
 
@@ -534,6 +566,40 @@ def test_fuzzing_the_openapi_schema_finds_no_5xx(svc, tmp_path):
             code == "504" and '"request_timeout"' in body for code, body in errors), text[-5000:]
 
 
+# ---- metrics --------------------------------------------------------------------------------------------------
+def _scrape(url: str) -> dict[tuple[str, frozenset], float]:
+    out = {}
+    for line in requests.get(url, timeout=30).text.splitlines():
+        m = re.match(r'^(ray_padoc_\w+)\{([^}]*)\} ([0-9.e+-]+)$', line)
+        if m:
+            tags = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+            out[(m.group(1), tags)] = out.get((m.group(1), tags), 0.0) + float(m.group(3))
+    return out
+
+
+def _sum(scraped, name, **want) -> float:
+    return sum(v for (n, tags), v in scraped.items() if n == name and all((k, w) in tags for k, w in want.items()))
+
+
+def test_serves_metrics_count_each_page_once(svc):
+    """Scraped from the service's Prometheus endpoint (`--metrics-port`): every page the engine
+    finished counted once (the engine host counts it; the ingress does not count it again), and the
+    HTTP requests by route and code."""
+    svc.parse(os.path.join(EXAMPLES, "paper.pdf"))
+    done = svc.wait_engine_idle()["pages_done"]
+    end = time.monotonic() + 90  # workers push every 10 s
+    while True:
+        scraped = _scrape(svc.metrics_url)
+        engine = _sum(scraped, "ray_padoc_pages_total", stage="engine")
+        if engine >= done or time.monotonic() > end:
+            break
+        time.sleep(2)
+    assert engine == done, (engine, done)
+    assert _sum(scraped, "ray_padoc_http_requests_total", route="parse", code="200") >= 1
+    assert _sum(scraped, "ray_padoc_http_requests_total", route="parse", code="422") >= 1  # the error test's
+    assert {dict(tags).get("class") for n, tags in scraped if n == "ray_padoc_pages_waiting"} >= {"interactive", "job"}
+
+
 # ---- shutdown ---------------------------------------------------------------------------------------------
 def test_sigterm_stops_the_service_and_leaves_no_process(tight):
     assert any("ServeReplica:padoc:Engine" in p for p in tight.session_processes())
@@ -545,19 +611,27 @@ def test_sigterm_stops_the_service_and_leaves_no_process(tight):
 
 
 # ---- the Serve config file in the repo ----------------------------------------------------------------------
-def test_the_repos_serve_config_runs_with_serve_run(tiny_model_dir, tmp_path):
+def test_the_repos_serve_config_runs_with_serve_run_under_a_route_prefix(tiny_model_dir, tmp_path):
+    """cluster/serve.yaml as `serve run` deploys it, moved under ``route_prefix: /padoc``: the guard
+    holds there too (Serve keeps the prefix in the path), /docs works from the service's own assets,
+    and Serve's own request timeout is the one the config implies."""
     import yaml
+
+    from padoc_ray.serve.config import ServeConfig
 
     with open(os.path.join(ROOT, "cluster", "serve.yaml")) as f:
         cfg = yaml.safe_load(f)
+    args = cfg["applications"][0]["args"]
+    assert cfg["http_options"]["request_timeout_s"] == ServeConfig.from_args(args).http_request_timeout_s
     port = _free_port()
     cfg["http_options"]["port"] = port
-    args = cfg["applications"][0]["args"]
-    args.update(model=tiny_model_dir, replay_gt=GT, job_store=str(tmp_path / "jobs"))
+    cfg["applications"][0]["route_prefix"] = "/padoc"
+    args.update(model=tiny_model_dir, replay_gt=GT, job_store=str(tmp_path / "jobs"), max_upload_bytes=1 << 20)
     args["host"]["engine"] = "noop"  # the application, not the engine, is under test here (and it starts fast)
     path = tmp_path / "serve.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{port}/padoc"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
     with open(tmp_path / "run.log", "w") as log:
         proc = subprocess.Popen([os.path.join(BIN, "serve"), "run", "-a", "local", str(path)], cwd=ROOT,
                                 env=_env(PADOC_RAY_API_TOKEN=TOKEN), stdout=log, stderr=subprocess.STDOUT,
@@ -575,13 +649,35 @@ def test_the_repos_serve_config_runs_with_serve_run(tiny_model_dir, tmp_path):
         else:
             raise AssertionError((tmp_path / "run.log").read_text()[-3000:])
         memo = os.path.join(EXAMPLES, "memo.pdf")
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            assert requests.get(f"{url}/v1/models", headers=headers, timeout=30).status_code == 401
+            with open(memo, "rb") as f:
+                assert requests.post(f"{url}/v1/parse", files={"file": f}, headers=headers, timeout=60).status_code == 401
+        # a 6 MB JSON body, over the 1 MiB cap (+1 MiB envelope): refused on its Content-Length, unread
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.putrequest("POST", "/padoc/v1/parse")
+        for k, v in {**auth, "Content-Type": "application/json", "Content-Length": str(6 << 20)}.items():
+            conn.putheader(k, v)
+        conn.endheaders()
+        conn.send(b"{" + b" " * (64 << 10))
+        big = conn.getresponse()
+        assert big.status == 413 and json.loads(big.read())["error"]["code"] == "file_too_large"
+        conn.close()
         with open(memo, "rb") as f:
-            assert requests.post(f"{url}/v1/parse", files={"file": f}, timeout=60).status_code == 401
-        with open(memo, "rb") as f:
-            r = requests.post(f"{url}/v1/parse", files={"file": ("memo.pdf", f)}, timeout=120,
-                              headers={"Authorization": f"Bearer {TOKEN}"})
+            r = requests.post(f"{url}/v1/parse", files={"file": ("memo.pdf", f)}, timeout=120, headers=auth)
         assert r.status_code == 200 and [p["page_index"] for p in r.json()["pages"]] == [0], r.text[:500]
         assert r.json()["pages"][0]["regions"] == []  # the no-op engine: an empty layout
+        job = requests.post(f"{url}/v1/jobs", files={"file": ("memo.pdf", open(memo, "rb"))}, timeout=60, headers=auth)
+        assert job.status_code == 202 and job.headers["location"] == f"/padoc/v1/jobs/{job.json()['id']}"
+        ready = requests.get(f"{url}/readyz", timeout=30).json()
+        assert ready["status"] == "ready" and "engine" not in ready  # no one else's counts without the token
+        assert "pages_done" in requests.get(f"{url}/readyz", headers=auth, timeout=30).json()["engine"]
+        docs = requests.get(f"{url}/docs", timeout=30)
+        assert docs.status_code == 200
+        urls = re.findall(r"""(?:src|href|url)\s*[:=]\s*['"]([^'"]+)['"]""", docs.text)
+        assert urls and all(u.startswith("/padoc/") for u in urls), urls  # nothing from a CDN
+        for u in urls:
+            assert requests.get(f"http://127.0.0.1:{port}{u}", timeout=30).status_code == 200, u
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -175,8 +175,8 @@ def test_legacy_document_statuses_are_read_as_today():
 def test_a_job_stored_with_the_old_vocabulary_reads_as_today(tmp_path):
     from padoc_ray.serve.jobs import JobStore
 
-    store = JobStore(str(tmp_path))
-    job_id = "0" * 32
+    store = JobStore(str(tmp_path / "jobs"))
+    st = store.create(tenant="t", name="x.pdf", data=b"%PDF", options={}, pages_total=1)
     for old, new in status.LEGACY_DOCUMENT_STATUSES.items():
-        store.put({"id": job_id, "status": status.JOB_DONE, "document_status": old})
-        assert store.get(job_id)["document_status"] == new
+        store.put({**st, "status": status.JOB_DONE, "document_status": old})  # signed as jobs always were
+        assert store.get(st["id"])["document_status"] == new

@@ -141,8 +141,8 @@ def local_service(model: str, gt: str | None, host_cfg, ready_timeout_s: float =
     import ray
 
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
         cfg = ServeConfig(model=model, replay_gt=gt, host=host_cfg, token_sha256=token_digest(token), **serve_kw)
+        serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": cfg.http_request_timeout_s})
         serve.run(build_app(cfg), name="padoc", route_prefix="/", blocking=False)
         end = time.monotonic() + ready_timeout_s
         while True:

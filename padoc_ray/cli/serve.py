@@ -62,6 +62,9 @@ def register(sub) -> None:
     add_fields(s, HostConfig, ("pages_in_flight",), base=d.host, number=positive)
     add_fields(s, ServeConfig, ("engine_max_ongoing", "engine_max_queued", "render_workers", "engine_gpus"),
                base=d, number=positive, numbers=("engine_max_ongoing", "engine_max_queued", "render_workers"))
+    s.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve this local Ray's Prometheus metrics (padoc's and Ray Serve's, cluster/METRICS.md) "
+                        "at http://127.0.0.1:PORT/metrics (default: a free port, printed when ready)")
     s.add_argument("--ready-timeout", type=positive(float), default=900.0,
                    help="seconds to wait for /readyz before giving up (default 900)")
     s.set_defaults(func=run)
@@ -73,14 +76,14 @@ PROG = "padoc-ray serve"
 
 def config_from_args(args: argparse.Namespace):
     from padoc_ray.host import HostConfig
-    from padoc_ray.serve.config import TOKEN_ENV, ServeConfig, token_digest
+    from padoc_ray.serve.config import TOKEN_ENV, ServeConfig, token_fields
     from padoc_ray.storage import StorageConfig
 
     d = ServeConfig(model="-")
     host = from_args(HostConfig, args, base=d.host, scheduler=scheduler_from_args(args))
     return from_args(ServeConfig, args, model=args.model, host=host,
                      storage=from_args(StorageConfig, args, base=d.storage),
-                     token_sha256=token_digest(os.environ.get(TOKEN_ENV)))
+                     **token_fields(os.environ.get(TOKEN_ENV)))
 
 
 def _wait_ready(url: str, timeout_s: float, stop: threading.Event) -> bool:
@@ -121,7 +124,10 @@ def run(args: argparse.Namespace) -> int:
     from padoc_ray.ray_init import init_ray
     from padoc_ray.serve.app import build_app
 
-    init_ray("local", verbose=args.verbose, include_dashboard=False)
+    if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
+        die(f"--metrics-port: {args.metrics_port} is not a port", prog=PROG)
+    extra = {"_metrics_export_port": args.metrics_port} if args.metrics_port else {}
+    info = init_ray("local", verbose=args.verbose, include_dashboard=False, **extra)
     import ray
 
     # after ray.init, whose core worker installs its own SIGTERM handler (it would end us uncleanly)
@@ -131,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     rc = 0
     try:
         try:
-            serve.start(http_options={"host": args.host, "port": args.port})
+            serve.start(http_options={"host": args.host, "port": args.port,
+                                      "request_timeout_s": cfg.http_request_timeout_s})
         except Exception as e:  # noqa: BLE001 - a taken port, most often
             die(f"cannot listen on {args.host}:{args.port}: {e}", prog=PROG)
         serve.run(build_app(cfg), name="padoc", route_prefix="/", blocking=False)
@@ -143,8 +150,10 @@ def run(args: argparse.Namespace) -> int:
                          prog=PROG, exit=False)
         else:
             auth = "bearer token required" if cfg.token_sha256 else "no auth (set PADOC_RAY_API_TOKEN to require one)"
-            print(f"padoc-ray serve: ready at {url} (model {cfg.served_model_id}; {auth}; API docs at {url}/docs)",
-                  flush=True)
+            port = (info or {}).get("metrics_export_port") or args.metrics_port
+            where = f"; metrics at http://127.0.0.1:{port}/metrics" if port else ""
+            print(f"padoc-ray serve: ready at {url} (model {cfg.served_model_id}; {auth}; API docs at {url}/docs"
+                  f"{where})", flush=True)
             stop.wait()
             print("padoc-ray serve: stopping", file=sys.stderr, flush=True)
     finally:

@@ -44,6 +44,9 @@ class PageInput:
     forced_branches: Sequence[Sequence[int]] | None = None
     #: the page's place in its host's admission order (SchedulerConfig.page_priority: lower runs first)
     seq: int = 0
+    #: the page's class (Serve: 0 interactive, 1 job): every request of a lower class runs first under
+    #: the priority scheduling policy, whatever the order within a class
+    priority: int = 0
     #: loop injection (benchmarks, tests; see replay.inject_loops): branch k's FIRST attempt is forced to
     #: this trace instead (a phrase repeated to the token limit); its later attempts (re-forks) to
     #: ``forced_branches[k]``
@@ -136,7 +139,7 @@ class _Page:
         """Lower runs first: the page's admission order (page_priority), then its layout stream ahead of
         its branches (layout_priority)."""
         base = 2 * self.inp.seq if self.cfg.page_priority else 0
-        return base + (1 if branch and self.cfg.layout_priority else 0)
+        return (self.inp.priority << 40) + base + (1 if branch and self.cfg.layout_priority else 0)
 
     def _request(self, rid: str, prompt: Sequence[int], forced, priority: int, stream: bool = True, *,
                  stream_interval: int | None = None, attempt: int = 0, stream_no: int = -1) -> GenRequest:

@@ -20,12 +20,15 @@ from padoc_ray.storage import StorageConfig
 
 TOKEN_ENV = "PADOC_RAY_API_TOKEN"
 
-#: the configuration of this process's ingress replica, for its HTTP middleware (set when it starts)
-ACTIVE: dict[str, "ServeConfig"] = {}
-
-
 def token_digest(token: str | None) -> str | None:
     return hashlib.sha256(token.encode()).hexdigest() if token else None
+
+
+def token_fields(tokens: str | None) -> dict[str, Any]:
+    """``token_sha256`` and ``extra_token_sha256`` from the value of PADOC_RAY_API_TOKEN: one token, or
+    several separated by commas (each its own tenant; blanks and repeats dropped). Unset or blank: no auth."""
+    digests = list(dict.fromkeys(token_digest(t.strip()) for t in (tokens or "").split(",") if t.strip()))
+    return {"token_sha256": digests[0] if digests else None, "extra_token_sha256": tuple(digests[1:])}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +80,9 @@ class ServeConfig:
     render_workers_per_tenant: int = 1
     #: sha256 of the bearer token; None: no auth. ``padoc-ray serve`` fills it from PADOC_RAY_API_TOKEN
     token_sha256: str | None = None
+    #: sha256 of more accepted bearer tokens, each its own tenant (PADOC_RAY_API_TOKEN holds them all,
+    #: comma-separated; the first is token_sha256)
+    extra_token_sha256: tuple[str, ...] = ()
     # Serve deployment options (see README "Online endpoint")
     engine_replicas: tuple[int, int] = (1, 1)  #: (min, max) engine replicas, autoscaled between
     #: autoscaling target: pages in flight per engine replica (a page is one engine call)
@@ -105,12 +111,21 @@ class ServeConfig:
             raise ValueError("request_timeout_s, job_lease_s and body_timeout_s must be > 0")
         if self.job_ttl_s < 0:
             raise ValueError("job_ttl_s must be >= 0 (0: keep finished jobs)")
+        if self.extra_token_sha256 and not self.token_sha256:
+            raise ValueError("extra_token_sha256 needs token_sha256 (the first token)")
         lo, hi = self.engine_replicas
         if not 1 <= lo <= hi:
             raise ValueError(f"engine_replicas must satisfy 1 <= min <= max, got {self.engine_replicas}")
         for p in self.allowed_s3:
             if not p.startswith("s3://") or len(p.rstrip("/")) <= len("s3://"):
                 raise ValueError(f"allowed_s3 entries are s3://bucket[/prefix], got {p!r}")
+
+    @property
+    def http_request_timeout_s(self) -> float:
+        """Ray Serve's own end-to-end limit (``http_options.request_timeout_s``): past this service's
+        deadlines (body, then request), so that its own 408/504 answers come first, yet no request,
+        however it stalls, holds a slot longer."""
+        return self.body_timeout_s + self.request_timeout_s + 30.0
 
     @property
     def served_model_id(self) -> str:
@@ -138,8 +153,8 @@ class ServeConfig:
             kw["limits"] = InputLimits(**args.pop("limits"))
         env = args.pop("api_token_env", TOKEN_ENV)
         if "token_sha256" not in args:
-            kw["token_sha256"] = token_digest(os.environ.get(env))
-        for k in ("allowed_s3", "engine_replicas"):
+            kw.update(token_fields(os.environ.get(env)))
+        for k in ("allowed_s3", "engine_replicas", "extra_token_sha256"):
             if k in args:
                 args[k] = tuple(args[k])
         names = {f.name for f in dataclasses.fields(cls)}

@@ -1,0 +1,34 @@
+"""``/docs``: Swagger UI over the service's OpenAPI schema, its assets served by the service itself
+(from the ``swagger-ui-bundle`` package), so the page works on an air-gapped cluster."""
+
+from __future__ import annotations
+
+import os
+
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, JSONResponse
+
+#: the Swagger UI files a page needs (nothing else of the bundle's folder is served)
+ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "favicon-32x32.png": "image/png"}
+
+
+def _folder() -> str:
+    import swagger_ui_bundle
+
+    return swagger_ui_bundle.swagger_ui_path
+
+
+def page(request, title: str):
+    """The Swagger UI page; every URL in it is relative to the route prefix the service runs under."""
+    root = request.scope.get("root_path", "").rstrip("/")
+    return get_swagger_ui_html(openapi_url=f"{root}/openapi.json", title=f"{title} - API",
+                               swagger_js_url=f"{root}/docs/assets/swagger-ui-bundle.js",
+                               swagger_css_url=f"{root}/docs/assets/swagger-ui.css",
+                               swagger_favicon_url=f"{root}/docs/assets/favicon-32x32.png")
+
+
+def asset(name: str):
+    if name not in ASSETS:
+        return JSONResponse({"error": {"code": "not_found", "message": "no such asset"}}, status_code=404)
+    return FileResponse(os.path.join(_folder(), name), media_type=ASSETS[name],
+                        headers={"Cache-Control": "public, max-age=86400"})

@@ -1,0 +1,78 @@
+"""The engine side of the online service: the Serve deployment that hosts one engine, and the
+adapter through which the document runner calls it.
+
+* :class:`EngineReplica` hosts one :class:`~padoc_ray.host.PageHost` and only runs pages: a page
+  row in, the finished row out. Its engine runs under vLLM's priority scheduling policy, so
+  interactive pages (priority 0) run ahead of job pages (priority 1).
+* :class:`RayEngine` is the :class:`~padoc_ray.serve.runner.EngineClient` over the replica's
+  deployment handle: Serve's backpressure becomes :class:`~padoc_ray.serve.runner.EngineBusy`, and
+  leaving (a client gone, a deadline, a cancelled job) cancels the page's engine work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from padoc_ray.serve.config import ServeConfig
+from padoc_ray.serve.runner import EngineBusy
+
+
+class EngineReplica:
+    """One PageHost: pages in, rows out. Builds its engine in the replica's event loop."""
+
+    async def __init__(self, cfg: ServeConfig):
+        from padoc_ray.host import PageHost
+
+        host = dataclasses.replace(cfg.host, engine_overrides={"scheduling_policy": "priority",
+                                                               **cfg.host.engine_overrides})
+        self.host = await PageHost.from_config(cfg.model, host, cfg.storage, cfg.replay_gt)
+
+    async def parse_page(self, row: dict, image: bytes, tenant: str, salt: str, priority: int = 0) -> dict:
+        from padoc_ray.host import parse_row
+
+        return await parse_row(self.host, row, image, tenant=tenant, salt=salt, priority=priority)
+
+    async def ready(self) -> dict:
+        await self.host.probe(timeout_s=30)
+        return self.host.stats()
+
+    async def stats(self) -> dict:
+        return self.host.stats()
+
+    async def check_health(self) -> None:
+        if self.host.dead is not None:
+            raise RuntimeError(f"engine died: {self.host.dead}")
+
+    def __del__(self):
+        host = getattr(self, "host", None)
+        if host is not None:
+            host.shutdown()
+
+
+class RayEngine:
+    """:class:`~padoc_ray.serve.runner.EngineClient` over an :class:`EngineReplica` deployment handle."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    async def parse_page(self, row: dict, image: bytes, *, tenant: str, salt: str, priority: int) -> dict:
+        from ray.serve.exceptions import BackPressureError, RequestCancelledError
+
+        resp = self.handle.parse_page.remote(row, image, tenant, salt, priority)
+        try:
+            return await resp
+        except BackPressureError:
+            raise EngineBusy() from None
+        except (asyncio.CancelledError, RequestCancelledError):
+            resp.cancel()  # our own cancellation does not reach the replica by itself
+            raise asyncio.CancelledError from None
+
+    async def ready(self) -> dict:
+        """The replica's stats once its engine answers a probe (raises EngineBusy when loaded)."""
+        from ray.serve.exceptions import BackPressureError
+
+        try:
+            return await self.handle.ready.remote()
+        except BackPressureError:
+            raise EngineBusy() from None

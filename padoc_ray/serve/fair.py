@@ -1,0 +1,116 @@
+"""Fair shares of a fixed capacity: engine slots for pages, run slots for jobs. Pure asyncio.
+
+:class:`FairGate` hands out ``capacity`` slots. Waiters queue by class (a lower class goes first:
+interactive pages before job pages) and, within a class, by tenant: a freed slot goes to the next
+tenant in round-robin order, so a tenant with 2,000 pages waiting and one with a single page take
+turns instead of the single page waiting behind the 2,000. ``per_tenant`` caps the slots one
+tenant holds at once (its further waiters are passed over until one of its slots frees).
+
+Cancellation-safe: a waiter that is cancelled (its client left) leaves the queue; a slot granted
+to a waiter cancelled at that very moment is handed on, never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict, deque
+from typing import AsyncIterator
+
+
+class FairGate:
+    def __init__(self, capacity: int, *, per_tenant: int | None = None, classes: int = 2):
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        if per_tenant is not None and per_tenant < 1:
+            raise ValueError("per_tenant must be >= 1 (or None)")
+        self.capacity, self.per_tenant = capacity, per_tenant
+        self.held = 0
+        self._held_by: dict[str, int] = {}
+        #: per class: tenant -> its waiters in arrival order; the OrderedDict's order is the round-robin
+        self._queues: list[OrderedDict[str, deque[asyncio.Future]]] = [OrderedDict() for _ in range(classes)]
+
+    # ---- state ----------------------------------------------------------------------------------------
+    def waiting(self, klass: int | None = None) -> int:
+        """Waiters of ``klass`` (all classes: None)."""
+        qs = self._queues if klass is None else [self._queues[klass]]
+        return sum(len(d) for q in qs for d in q.values())
+
+    def held_by(self, tenant: str) -> int:
+        return self._held_by.get(tenant, 0)
+
+    # ---- slots ----------------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def slot(self, tenant: str, klass: int = 0) -> AsyncIterator[None]:
+        """``async with gate.slot(tenant, klass):`` holds one slot for the block."""
+        await self.acquire(tenant, klass)
+        try:
+            yield
+        finally:
+            self.release(tenant)
+
+    async def acquire(self, tenant: str, klass: int = 0) -> None:
+        if not self.waiting() and self._may_take(tenant):
+            self._take(tenant)
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._queues[klass].setdefault(tenant, deque()).append(fut)
+        self._grant()
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # granted as we were cancelled: hand the slot on
+                self.release(tenant)
+            else:
+                self._drop(klass, tenant, fut)
+            raise
+
+    def release(self, tenant: str) -> None:
+        self.held -= 1
+        left = self._held_by.get(tenant, 0) - 1
+        if left > 0:
+            self._held_by[tenant] = left
+        else:
+            self._held_by.pop(tenant, None)
+        self._grant()
+
+    # ---- inside ---------------------------------------------------------------------------------------
+    def _may_take(self, tenant: str) -> bool:
+        return self.held < self.capacity and (self.per_tenant is None or self.held_by(tenant) < self.per_tenant)
+
+    def _take(self, tenant: str) -> None:
+        self.held += 1
+        self._held_by[tenant] = self._held_by.get(tenant, 0) + 1
+
+    def _grant(self) -> None:
+        """Give free slots to waiters: lowest class first, tenants in turn within a class."""
+        while self.held < self.capacity:
+            picked = self._next()
+            if picked is None:
+                return
+            q, tenant = picked
+            waiters = q.pop(tenant)
+            fut = waiters.popleft()
+            if waiters:
+                q[tenant] = waiters  # to the back of the round-robin
+            self._take(tenant)
+            fut.set_result(None)
+
+    def _next(self) -> tuple[OrderedDict, str] | None:
+        for q in self._queues:
+            for tenant, waiters in q.items():
+                # a waiter cancelled but not yet dropped is skipped (its own handler drops it)
+                while waiters and waiters[0].done():
+                    waiters.popleft()
+                if waiters and (self.per_tenant is None or self.held_by(tenant) < self.per_tenant):
+                    return q, tenant
+        return None
+
+    def _drop(self, klass: int, tenant: str, fut: asyncio.Future) -> None:
+        waiters = self._queues[klass].get(tenant)
+        if waiters is None:
+            return
+        with contextlib.suppress(ValueError):
+            waiters.remove(fut)
+        if not waiters:
+            del self._queues[klass][tenant]

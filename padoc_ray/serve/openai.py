@@ -1,0 +1,83 @@
+"""The OpenAI-compatible route: ``POST /v1/chat/completions`` with one page image in, its Markdown out.
+
+The answer is a ``chat.completion`` whose ``usage`` counts the page's tokens, plus a ``padoc`` object
+(the page's status, validity, branches, regions and their ``spans`` when the page row has them).
+Errors come in OpenAI's error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from padoc_ray import status
+from padoc_ray.serve import errors
+from padoc_ray.serve.documents import BadRequest
+from padoc_ray.serve.runner import INTERACTIVE, Document, DocumentRunner, RunOptions
+from padoc_ray.serve.schemas import ChatRequest, PadocOptions
+from padoc_ray.serve.uploads import check_size, decode_base64, fetch_s3, label
+
+
+def _image(body: ChatRequest) -> str:
+    urls = [p.image_url.url for m in body.messages if isinstance(m.content, list)
+            for p in m.content if p.type == "image_url" and p.image_url is not None]
+    if len(urls) != 1:
+        raise BadRequest("one_image", f"send exactly one page image (image_url); got {len(urls)}")
+    return urls[0]
+
+
+async def _document(url: str, cfg) -> tuple[bytes, str]:
+    if url.startswith("data:"):
+        header, sep, payload = url.partition(",")
+        if not sep or ";base64" not in header:
+            raise BadRequest("bad_image_url", "image_url must be a base64 data URL or an allowed s3:// URI")
+        data, name = decode_base64(payload, "the data URL", "bad_image_url"), "image"
+    elif url.startswith("s3://"):
+        data, name = await fetch_s3(url, cfg)
+    else:
+        raise BadRequest("bad_image_url", "this service fetches no URLs: send a base64 data URL (or an allowed "
+                                          "s3:// URI)")
+    check_size(data, cfg)
+    return data, name
+
+
+async def chat(body: ChatRequest, *, cfg, runner: DocumentRunner, tenant: str):
+    if body.stream:
+        return errors.openai_error(400, "stream_unsupported", "stream=true is not supported; send stream=false")
+    if body.model not in (None, cfg.served_model_id):
+        return errors.openai_error(404, "model_not_found", f"the model {body.model!r} does not exist; see /v1/models")
+    try:
+        data, name = await _document(_image(body), cfg)
+        padoc = body.padoc or PadocOptions()
+        runner.admit()
+        opt = RunOptions(wanted=(0,), mode=padoc.mode or cfg.host.mode, max_pages=1, tenant=tenant,
+                         salt=uuid.uuid4().hex, run_id=uuid.uuid4().hex[:12], klass=INTERACTIVE)
+        page_rows, _ = await asyncio.wait_for(runner.parse_all(Document(data, label(padoc.filename, name)), opt),
+                                              cfg.request_timeout_s)
+    except BadRequest as e:
+        if e.code == status.OVERLOADED:
+            return errors.openai_error(503, e.code, e.message, "server_error", headers={"Retry-After": "2"})
+        return errors.openai_error(e.status, e.code, e.message)
+    except TimeoutError:
+        return errors.openai_error(504, status.REQUEST_TIMEOUT, f"not finished within {cfg.request_timeout_s:g} s",
+                                   "timeout_error")
+    row = page_rows[0]
+    code = row["status"]
+    if code not in status.CONTENT_CODES:
+        return errors.openai_error(status.http_status(code, 500), code, row.get("error_message") or code,
+                                   "server_error")
+    completion = int(row.get("output_tokens") or 0)
+    prompt = int(row.get("prompt_tokens") or 0)
+    extra = {"status": code, "valid": row.get("valid"), "n_branches": row.get("n_branches"),
+             "regions": len(row.get("regions") or [])}
+    if row.get("spans") is not None:
+        extra["spans"] = row["spans"]
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        "model": cfg.served_model_id,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": row.get("markdown") or ""},
+                     "finish_reason": "stop" if code == status.OK else "length", "logprobs": None}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        "padoc": extra,
+    }

@@ -1,0 +1,210 @@
+"""One document through the online service, apart from HTTP and Ray: render, then one engine call per
+page, admitted by engine capacity, as a stream of typed items.
+
+:class:`DocumentRunner` yields a :class:`~padoc_ray.raster.document.DocumentOpened` and then one
+finished page row per page, in the order pages finish; a document that fails as a whole raises
+:class:`~padoc_ray.serve.documents.BadRequest`. Pages wait for a slot of the :class:`FairGate`
+sized to what the engine replicas accept (interactive pages ahead of job pages, tenants in turn),
+so a 5,000-page job waits for capacity instead of flooding the engine and failing as
+``overloaded``; only a request refused at admission (too many interactive pages already waiting)
+gets ``overloaded``. Rendering waits for the gate too: a document has at most one rendered page
+waiting for a slot, so memory is bounded by the slots, not by the document.
+
+The engine is anything with :class:`EngineClient`'s one method: the Ray adapter
+(:mod:`padoc_ray.serve.engine`) or a scripted engine in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Protocol
+
+from padoc_ray import metrics, status
+from padoc_ray.output import rows
+from padoc_ray.pdf import doc_id_of
+from padoc_ray.raster import DocFailed
+from padoc_ray.raster.document import DocumentOpened, PageRow
+from padoc_ray.serve.documents import BadRequest, doc_error_status, document_status, page_choice, row_json
+from padoc_ray.serve.fair import FairGate
+
+logger = logging.getLogger("padoc_ray.serve")
+
+INTERACTIVE = 0  #: /v1/parse and chat pages: the engine runs them first
+BATCH = 1  #: job pages
+
+
+class EngineBusy(Exception):
+    """Every engine replica is at capacity: try again shortly (the page lost nothing)."""
+
+
+class EngineClient(Protocol):
+    async def parse_page(self, row: dict, image: bytes, *, tenant: str, salt: str, priority: int) -> dict:
+        """The finished page row of a rendered page row. Raises :class:`EngineBusy`, or anything
+        else when the engine failed (a replica died); cancellation cancels the engine's work."""
+        ...
+
+
+@dataclass(frozen=True)
+class Document:
+    data: bytes
+    name: str  #: a label (the upload's file name): picks the replay truth, never a path
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    wanted: tuple[int, ...] | None  #: 0-based pages (None: all)
+    mode: str
+    max_pages: int  #: the selection's cap (too_many_pages past it)
+    tenant: str
+    salt: str  #: cache namespace: requests with different salts share no prefix blocks
+    run_id: str
+    klass: int = INTERACTIVE
+    skip: frozenset[int] = frozenset()  #: pages already done (a job taken over)
+
+
+class DocumentRunner:
+    """``pages()`` for one document at a time, many at once, on shared render pools and one gate.
+
+    ``pools``: the :class:`~padoc_ray.serve.documents.RenderPool` of each class (interactive and job
+    documents render in separate renderer processes, so jobs never hold the renderers a one-page
+    request needs). ``max_waiting``: interactive pages that may wait for a slot before a new request
+    is refused (503 ``overloaded``)."""
+
+    def __init__(self, cfg, engine: EngineClient, pools: dict[int, Any], gate: FairGate, *, max_waiting: int,
+                 busy_backoff_s: float = 0.5, retry_wait_s: float = 1.0):
+        self.cfg, self.engine, self.pools, self.gate = cfg, engine, pools, gate
+        self.max_waiting = max_waiting
+        self.busy_backoff_s, self.retry_wait_s = busy_backoff_s, retry_wait_s
+
+    def admit(self) -> None:
+        """Refuse a new interactive request while too many interactive pages wait already."""
+        if self.gate.waiting(INTERACTIVE) >= self.max_waiting:
+            raise BadRequest(status.OVERLOADED, "every engine replica is at capacity; retry later",
+                             status.http_status(status.OVERLOADED))
+
+    async def _call(self, rp: PageRow, opt: RunOptions) -> dict:
+        """The page's finished row: waits out a busy engine, tries a failed replica's page once more."""
+        backoff = self.busy_backoff_s
+        failures = 0
+        while True:
+            try:
+                return await self.engine.parse_page(rp.row, rp.image, tenant=opt.tenant, salt=opt.salt,
+                                                    priority=opt.klass)
+            except EngineBusy:  # another ingress replica filled it: wait, do not fail the page
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the replica failed (died, restarting)
+                failures += 1
+                logger.warning("page %d of %s: engine call failed (%s), try %d", rp.row["page_index"],
+                               rp.row.get("source_uri"), type(e).__name__, failures)
+                if failures >= 2:
+                    metrics.get().page_unrun(status.ENGINE_UNAVAILABLE)
+                    return rows.error_row(rp.row, status.ENGINE_UNAVAILABLE, "the engine failed while parsing "
+                                                                             "this page")
+                await asyncio.sleep(self.retry_wait_s)
+
+    async def pages(self, doc: Document, opt: RunOptions) -> AsyncIterator[DocumentOpened | dict]:
+        """Yields the :class:`DocumentOpened` (its ``pages``: those selected, less ``opt.skip``) then one
+        finished page row per page as pages finish. Leaving early cancels the rendering (its renderer
+        is killed) and the engine work of every page still running."""
+        cfg = self.cfg
+        base = dict(run_id=opt.run_id, uri=doc.name, doc_id=doc_id_of(doc.data), mode=opt.mode,
+                    model_id=cfg.served_model_id)
+        out: asyncio.Queue = asyncio.Queue()
+        done = object()
+        tasks: set[asyncio.Task] = set()
+
+        async def run(rp: PageRow) -> None:
+            await out.put(await self._call(rp, opt))
+
+        def release(_t: asyncio.Task) -> None:  # a done callback: runs even for a task cancelled unstarted
+            self.gate.release(opt.tenant)
+
+        async def feed() -> None:
+            try:
+                render = self.pools[opt.klass].render(
+                    doc.data, doc.name, page_choice(opt.wanted, opt.max_pages), cfg.render, cfg.image_encoding,
+                    base, max_frames=cfg.limits.max_image_frames, skip=opt.skip, tenant=opt.tenant)
+                async with contextlib.aclosing(render) as items:
+                    async for item in items:
+                        if isinstance(item, PageRow) and item.rendered:
+                            await self.gate.acquire(opt.tenant, opt.klass)
+                            t = asyncio.create_task(run(item))
+                            tasks.add(t)
+                            t.add_done_callback(tasks.discard)
+                            t.add_done_callback(release)
+                        elif isinstance(item, PageRow):  # its rendering failed: its row, counted once here
+                            metrics.get().render_failed(item.row["status"])
+                            await out.put(item.row)
+                        else:  # the document opened, or failed
+                            await out.put(item)
+                await asyncio.gather(*list(tasks))
+            except Exception as e:  # noqa: BLE001 - a bug in rendering is this document's failure
+                logger.exception("document %s: rendering failed", doc.name)
+                await out.put(DocFailed(status.RENDER_FAILED, type(e).__name__))
+            finally:
+                await out.put(done)
+
+        feeder = asyncio.create_task(feed())
+        try:
+            while True:
+                item = await out.get()
+                if item is done:
+                    break
+                if isinstance(item, DocFailed):
+                    metrics.get().document_error(item.code)
+                    raise BadRequest(item.code, item.message, doc_error_status(item.code))
+                yield item
+        finally:
+            feeder.cancel()
+            for t in list(tasks):
+                t.cancel()
+            await asyncio.gather(feeder, *list(tasks), return_exceptions=True)
+
+    async def parse_all(self, doc: Document, opt: RunOptions) -> tuple[list[dict], int | None]:
+        """Every selected page's row (by page index) and the document's page count."""
+        got, count = [], None
+        async with contextlib.aclosing(self.pages(doc, opt)) as gen:
+            async for item in gen:
+                if isinstance(item, DocumentOpened):
+                    count = item.page_count
+                else:
+                    got.append(item)
+        return sorted(got, key=lambda r: r["page_index"]), count
+
+    async def count_pages(self, doc: Document, wanted, max_pages: int, tenant: str) -> DocumentOpened:
+        """Open the document (nothing rendered): its page count and selection, or its error."""
+        opened = None
+        async with contextlib.aclosing(self.pools[BATCH].render(
+                doc.data, doc.name, page_choice(wanted, max_pages), self.cfg.render, self.cfg.image_encoding, {},
+                max_frames=self.cfg.limits.max_image_frames, count_only=True, tenant=tenant)) as items:
+            async for item in items:
+                if isinstance(item, DocFailed):
+                    raise BadRequest(item.code, item.message, doc_error_status(item.code))
+                if isinstance(item, DocumentOpened):
+                    opened = item
+        if opened is None:
+            raise BadRequest(status.RENDER_FAILED, "the document could not be opened", 422)
+        return opened
+
+
+def result(served_model: str, name: str, page_rows: list[dict], count: int | None, mode: str) -> dict:
+    """The JSON answer of /v1/parse (and of a job's result)."""
+    ok = sum(r["status"] == status.OK for r in page_rows)
+    return {
+        "status": document_status(page_rows), "model": served_model, "mode": mode,
+        "document": {"name": name, "doc_id": page_rows[0]["doc_id"] if page_rows else None, "page_count": count,
+                     "pages_selected": len(page_rows), "pages_ok": ok, "pages_failed": len(page_rows) - ok},
+        "pages": [row_json(r) for r in page_rows],
+    }
+
+
+def markdown(result_: dict) -> str:
+    """A result as one Markdown text, each page after a comment with its number and status."""
+    return "\n\n".join(f"<!-- page {p['page_index'] + 1}: {p['status']} -->\n\n{p.get('markdown') or ''}"
+                       for p in result_["pages"])

@@ -1,0 +1,262 @@
+"""The online service's document runner and fair gate, in-process (no Ray, no HTTP): real renderer
+processes, a real PageHost on the no-op engine behind the EngineClient interface, and faults
+(a busy engine, a failing one, a slow one) wrapped around it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from padoc_ray import status
+from padoc_ray.host import HostConfig, PageHost, parse_row
+from padoc_ray.raster import RendererConfig
+from padoc_ray.raster.document import DocumentOpened
+from padoc_ray.serve.config import ServeConfig
+from padoc_ray.serve.documents import BadRequest, RenderPool
+from padoc_ray.serve.fair import FairGate
+from padoc_ray.serve.runner import BATCH, INTERACTIVE, Document, DocumentRunner, EngineBusy, RunOptions
+from tests.pdf_factory import text_pdf
+
+
+# ---- the gate ---------------------------------------------------------------------------------------------
+def _order(gate: FairGate, arrivals: list[tuple[str, int]]) -> list[str]:
+    """Who gets the gate's single slot, in order, when ``arrivals`` (tenant, class) all wait at once."""
+    got: list[str] = []
+
+    async def go():
+        await gate.acquire("holder")  # hold the only slot while everyone queues
+
+        async def one(tenant, klass, i):
+            async with gate.slot(tenant, klass):
+                got.append(f"{tenant}{i}")
+                await asyncio.sleep(0)
+
+        tasks = [asyncio.create_task(one(t, k, i)) for i, (t, k) in enumerate(arrivals)]
+        await asyncio.sleep(0)
+        gate.release("holder")
+        await asyncio.gather(*tasks)
+
+    asyncio.run(go())
+    return got
+
+
+def test_gate_takes_tenants_in_turn_and_interactive_first():
+    arrivals = [("a", BATCH)] * 4 + [("b", BATCH)] * 2 + [("c", INTERACTIVE)]
+    got = _order(FairGate(1), arrivals)
+    # c's interactive page first; then a and b alternate, whatever the arrival order
+    assert got == ["c6", "a0", "b4", "a1", "b5", "a2", "a3"]
+
+
+def test_gate_caps_a_tenant_and_loses_no_slot_to_cancelled_waiters():
+    async def go():
+        gate = FairGate(3, per_tenant=2)
+        await gate.acquire("a")
+        await gate.acquire("a")
+        blocked = asyncio.create_task(gate.acquire("a"))  # a is at its cap: waits though a slot is free
+        await asyncio.sleep(0)
+        assert not blocked.done() and gate.held == 2
+        await asyncio.wait_for(gate.acquire("b"), 1)  # b is not held up by a's waiter
+        waiters = [asyncio.create_task(gate.acquire("c")) for _ in range(20)]
+        await asyncio.sleep(0)
+        for w in waiters[::2]:
+            w.cancel()
+        gate.release("a")  # a's waiter, first in line, gets it
+        await asyncio.wait_for(blocked, 1)
+        gate.release("b")  # then the c waiters one by one
+        got = 0
+        for w in waiters[1::2]:
+            await asyncio.wait_for(w, 1)
+            got += 1
+            gate.release("c")
+        await asyncio.gather(*waiters, return_exceptions=True)
+        assert got == 10 and gate.waiting() == 0 and gate.held == 2  # a's two
+
+    asyncio.run(go())
+
+
+# ---- the runner ---------------------------------------------------------------------------------------------
+class HostEngine:
+    """EngineClient over an in-process PageHost (no-op engine), recording every call, with faults."""
+
+    def __init__(self, host: PageHost, *, busy: int = 0, fail: int = 0, hold: asyncio.Event | None = None):
+        self.host, self.busy, self.fail, self.hold = host, busy, fail, hold
+        self.calls: list[tuple[str, int, int]] = []  # (tenant, page, priority) in call order
+        self.running = self.most = self.cancelled = 0
+
+    async def parse_page(self, row, image, *, tenant, salt, priority):
+        if self.busy > 0:
+            self.busy -= 1
+            raise EngineBusy()
+        if self.fail > 0:
+            self.fail -= 1
+            raise RuntimeError("replica died")
+        self.calls.append((tenant, row["page_index"], priority))
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            if self.hold is not None:
+                await self.hold.wait()
+            return await parse_row(self.host, row, image, tenant=tenant, salt=salt, priority=priority)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.running -= 1
+
+
+@pytest.fixture
+def harness(tiny_model_dir):
+    """(make_runner, engine) on one event loop per test: make_runner(engine, capacity, max_waiting)."""
+    cfg = ServeConfig(model=tiny_model_dir, host=HostConfig(engine="noop"))
+    pools = {INTERACTIVE: RenderPool(RendererConfig(), 1), BATCH: RenderPool(RendererConfig(), 1)}
+
+    def make(engine, capacity: int = 4, max_waiting: int = 64) -> DocumentRunner:
+        return DocumentRunner(cfg, engine, pools, FairGate(capacity), max_waiting=max_waiting, busy_backoff_s=0.01,
+                              retry_wait_s=0.01)
+
+    yield cfg, make
+    for p in pools.values():
+        p.close()
+
+
+async def _host(cfg) -> PageHost:
+    return await PageHost.from_config(cfg.model, cfg.host)
+
+
+def _opt(tenant="t", klass=INTERACTIVE, pages=None, max_pages=100, skip=frozenset()) -> RunOptions:
+    return RunOptions(wanted=pages, mode="fork", max_pages=max_pages, tenant=tenant, salt="s", run_id="r",
+                      klass=klass, skip=skip)
+
+
+def test_pages_wait_for_a_busy_engine_instead_of_failing_overloaded(harness):
+    cfg, make = harness
+
+    async def go():
+        host = await _host(cfg)
+        engine = HostEngine(host, busy=25)  # Serve's backpressure on 25 calls
+        rows, count = await make(engine, capacity=2).parse_all(Document(text_pdf(12), "doc.pdf"), _opt())
+        host.shutdown()
+        return rows, count, engine
+
+    rows, count, engine = asyncio.run(go())
+    assert count == 12 and [r["page_index"] for r in rows] == list(range(12))
+    assert {r["status"] for r in rows} == {status.OK}  # none `overloaded`
+    assert engine.most <= 2  # never more pages at the engine than the gate's capacity
+
+
+def test_a_new_request_is_refused_only_at_admission(harness):
+    cfg, make = harness
+
+    async def go():
+        host = await _host(cfg)
+        hold = asyncio.Event()
+        runner = make(HostEngine(host, hold=hold), capacity=1, max_waiting=2)
+        first = asyncio.create_task(runner.parse_all(Document(text_pdf(4), "a.pdf"), _opt("a")))
+        for _ in range(200):  # until a's other pages wait for the only slot
+            await asyncio.sleep(0.02)
+            if runner.gate.waiting(INTERACTIVE) >= 1:
+                break
+        runner.admit()  # one waiting, under the limit of 2
+        second = asyncio.create_task(runner.parse_all(Document(text_pdf(1), "b.pdf"), _opt("b")))
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if runner.gate.waiting(INTERACTIVE) >= 2:
+                break
+        with pytest.raises(BadRequest) as refused:
+            runner.admit()
+        hold.set()
+        got = await asyncio.gather(first, second)
+        host.shutdown()
+        return refused.value, got
+
+    refused, got = asyncio.run(go())
+    assert refused.code == status.OVERLOADED and refused.status == 503
+    assert all(r["status"] == status.OK for rows, _ in got for r in rows)
+
+
+def test_an_interactive_page_overtakes_a_waiting_job(harness):
+    cfg, make = harness
+
+    async def go():
+        host = await _host(cfg)
+        hold = asyncio.Event()
+        engine = HostEngine(host, hold=hold)
+        runner = make(engine, capacity=1)
+        job = asyncio.create_task(runner.parse_all(Document(text_pdf(6), "job.pdf"), _opt("a", BATCH)))
+        while not engine.calls:
+            await asyncio.sleep(0.01)
+        while runner.gate.waiting(BATCH) < 1:  # the job's next page waits for the slot
+            await asyncio.sleep(0.01)
+        one = asyncio.create_task(runner.parse_all(Document(text_pdf(1), "one.pdf"), _opt("b", INTERACTIVE)))
+        while runner.gate.waiting(INTERACTIVE) < 1:
+            await asyncio.sleep(0.01)
+        hold.set()
+        await asyncio.gather(job, one)
+        host.shutdown()
+        return engine.calls
+
+    calls = asyncio.run(go())
+    # the job's first page held the slot; b's page came next, before the job's 5 others
+    assert calls[0][:1] == ("a",) and calls[1] == ("b", 0, INTERACTIVE)
+    assert [c[0] for c in calls[2:]] == ["a"] * 5 and all(c[2] == BATCH for c in calls if c[0] == "a")
+
+
+def test_a_failed_replica_gets_one_more_try_then_the_page_says_so(harness):
+    cfg, make = harness
+
+    async def go():
+        host = await _host(cfg)
+        once = await make(HostEngine(host, fail=1), capacity=1).parse_all(Document(text_pdf(1), "a.pdf"), _opt())
+        twice = await make(HostEngine(host, fail=2), capacity=1).parse_all(Document(text_pdf(1), "b.pdf"), _opt())
+        host.shutdown()
+        return once[0], twice[0]
+
+    once, twice = asyncio.run(go())
+    assert once[0]["status"] == status.OK
+    assert twice[0]["status"] == status.ENGINE_UNAVAILABLE
+
+
+def test_leaving_early_cancels_the_engine_work_and_frees_the_slots(harness):
+    cfg, make = harness
+
+    async def go():
+        host = await _host(cfg)
+        hold = asyncio.Event()
+        engine = HostEngine(host, hold=hold)
+        runner = make(engine, capacity=3)
+        seen = []
+        async with contextlib.aclosing(runner.pages(Document(text_pdf(10), "a.pdf"), _opt())) as gen:
+            async for item in gen:
+                seen.append(item)
+                while engine.running < 3:
+                    await asyncio.sleep(0.01)
+                break  # the client went away with 3 pages at the engine and 7 to go
+        assert isinstance(seen[0], DocumentOpened)
+        held = runner.gate.held
+        later = await make(HostEngine(host), capacity=3).parse_all(Document(text_pdf(2), "b.pdf"), _opt())
+        host.shutdown()
+        return engine, held, later[0]
+
+    engine, held, later = asyncio.run(go())
+    assert engine.cancelled == 3 and engine.running == 0 and len(engine.calls) == 3
+    assert held == 0  # every slot back
+    assert [r["status"] for r in later] == [status.OK, status.OK]
+
+
+def test_a_job_taken_over_parses_only_its_missing_pages(harness):
+    cfg, make = harness
+
+    async def go():
+        host = await _host(cfg)
+        engine = HostEngine(host)
+        got = [item async for item in make(engine).pages(Document(text_pdf(5), "a.pdf"),
+                                                         _opt(klass=BATCH, skip=frozenset({0, 2})))]
+        host.shutdown()
+        return got, engine
+
+    got, engine = asyncio.run(go())
+    assert isinstance(got[0], DocumentOpened) and list(got[0].pages) == [1, 3, 4]
+    assert sorted(r["page_index"] for r in got[1:]) == [1, 3, 4]
+    assert sorted(c[1] for c in engine.calls) == [1, 3, 4]
