@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.padoc-installed
 MODEL   ?= models/tiny
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast model clean-model check-gpu-profile help
+.PHONY: install browser demo test test-fast model clean-model check-gpu-profile help
 
 help:
 	@echo "make demo   - set up .venv (CPU profile), build the tiny model, parse examples/ and print a summary"
@@ -21,7 +21,7 @@ $(VPY):
 # CPU profile. PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break imports next to
 # torch+cpu: remove them, then let padoc_ray.compat decide whether the torchvision stand-in is needed.
 $(STAMP): pyproject.toml | $(VPY)
-	$(VPY) -m pip install -e '.[cpu,dev]'
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(VPY) -m pip install -e '.[cpu,dev]'
 	-$(VPY) -m pip uninstall -y -q torchaudio torchcodec
 	PADOC_RAY_DISABLE_TORCHVISION_SHIM=1 $(VPY) -c 'import torchvision.transforms.v2' >/dev/null 2>&1 \
 	  || $(VPY) -m pip uninstall -y -q torchvision || true
@@ -42,8 +42,12 @@ demo: install model
 # the suite mostly waits on engines, clusters and subprocesses, so two workers halve its time on 2 cores.
 PYTEST_WORKERS ?= 2
 
-test: install
-	$(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+# The viewer's browser tests drive Debian's chromium (Playwright never downloads a browser of its own).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
+test: install browser
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: install
 	$(VPY) -m pytest -m "not engine and not slow" $(PYTEST_ARGS)

@@ -34,12 +34,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, AsyncIterator, Mapping
 
 from padoc_ray import metrics
 from padoc_ray.engine.interface import EngineDeadError, GenRequest
 from padoc_ray.protocol import Page
-from padoc_ray.scheduler import PageInput, PageRecord, SchedulerConfig, replay_input, run_page
+from padoc_ray.scheduler import EventSink, PageInput, PageRecord, RegionEvent, SchedulerConfig, replay_input, run_page
 from padoc_ray.scheduler.replay import inject_loops
 from padoc_ray.scheduler.runner import branch_admission
 from padoc_ray.scheduler.state import DECODE_MODES
@@ -228,18 +228,43 @@ class PageHost:
             raise EngineDeadError(f"the engine died earlier: {self.dead}")
 
     # ---- pages ------------------------------------------------------------------------------------------
-    async def parse(self, page: PageRequest) -> PageRecord:
+    async def parse(self, page: PageRequest, *, on_event: EventSink | None = None) -> PageRecord:
         """Run one page; returns its record whatever happened to it. Raises only
-        :class:`EngineDeadError` (the engine is gone) and :class:`asyncio.CancelledError`."""
-        rec = await self._parse(page)
+        :class:`EngineDeadError` (the engine is gone) and :class:`asyncio.CancelledError`.
+        ``on_event`` receives its region events as they happen (see :meth:`events`)."""
+        rec = await self._parse(page, on_event)
         metrics.get().page(rec)
         return rec
+
+    async def events(self, page: PageRequest) -> AsyncIterator[dict | PageRecord]:
+        """Run one page, yielding its events as they happen, then its record (the last item):
+
+        * ``{"event": "region", "page_index", "order", "bbox": [x1, y1, x2, y2], "category"}`` when
+          the layout stream closes a region (box normalized 0-1, origin top-left, as in page rows);
+        * ``{"event": "content", "page_index", "order", "markdown"}`` when its branch has finished:
+          its block in the page's Markdown (None: it has none there, e.g. a page header).
+
+        Every region of the finished page gets one of each, its box first; the blocks in reading
+        order, joined by a blank line, are the page's Markdown. A page that fails before it runs
+        (an unreadable image) yields its record only. Closing the iterator early cancels the page."""
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+        task = asyncio.create_task(self.parse(page, on_event=queue.put_nowait))
+        task.add_done_callback(lambda _: queue.put_nowait(done))
+        try:
+            while (item := await queue.get()) is not done:
+                yield event_json(item, page.page_index)
+            yield task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     def _in_flight(self, delta: int) -> None:
         self.pages_running += delta
         metrics.get().pages_in_flight(self.pages_running)
 
-    async def _parse(self, page: PageRequest) -> PageRecord:
+    async def _parse(self, page: PageRequest, on_event: EventSink | None = None) -> PageRecord:
         self._check_alive()
         mode = page.mode or self.cfg.mode
         page_id, cache_salt = page_identity(page.doc_id, page.page_index, page.tenant, page.salt)
@@ -260,7 +285,7 @@ class PageHost:
             inp = replace(inp, seq=self.pages_admitted, priority=page.priority)
             try:
                 rec = await run_page(self.engine, self.model_protocol, inp, mode=mode, cfg=self.cfg.scheduler,
-                                     admission=self.admission)
+                                     admission=self.admission, on_event=on_event)
             except EngineDeadError as e:
                 self.dead = str(e) or "engine died"
                 raise
@@ -311,6 +336,16 @@ class _Unreadable(Exception):
     pass
 
 
+def event_json(ev: RegionEvent, page_index: int) -> dict:
+    """A region event as a JSON-ready dict (the NDJSON line of a streamed parse)."""
+    out: dict[str, Any] = {"event": ev.kind, "page_index": page_index, "order": ev.order}
+    if ev.kind == "region":
+        out.update(bbox=[round(v, 6) for v in ev.region.box.as_tuple()], category=ev.region.category)
+    else:
+        out["markdown"] = ev.markdown
+    return out
+
+
 class PrioritySlots:
     """``n`` slots; waiters get them lowest ``priority`` first, then in arrival order. A waiter
     cancelled while it waits leaves the queue; a slot granted to it at that moment is handed on."""
@@ -347,6 +382,14 @@ class PrioritySlots:
                 fut.set_result(None)
 
 
+def row_request(row: dict, image: bytes | memoryview, *, tenant: str = "", salt: str | None = None,
+                priority: int = 0) -> PageRequest:
+    """The :class:`PageRequest` of a rendered page row and its encoded ``image``."""
+    return PageRequest(doc_id=row["doc_id"], page_index=row["page_index"], image_bytes=image,
+                       width=row["image_width"], height=row["image_height"], source_name=row["source_uri"],
+                       mode=row["mode"], tenant=tenant, salt=salt, priority=priority)
+
+
 async def parse_row(host: PageHost, row: dict, image: bytes | memoryview, *, tenant: str = "",
                     salt: str | None = None, priority: int = 0) -> dict:
     """Run the page of a rendered page row (the batch job's schema, see
@@ -355,8 +398,18 @@ async def parse_row(host: PageHost, row: dict, image: bytes | memoryview, *, ten
     the Serve engine replica. Raises what :meth:`PageHost.parse` raises (an engine death)."""
     from padoc_ray.output import rows
 
-    rec = await host.parse(PageRequest(
-        doc_id=row["doc_id"], page_index=row["page_index"], image_bytes=image, width=row["image_width"],
-        height=row["image_height"], source_name=row["source_uri"], mode=row["mode"], tenant=tenant, salt=salt,
-        priority=priority))
+    rec = await host.parse(row_request(row, image, tenant=tenant, salt=salt, priority=priority))
     return rows.page_row(row, rec, render_s=row.get("render_s"))
+
+
+async def stream_row(host: PageHost, row: dict, image: bytes | memoryview, *, tenant: str = "",
+                     salt: str | None = None, priority: int = 0) -> AsyncIterator[dict]:
+    """:func:`parse_row` with the page's region events: yields each event dict of
+    :meth:`PageHost.events` as it happens, then ``{"event": "row", "row": <the finished row>}``."""
+    from padoc_ray.output import rows
+
+    async for item in host.events(row_request(row, image, tenant=tenant, salt=salt, priority=priority)):
+        if isinstance(item, PageRecord):
+            yield {"event": "row", "row": rows.page_row(row, item, render_s=row.get("render_s"))}
+        else:
+            yield item

@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("engine", "output"),
     ("scheduler", "raster", "eval", "checkpoint"),
     ("host", "corpus", "trainer"),
-    ("inputs", "doctor", "pipeline", "serve"),
+    ("inputs", "doctor", "pipeline", "serve", "viewer"),
     ("bench",),
     ("cli",),
 ]

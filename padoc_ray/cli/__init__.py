@@ -18,7 +18,7 @@ from padoc_ray.cli.common import add_verbose, setup_logging
 
 #: the command groups, in --help order (imported when the parser is built: importing one group, e.g.
 #: ``padoc_ray.cli.evaluate`` alone, loads no other)
-GROUPS = ("model", "parse", "batch", "serve", "corpus", "show", "evaluate", "train", "bench", "doctor")
+GROUPS = ("model", "parse", "batch", "serve", "corpus", "show", "view", "evaluate", "train", "bench", "doctor")
 
 
 def build_parser() -> argparse.ArgumentParser:

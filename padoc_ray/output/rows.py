@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from padoc_ray import status
-from padoc_ray.protocol import Box, Page, Region, to_markdown
+from padoc_ray.protocol import Box, Page, Region, markdown_spans
 
 REGION_TYPE = pa.struct([
     ("order", pa.int32()),  # reading-order position, 0-based
@@ -29,6 +29,13 @@ REGION_TYPE = pa.struct([
     ("errors", pa.list_(pa.string())),
     ("attempts", pa.int32()),  # attempts of the region's branch (re-forks included; 0: none ran)
     ("finish", pa.string()),  # how its last attempt ended: stop | loop | length | skipped | stopped | ... | null
+])
+
+#: where each region's content sits in the page's ``markdown`` (see :func:`padoc_ray.protocol.markdown_spans`)
+SPAN_TYPE = pa.struct([
+    ("order", pa.int32()),  # the region's reading-order position (its ``order`` in ``regions``)
+    ("start", pa.int32()),  # 0-based character offset into ``markdown``
+    ("end", pa.int32()),  # exclusive
 ])
 
 PAGE_SCHEMA = pa.schema([
@@ -50,6 +57,7 @@ PAGE_SCHEMA = pa.schema([
     ("repaired", pa.bool_()),  # the PDF opened only after qpdf repaired it (null: not opened)
     ("regions", pa.list_(REGION_TYPE)),
     ("markdown", pa.string()),
+    ("spans", pa.list_(SPAN_TYPE)),  # one per region with content, reading order (null in outputs before it)
     ("mode", pa.string()),
     ("model_id", pa.string()),
     ("render_s", pa.float32()),
@@ -122,7 +130,7 @@ def base_row(*, run_id: str, uri: str, doc_id: str | None, page_index: int, page
              mode: str, model_id: str) -> dict:
     row = {f.name: None for f in PAGE_SCHEMA}
     row.update(run_id=run_id, processed_at=now(), doc_id=doc_id, source_uri=uri, page_index=page_index,
-               page_count=page_count, mode=mode, model_id=model_id, valid=False, regions=[])
+               page_count=page_count, mode=mode, model_id=model_id, valid=False, regions=[], spans=[])
     return row
 
 
@@ -148,10 +156,12 @@ def page_row(base: dict, rec, *, render_s: float | None = None) -> dict:
             "errors": list(r.errors), "attempts": _at(rec.region_attempts, i), "finish": _at(rec.region_finish, i),
         })
     ok = rec.status == status.OK
+    markdown, spans = markdown_spans(page)
     return {
         **base, "processed_at": now(), "status": rec.status, "valid": rec.valid,
         "error_code": None if ok else rec.status, "error_message": None if ok else (rec.message or None),
-        "regions": regions, "markdown": to_markdown(page), "render_s": render_s, "e2e_s": rec.e2e_s,
+        "regions": regions, "markdown": markdown,
+        "spans": [{"order": o, "start": a, "end": b} for o, a, b in spans], "render_s": render_s, "e2e_s": rec.e2e_s,
         "ttft_s": rec.ttft_s, "layout_s": rec.layout_s, "n_branches": rec.n_branches,
         "output_tokens": rec.output_tokens, "prompt_tokens": rec.prompt_tokens, "cached_tokens": rec.cached_tokens,
         "f_seq": rec.f_seq, "f_padoc": rec.f_padoc,

@@ -25,7 +25,7 @@ from .codec import (
 from .depth import DecodeDepth, decode_depth, depth_from_trace
 from .grammar import LayoutCursor, LayoutGrammar
 from .page import Box, Page, PageFormatError, Region, load_omnidocbench, page_from_omnidocbench, page_to_omnidocbench
-from .render import to_json, to_markdown
+from .render import markdown_spans, to_json, to_markdown
 from .spec import SPEC_FILENAME, ProtocolError, ProtocolSpec, TextTokenizer, Vocab
 
 __all__ = [
@@ -33,6 +33,6 @@ __all__ = [
     "assemble_page", "child_prompt", "dequantize", "parse_branch", "parse_padoc", "parse_sequential",
     "quantize", "quantized", "serialize_padoc", "serialize_sequential", "DecodeDepth", "decode_depth",
     "depth_from_trace", "LayoutCursor", "LayoutGrammar", "Box", "Page", "PageFormatError", "Region", "load_omnidocbench",
-    "page_from_omnidocbench", "page_to_omnidocbench", "to_json", "to_markdown", "SPEC_FILENAME",
+    "page_from_omnidocbench", "page_to_omnidocbench", "markdown_spans", "to_json", "to_markdown", "SPEC_FILENAME",
     "ProtocolError", "ProtocolSpec", "TextTokenizer", "Vocab",
 ]

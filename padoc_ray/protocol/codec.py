@@ -277,6 +277,23 @@ def _region(vocab: Vocab, raw: RawRegion, content: str | None, errors: Iterable[
                   errors=tuple(dict.fromkeys(errors)))
 
 
+def assemble_region(vocab: Vocab, tokenizer: TextTokenizer, raw: RawRegion, branch: ParsedBranch | None, *,
+                    sequential: bool = False) -> Region:
+    """One region of a page: its layout (``raw``) and content, inline (``sequential``) or from its parsed
+    ``branch`` (None: no branch ran, MISSING_BRANCH). The rule :func:`assemble_page` applies to every
+    region, and the scheduler to each one as its branch finishes (streamed region events)."""
+    errs = list(raw.errors)
+    if sequential:  # content was inline
+        content: str | None = tokenizer.decode(raw.content_ids)
+    elif branch is None:
+        content = None
+        errs.append(MISSING_BRANCH)
+    else:
+        content = tokenizer.decode(branch.content_ids)
+        errs.extend(branch.errors)
+    return _region(vocab, raw, content, errs)
+
+
 def assemble_page(
     vocab: Vocab,
     tokenizer: TextTokenizer,
@@ -293,19 +310,10 @@ def assemble_page(
     page_errors = list(stream_errors)
     out = []
     for raw in regions:
-        errs = list(raw.errors)
-        if branches is None:  # sequential: content was inline
-            content: str | None = tokenizer.decode(raw.content_ids)
-        else:
-            br = branches[raw.index] if raw.index < len(branches) else None
-            if br is None:
-                content = None
-                errs.append(MISSING_BRANCH)
-            else:
-                content = tokenizer.decode(br.content_ids)
-                errs.extend(br.errors)
-        out.append(_region(vocab, raw, content, errs))
-        page_errors.extend(e for e in errs if e != INVALID_BOX)
+        br = None if branches is None else (branches[raw.index] if raw.index < len(branches) else None)
+        reg = assemble_region(vocab, tokenizer, raw, br, sequential=branches is None)
+        out.append(reg)
+        page_errors.extend(e for e in reg.errors if e != INVALID_BOX)
     return Page(width=width, height=height, regions=tuple(out), page_no=page_no, image_path=image_path,
                 errors=tuple(dict.fromkeys(page_errors)))
 

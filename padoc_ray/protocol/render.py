@@ -12,6 +12,7 @@ import json
 
 from .page import Page, Region
 
+SEPARATOR = "\n\n"  #: between two regions' blocks
 FURNITURE = frozenset({"header", "footer", "page_number", "abandon", "page_footnote"})
 
 
@@ -35,15 +36,36 @@ def region_markdown(r: Region, index: int) -> str | None:
     return text
 
 
+def region_block(r: Region, index: int, *, include_furniture: bool = False) -> str | None:
+    """Region ``index``'s block in the page's Markdown, or None when it has none there (furniture, empty)."""
+    if r.category in FURNITURE and not include_furniture:
+        return None
+    return region_markdown(r, index)
+
+
 def to_markdown(page: Page, *, include_furniture: bool = False) -> str:
-    blocks = []
+    return markdown_spans(page, include_furniture=include_furniture)[0]
+
+
+def markdown_spans(page: Page, *, include_furniture: bool = False) -> tuple[str, list[tuple[int, int, int]]]:
+    """The page's Markdown and its span map: one ``(order, start, end)`` per region with content, in
+    reading order, where ``markdown[start:end]`` is that region's rendered block (0-based character
+    offsets, end exclusive; ``order`` is the region's position in ``page.regions``). Built in the same
+    pass that joins the blocks, so the offsets cannot drift from the text: a client quoting a passage
+    finds the region (and box) it came from."""
+    blocks: list[str] = []
+    spans: list[tuple[int, int, int]] = []
+    at = 0
     for i, r in enumerate(page.regions):
-        if r.category in FURNITURE and not include_furniture:
+        md = region_block(r, i, include_furniture=include_furniture)
+        if md is None:
             continue
-        md = region_markdown(r, i)
-        if md is not None:
-            blocks.append(md)
-    return "\n\n".join(blocks) + ("\n" if blocks else "")
+        if blocks:
+            at += len(SEPARATOR)
+        blocks.append(md)
+        spans.append((i, at, at + len(md)))
+        at += len(md)
+    return SEPARATOR.join(blocks) + ("\n" if blocks else ""), spans
 
 
 def to_json(page: Page, *, indent: int | None = 2) -> str:

@@ -16,12 +16,13 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from padoc_ray import status
 from padoc_ray.engine.interface import Engine, EngineDeadError, EngineError, GenRequest
-from padoc_ray.protocol import DecodeDepth, Page, assemble_page, decode_depth, depth_from_trace, parse_branch
-from padoc_ray.protocol.codec import ParsedBranch
+from padoc_ray.protocol import DecodeDepth, Page, Region, assemble_page, decode_depth, depth_from_trace, parse_branch
+from padoc_ray.protocol.codec import ParsedBranch, RawRegion, assemble_region
+from padoc_ray.protocol.render import region_block
 
 from .state import DECODE_MODES, ForkAction, MainRetry, PageState, PageStatus, SchedulerConfig, retry_seed
 
@@ -50,6 +51,25 @@ class PageInput:
     #: this trace instead (a phrase repeated to the token limit); its later attempts (re-forks) to
     #: ``forced_branches[k]``
     forced_first_attempt: Mapping[int, Sequence[int]] | None = None
+
+
+@dataclass(frozen=True)
+class RegionEvent:
+    """A region of a page as it happens: ``region`` when the layout stream closes it (its box and
+    category known, no content yet), ``content`` when its branch has finished for good (retries
+    done), at once for a region no branch runs for (contentless, over the branch cap), or in
+    sequential mode once the next region closes or the stream ends. Each region of the finished
+    page gets exactly one of each, its ``region`` first; ``markdown`` is its block in the page's Markdown (None: it has
+    none there), so the blocks in reading order, joined like the page's, are the page's Markdown."""
+
+    kind: Literal["region", "content"]
+    order: int  #: the region's reading-order position (its ``order`` in the page row)
+    region: Region
+    markdown: str | None = None
+
+
+#: receives a page's :class:`RegionEvent` s, on the page's event loop; must not block or raise
+EventSink = Callable[[RegionEvent], None]
 
 
 @dataclass
@@ -97,9 +117,12 @@ class _Page:
     """One run of one page; keeps the live request ids so every exit path can abort them."""
 
     def __init__(self, engine: Engine, model_protocol, inp: PageInput, mode: str, cfg: SchedulerConfig,
-                 admission: asyncio.Semaphore | None = None):
+                 admission: asyncio.Semaphore | None = None, on_event: EventSink | None = None):
         self.engine, self.model_protocol, self.inp, self.mode, self.cfg = engine, model_protocol, inp, mode, cfg
         self.admission = admission
+        self.on_event = on_event
+        self.announced: dict[int, RawRegion] = {}  # region index -> its closed layout, once its event went out
+        self.contented: set[int] = set()  # regions whose content event went out
         self.state = PageState(model_protocol.vocab, model_protocol.prompt_ids(mode), cfg, mode)
         self.run_id = f"{inp.page_id}/{uuid.uuid4().hex[:8]}"
         self.live: set[str] = set()
@@ -145,6 +168,8 @@ class _Page:
                         if self.ttft is None and d.token_ids:
                             self.ttft = time.perf_counter() - self.t0
                         forks, halt = st.on_main_tokens(d.token_ids)
+                        if self.on_event is not None:
+                            self._announce()
                         for f in forks:
                             self._spawn(f)
                     else:
@@ -177,6 +202,49 @@ class _Page:
             again = self.state.on_branch_finished(branch, *args)
             if again is not None:
                 self._spawn(again)
+            elif self.on_event is not None:
+                self._content(branch)
+
+    # ---- region events ---------------------------------------------------------------------------
+    def _announce(self) -> None:
+        """A region event for every region closed since the last call; a content event at once for
+        those no branch will run for (fork mode), or for the previous region (sequential mode)."""
+        st, mp = self.state, self.model_protocol
+        for raw in st.closed[len(self.announced):]:
+            if self.mode == "sequential":  # inline content follows its close: the regions before this one are done
+                for i in sorted(set(self.announced) - self.contented):
+                    self._content(i)
+            self.announced[raw.index] = raw
+            layout = assemble_region(mp.vocab, mp.tokenizer, raw, None, sequential=True)
+            self.on_event(RegionEvent("region", raw.index, dataclasses.replace(layout, content=None)))
+            if self.mode == "fork" and raw.index not in st.forks:
+                self._content(raw.index)
+
+    def _content(self, index: int) -> None:
+        """Region ``index``'s content event, from its kept branch (as :meth:`_record` will read it)."""
+        st, vocab = self.state, self.model_protocol.vocab
+        raw = self.announced.get(index)
+        if raw is None or index in self.contented:
+            return
+        if self.mode == "sequential":
+            branch, seq = None, True
+        else:
+            seq = False
+            branch = (ParsedBranch([], True, []) if index in st.skipped else
+                      parse_branch(vocab, st.branches[index].tokens) if index in st.branches else None)
+        reg = assemble_region(vocab, self.model_protocol.tokenizer, raw, branch, sequential=seq)
+        self.contented.add(index)
+        self.on_event(RegionEvent("content", index, reg, region_block(reg, index)))
+
+    def _last_events(self, page: Page) -> None:
+        """Events the finished page has that did not go out while it ran (a region only the end of the
+        stream closed, content of a branch that never finished), from the page itself."""
+        for i, reg in enumerate(page.regions):
+            if i not in self.announced:
+                self.on_event(RegionEvent("region", i, reg))
+            if i not in self.contented:
+                self.contented.add(i)
+                self.on_event(RegionEvent("content", i, reg, region_block(reg, i)))
 
     def _first_branch_token(self, branch: int, sent: float, engine_first_s: float | None) -> None:
         now = time.perf_counter()
@@ -273,7 +341,10 @@ class _Page:
             await asyncio.shield(self._cleanup())
             raise
         await self._cleanup()
-        return self._record()
+        rec = self._record()
+        if self.on_event is not None:
+            self._last_events(rec.page)
+        return rec
 
     # ---- result ----------------------------------------------------------------------------------
     def _record(self) -> PageRecord:
@@ -337,15 +408,17 @@ class _Page:
 
 
 async def run_page(engine: Engine, model_protocol, inp: PageInput, *, mode: str = "fork",
-                   cfg: SchedulerConfig | None = None, admission: asyncio.Semaphore | None = None) -> PageRecord:
+                   cfg: SchedulerConfig | None = None, admission: asyncio.Semaphore | None = None,
+                   on_event: EventSink | None = None) -> PageRecord:
     """Parse one page. ``model_protocol`` provides ``vocab``, ``tokenizer`` and ``prompt_ids(mode)``
     (e.g. :class:`padoc_ray.tokenizer.ModelProtocol`). ``admission``, shared by every page on
     one engine, caps the branches live in it at once (see :func:`branch_admission`). Page-level
     failures come back as the record's status; only :class:`EngineDeadError` and cancellation
-    propagate."""
+    propagate. ``on_event`` receives the page's :class:`RegionEvent` s as they happen, all of them
+    before this returns."""
     if mode not in DECODE_MODES:
         raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
-    return await _Page(engine, model_protocol, inp, mode, cfg or SchedulerConfig(), admission).run()
+    return await _Page(engine, model_protocol, inp, mode, cfg or SchedulerConfig(), admission, on_event).run()
 
 
 def branch_admission(max_live_branches: int | None) -> asyncio.Semaphore | None:

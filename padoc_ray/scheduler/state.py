@@ -258,6 +258,9 @@ class PageState:
         self.finish_of: dict[int, str] = {}  # region index -> how its last attempt ended
         self.outcomes: dict[int, str] = {}  # region index -> its retry outcome (branches that needed one)
         self.skipped: set[int] = set()  # regions with no branch (contentless)
+        #: every region the main stream closed, in closing order (a layout retry keeps them: it restarts after
+        #: the last one); the runner announces each once (region events)
+        self.closed: list[RawRegion] = []
         self.status = PageStatus.OK
         self.messages: list[str] = []
         self.main_attempt = 0
@@ -310,6 +313,7 @@ class PageState:
             region = self.parser.feed(t)
             if region is not None:
                 self._last_close = len(self.main.tokens)
+                self.closed.append(region)
                 if self.mode == "fork":
                     act = self._fork(region)
                     if act is not None:
