@@ -56,13 +56,18 @@ def example_copies(d, n: int) -> None:
             shutil.copy(f, os.path.join(d, f"{i}_{os.path.basename(f)}"))
 
 
-def gt_for_copies(path, n: int) -> str:
+def gt_for_copies(path, n: int, regions: int | None = None) -> str:
+    """Ground truth (written to ``path``) for the ``n`` copies of the example PDFs that
+    :func:`example_copies` makes: each page teacher-forced to its original's regions, the first
+    ``regions`` of them if given (fewer tokens a page, for tests about runs rather than pages)."""
     gt = json.load(open(os.path.join(EXAMPLES, "ground_truth.json")))
     out = []
     for i in range(n):
         for p in gt:
             q = json.loads(json.dumps(p))
             q["page_info"]["source_pdf"] = f"{i}_{p['page_info']['source_pdf']}"
+            if regions is not None:
+                q["layout_dets"] = q["layout_dets"][:regions]
             out.append(q)
     with open(path, "w") as f:
         json.dump(out, f)

@@ -50,10 +50,12 @@ def test_engine_deaths_restart_the_actor_and_every_page_lands_once(ray_cluster, 
     EngineDeadError, the actor process exits, Ray restarts it and retries its batches), then (2) the
     restarted actor is SIGKILLed while pages remain. Each time a new actor process takes over; the
     job completes with every page written exactly once, all ok, some of them after the kill.
-    --max-live-branches rides along (every page still completes)."""
+    --max-live-branches rides along (every page still completes). Each page is forced to its
+    first 4 regions (4 branches, one more than --max-live-branches): the test is about the actors,
+    and a full page's decoding only made each actor's share longer."""
     n = 4  # 20 pages
     example_copies(tmp_path / "in", n)
-    gt = gt_for_copies(tmp_path / "gt.json", n)
+    gt = gt_for_copies(tmp_path / "gt.json", n, regions=4)
     out, marker = tmp_path / "out", tmp_path / "engine_died"
     fault = {"die_at_request": 12, "once": str(marker), "how": "kill_engine_core"}
     runtime_env = {"env_vars": {"PADOC_RAY_ENGINE_FAULTS": json.dumps(fault)},
@@ -114,9 +116,11 @@ def test_engine_deaths_restart_the_actor_and_every_page_lands_once(ray_cluster, 
 
 
 def test_interrupted_driver_completes_on_rerun_without_duplicates(ray_cluster, tiny_model_dir, tmp_path):
+    """A driver SIGKILLed mid-run (after its third page file): a rerun writes the pages it had not,
+    and no page twice. Pages are forced to their first 2 regions: the test is about the runs."""
     n = 4  # 20 pages
     example_copies(tmp_path / "in", n)
-    gt = gt_for_copies(tmp_path / "gt.json", n)
+    gt = gt_for_copies(tmp_path / "gt.json", n, regions=2)
     out = tmp_path / "out"
     args = ["--input", str(tmp_path / "in"), "--output", str(out), "--model", tiny_model_dir, "--address",
             ray_cluster["gcs"], "--replay", gt, "--rows-per-file", "1", "--pages-in-flight", "2"]
