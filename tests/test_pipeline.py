@@ -238,3 +238,18 @@ def test_reannotate_compares_modes_with_the_corpus_and_resumes(ray_cluster, tmp_
     table2 = pq.read_table(out / "agreement" / "agreement.parquet").to_pylist()
     strip = lambda rows: [{k: v for k, v in r.items() if k != "run_id"} for r in rows]  # noqa: E731
     assert strip(table2) == strip(table)
+
+
+def test_the_test_clusters_keep_token_authentication_on(ray_cluster, tmp_path):
+    """The `ray start --head` fixture runs with token auth: a client without the token is refused,
+    one with it (what _env() passes) gets in. (Here, on this module's cluster: a module of its own
+    would start a cluster only for this.)"""
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    cmd = [ray_bin, "job", "list", "--address", ray_cluster["dashboard"]]
+    anonymous = _env(HOME=str(tmp_path))
+    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN"):
+        anonymous.pop(k, None)
+    refused = subprocess.run(cmd, capture_output=True, text=True, env=anonymous, timeout=120)
+    assert refused.returncode != 0 and "authentication" in (refused.stdout + refused.stderr).lower()
+    allowed = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
+    assert allowed.returncode == 0, allowed.stderr[-2000:]
