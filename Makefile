@@ -40,6 +40,8 @@ demo: install model
 
 # Two pytest workers, whole modules each (module fixtures such as a Ray cluster stay in one worker):
 # the suite mostly waits on engines, clusters and subprocesses, so two workers halve its time on 2 cores.
+# Files go out in the collection's order (--no-loadscope-reorder), which tests/suite_order.py makes
+# heavy files first, so the last minutes are short files on both workers, not one long one.
 PYTEST_WORKERS ?= 2
 
 # The viewer's browser tests drive Debian's chromium (Playwright never downloads a browser of its own).
@@ -50,7 +52,7 @@ browser:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 test: install browser
-	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: install
 	$(VPY) -m pytest -m "not engine and not slow" $(PYTEST_ARGS)

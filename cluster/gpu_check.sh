@@ -2,13 +2,15 @@
 # One command for a CUDA machine with the gpu profile installed: does padoc-ray's engine work on both of
 # vLLM's model runners, and what does the serving benchmark do there? Writes one JSON verdict.
 #
-#   cluster/gpu_check.sh [--out DIR] [--runners v2,v1] [--pages N]
+#   cluster/gpu_check.sh [--out DIR] [--runners v2,v1] [--pages N] [--warmup N]
 #
 #   --out DIR      where the verdict (DIR/verdict.json), the logs and the benchmark go
 #                  (default: gpu-check-<UTC time>)
 #   --runners LIST the model runners to check, in order (default v2,v1: Model Runner V2, vLLM 0.32's
 #                  default on CUDA, then the V1 runner through VLLM_USE_V2_MODEL_RUNNER=0)
 #   --pages N      synthetic pages for the benchmark (default 32)
+#   --warmup N     untimed warm-up pages per mode before the benchmark's timed runs (default 2;
+#                  0 when only the wiring is checked, as the CPU suite does: the figures need them)
 #
 # Steps (each one's output goes to DIR/logs/STEP.log, its outcome into the verdict):
 #   1. padoc-ray doctor (the runner vLLM picks here, the processors its loader accepts, trace replay)
@@ -24,18 +26,21 @@ cd "$(dirname "$0")/.."
 out="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)"
 runners="v2,v1"
 pages=32
+warmup=2
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) out="${2:?--out needs a folder}"; shift 2 ;;
     --runners) runners="${2:?--runners needs a list}"; shift 2 ;;
     --pages) pages="${2:?--pages needs a number}"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --warmup) warmup="${2:?--warmup needs a number}"; shift 2 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 for r in ${runners//,/ }; do
   [[ "$r" == v1 || "$r" == v2 ]] || { echo "gpu_check.sh: runner must be v1 or v2, got $r" >&2; exit 2; }
 done
+[[ "$warmup" =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --warmup must be a whole number, got $warmup" >&2; exit 2; }
 padoc="${PADOC_RAY:-padoc-ray}"
 py="${PYTHON:-python3}"
 command -v "$padoc" >/dev/null || { echo "gpu_check.sh: $padoc not found (install the gpu profile: pip install -e '.[gpu]')" >&2; exit 2; }
@@ -78,7 +83,7 @@ for r in ${runners//,/ }; do
 done
 step corpus "" "$padoc" corpus generate --out "$out/corpus" --pages "$pages" --images --seed 1 --force
 step bench-replay "$first" "$padoc" bench replay --gt "$out/corpus/gt.json" --images "$out/corpus/images" \
-  --model "$model" --concurrency 4,16 --out "$out/bench"
+  --model "$model" --concurrency 4,16 --warmup "$warmup" --out "$out/bench"
 
 "$py" - "$out" "$t_start" <<'PY'
 import json

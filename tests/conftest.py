@@ -25,6 +25,8 @@ import time
 
 import pytest
 
+from .suite_order import pytest_collection_modifyitems  # noqa: F401  (the order of the files: heavy first)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.normpath(os.path.join(ROOT, "..", "shared"))
 DEMO_DIR = os.path.join(SHARED, "data", "omnidocbench_demo")

@@ -1,6 +1,8 @@
 """``cluster/gpu_check.sh`` end to end on this CPU: its V1 leg is real here (doctor, the tiny model,
 teacher-forced parse-page with and without --constrain-layout, bench replay at C=4 and 16), and
-its verdict says what each step did. Its Model Runner V2 leg needs a GPU (the script's default)."""
+its verdict says what each step did. Its Model Runner V2 leg needs a GPU (the script's default).
+The benchmark runs without warm-up pages (--warmup 0): here only its wiring is checked, and the
+four untimed pages cost about 30 s of the test."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ def test_the_v1_leg_passes_here_and_the_verdict_says_so(tmp_path):
     out = tmp_path / "check"
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "PYTHON": sys.executable}
     p = subprocess.run(["bash", os.path.join(ROOT, "cluster", "gpu_check.sh"), "--out", str(out), "--runners", "v1",
-                        "--pages", "2"], capture_output=True, text=True, timeout=900, env=env)
+                        "--pages", "2", "--warmup", "0"], capture_output=True, text=True, timeout=900, env=env)
     assert p.returncode == 0, p.stdout + p.stderr[-4000:]
     v = json.loads((out / "verdict.json").read_text())
     assert v["ok"] and v["machine"]["runner"] == "v1" and v["machine"]["processors_load"]
@@ -33,6 +35,7 @@ def test_the_v1_leg_passes_here_and_the_verdict_says_so(tmp_path):
         assert s["runner_env"] == "0" and s["page"]["status"] == "ok" and s["page"]["equals_truth"] is True
     bench = v["bench_replay"]
     assert set(bench["concurrency"]) == {"4", "16"} and bench["pages"] == 2
+    assert json.loads((out / "bench" / "report.json").read_text())["config"]["warmup"] == 0  # --warmup reached it
     assert "verdict: ok" in p.stdout
 
 
@@ -41,3 +44,11 @@ def test_a_bad_runner_name_is_a_usage_error(tmp_path):
                         "--runners", "v3"], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"})
     assert p.returncode == 2 and "runner must be v1 or v2" in p.stderr
+
+
+def test_a_warmup_that_is_no_whole_number_is_a_usage_error(tmp_path):
+    p = subprocess.run(["bash", os.path.join(ROOT, "cluster", "gpu_check.sh"), "--out", str(tmp_path / "x"),
+                        "--runners", "v1", "--warmup", "-1"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"})
+    assert p.returncode == 2 and "--warmup must be a whole number, got -1" in p.stderr
+    assert not (tmp_path / "x").exists()  # refused before any step ran

@@ -423,21 +423,6 @@ def test_a_storage_error_while_reading_pages_is_retried_and_never_deletes(tmp_pa
     assert (pages / "good.parquet").exists()
 
 
-@pytest.mark.slow
-def test_the_test_clusters_keep_token_authentication_on(ray_cluster, tmp_path):
-    """The `ray start --head` fixture runs with token auth: a client without the token is refused,
-    one with it (what _env() passes) gets in."""
-    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-    cmd = [ray_bin, "job", "list", "--address", ray_cluster["dashboard"]]
-    anonymous = _env(HOME=str(tmp_path))
-    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN"):
-        anonymous.pop(k, None)
-    refused = subprocess.run(cmd, capture_output=True, text=True, env=anonymous, timeout=120)
-    assert refused.returncode != 0 and "authentication" in (refused.stdout + refused.stderr).lower()
-    allowed = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
-    assert allowed.returncode == 0, allowed.stderr[-2000:]
-
-
 # ---- resume and leftover clean-up on S3 ----------------------------------------------------------------------
 @pytest.mark.slow
 def test_resume_and_leftover_cleanup_on_an_s3_output(s3, tiny_model_dir, tmp_path, monkeypatch):

@@ -204,7 +204,7 @@ def test_batch_job_exports_the_metrics_its_rows_imply(ray_cluster, tiny_model_di
     exported while the job ran, within --pages-in-flight."""
     import threading
 
-    from .test_pipeline import parse_cmd, read_pages, run_logged
+    from .batch_runs import parse_cmd, read_pages, run_logged
 
     src = tmp_path / "in"
     src.mkdir()
