@@ -23,6 +23,7 @@ per-request cap; each surface keeps its own messages. Pure: no ray, no fastapi.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -124,13 +125,15 @@ def document_error_row(base: dict, code: str, message: str, page_count: int | No
 
 def document_rows(renderer, data: bytes, name: str, base: dict, choice: PageChoice, render: RenderConfig,
                   encoding: str, *, max_frames: int | None = None, skip: frozenset[int] | set[int] = frozenset(),
-                  count_only: bool = False) -> Iterator[DocumentItem]:
+                  count_only: bool = False, cancel: threading.Event | None = None) -> Iterator[DocumentItem]:
     """Render one document with ``renderer`` (an Isolated- or InProcessRenderer) and yield its
     items (see the module doc). ``base``: the :func:`~padoc_ray.output.rows.base_row` arguments but
     page_index and page_count (run_id, uri, doc_id, mode, model_id). ``skip``: selected pages not to
     render (done by an earlier run); ``count_only``: open and select, render nothing (``base`` is
     then unused and may be empty). Closing the
-    generator early closes the renderer's (an isolated renderer then replaces its process)."""
+    generator early closes the renderer's (an isolated renderer then replaces its process).
+    ``cancel``: set by another thread to end the document mid-page (the renderer's
+    ``render_document``); the items stop, with no row for the page it was rendering."""
     chosen: list = []  # the selection, computed once when the document opens (or its refusal)
 
     def selector(count: int) -> list[int]:  # called by the renderer right after it yields Opened
@@ -142,7 +145,7 @@ def document_rows(renderer, data: bytes, name: str, base: dict, choice: PageChoi
         return [] if count_only else [i for i in got if i not in skip]
 
     count, repaired = None, None
-    events = renderer.render_document(data, name, selector, render, encoding, max_frames=max_frames)
+    events = renderer.render_document(data, name, selector, render, encoding, max_frames=max_frames, cancel=cancel)
     try:
         for ev in events:
             if isinstance(ev, DocFailed):

@@ -16,7 +16,11 @@ or outlives a deadline is killed and replaced; only the document being rendered 
   ``render_crashed`` too; a document that cannot even be opened gets one document-level row
   with the code;
 * the renderer process is replaced after ``recycle_after_pages`` pages, between documents or in
-  the middle of one (the document is reopened in the fresh process and goes on where it was).
+  the middle of one (the document is reopened in the fresh process and goes on where it was);
+* a document whose ``cancel`` event is set (its consumer left) ends at once, mid-page too: another
+  thread sets the event and calls :meth:`IsolatedRenderer.interrupt`, the renderer process is
+  killed (its CPU freed now, not after the page) and the document yields nothing more; the next
+  document starts a fresh process.
 
 A page whose content would draw too many XObjects is refused before pdfium loads it
 (``page_too_complex``, :class:`padoc_ray.pdf.DrawCounter`, ``RenderConfig.max_page_draws``).
@@ -33,9 +37,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from multiprocessing.connection import wait as wait_ready
 from typing import Callable, Iterator
 
 from padoc_ray.pdf import PdfError, RenderConfig
@@ -142,8 +148,9 @@ class InProcessRenderer:
     def __init__(self, cfg: RendererConfig = RendererConfig()):
         self.cfg = cfg
 
-    def render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig,
-                        encoding: str, *, max_frames: int | None = None) -> Iterator[Event]:
+    def render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig, encoding: str, *,
+                        max_frames: int | None = None, cancel: threading.Event | None = None) -> Iterator[Event]:
+        """As :meth:`IsolatedRenderer.render_document`; ``cancel`` is seen between pages only."""
         from padoc_ray.pdf import ImageDocument, ReusedBitmapBuffer, is_repaired, open_document
         from padoc_ray.raster.worker import render_encoded
 
@@ -161,6 +168,8 @@ class InProcessRenderer:
                 yield DocFailed(e.code, e.message, len(doc))
                 return
             for i in pages:
+                if cancel is not None and cancel.is_set():
+                    return
                 try:
                     meta, payload = render_encoded(doc, i, render, encoding, buffer)
                 except PdfError as e:
@@ -182,6 +191,10 @@ class _TimedOut(Exception):
     """The renderer did not answer before the deadline."""
 
 
+class _Cancelled(Exception):
+    """The document's consumer left (its ``cancel`` event is set)."""
+
+
 class IsolatedRenderer:
     """Renders in a child process with deadlines; see the module doc. Not thread-safe: one per
     thread, and a long-lived thread: the child dies with the thread that started it (its
@@ -195,7 +208,27 @@ class IsolatedRenderer:
         self._owner = os.getpid()  # a forked copy of this object must never talk to our renderer
         self.restarts = 0  # processes started after a crash or a time-out (for tests and logs)
         self.recycles = 0  # processes replaced after recycle_after_pages pages
+        self.cancels = 0  # documents ended mid-render, their process killed, because the consumer left
+        # a byte here wakes the thread waiting for the renderer (interrupt()); kept for the object's life
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         atexit.register(self.close)
+
+    @property
+    def pid(self) -> int | None:
+        """The renderer process's id; None while none is running (it starts with the next document)."""
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
+    def interrupt(self) -> None:
+        """Wake the thread rendering a document whose ``cancel`` event was set, to kill its renderer
+        at once instead of after the page. Thread-safe; a wake-up when no document is cancelled is
+        ignored (stale wake-ups are drained)."""
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:  # BlockingIOError: the pipe is full, so a wake-up is pending anyway
+            pass
 
     # ---- the child process ----
     def _start(self) -> None:
@@ -245,14 +278,23 @@ class IsolatedRenderer:
         except OSError as e:  # BrokenPipeError: it died between two documents
             raise _Died(self._death()) from e
 
-    def _recv(self, deadline: float):
-        wait = deadline - time.monotonic()
-        if wait <= 0 or not self._conn.poll(wait):
-            raise _TimedOut()
-        try:
-            return self._conn.recv()
-        except (EOFError, OSError) as e:
-            raise _Died(self._death()) from e
+    def _recv(self, deadline: float, cancel: threading.Event | None):
+        while True:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                raise _TimedOut()
+            ready = wait_ready([self._conn, self._wake_r], wait)
+            if self._wake_r in ready:
+                _drain(self._wake_r)
+            if cancel is not None and cancel.is_set():
+                raise _Cancelled()
+            if self._conn in ready:
+                try:
+                    return self._conn.recv()
+                except (EOFError, OSError) as e:
+                    raise _Died(self._death()) from e
+            if not ready:
+                raise _TimedOut()
 
     def _death(self) -> str:
         """How the child ended, in words (it is reaped and forgotten)."""
@@ -271,15 +313,19 @@ class IsolatedRenderer:
         return f"exited with code {rc}"
 
     # ---- one document ----
-    def render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig,
-                        encoding: str, *, max_frames: int | None = None) -> Iterator[Event]:
+    def render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig, encoding: str, *,
+                        max_frames: int | None = None, cancel: threading.Event | None = None) -> Iterator[Event]:
         """Open ``data`` and render the pages ``select(page_count)`` names, yielding :class:`Opened`
         then one event per page (in order), or a single :class:`DocFailed` (after :class:`Opened`
         when ``select`` refused the document). ``max_frames`` caps the frames of a page image.
         The document's time limit counts the time spent in here only, not the time the caller
-        holds an event before asking for the next."""
+        holds an event before asking for the next. Once ``cancel`` is set (and :meth:`interrupt`
+        called, when this thread is waiting for the renderer), the renderer process is killed and
+        the document ends, yielding nothing more."""
+        if cancel is not None and cancel.is_set():
+            return
         clock = _WorkClock(self.cfg.doc_limit_s(None))
-        events = self._render_document(data, name, select, render, encoding, max_frames, clock)
+        events = self._render_document(data, name, select, render, encoding, max_frames, clock, cancel)
         try:
             while True:
                 clock.resume()
@@ -294,7 +340,8 @@ class IsolatedRenderer:
             events.close()
 
     def _render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig, encoding: str,
-                         max_frames: int | None, clock: _WorkClock) -> Iterator[Event]:
+                         max_frames: int | None, clock: _WorkClock,
+                         cancel: threading.Event | None) -> Iterator[Event]:
         cfg = self.cfg
         todo: deque[int] | None = None  # pages still to render (known once opened)
         crashes = 0
@@ -320,7 +367,7 @@ class IsolatedRenderer:
                 # (re)open the document in a live renderer
                 try:
                     self._send(("open", data, name, max_frames))
-                    reply = self._recv(deadline())
+                    reply = self._recv(deadline(), cancel)
                 except (_Died, _TimedOut) as e:
                     self._kill()
                     self.restarts += 1
@@ -362,7 +409,7 @@ class IsolatedRenderer:
                         if not sent:
                             self._send(("render", list(todo), render, encoding))
                             sent = True
-                        reply = self._recv(deadline())
+                        reply = self._recv(deadline(), cancel)
                     except _TimedOut:
                         self._kill()
                         self.restarts += 1
@@ -412,6 +459,10 @@ class IsolatedRenderer:
                         self._send(("close",))
                     clean = True
                     return
+        except _Cancelled:  # the consumer left mid-page: the renderer is killed below, nothing more is said
+            self.cancels += 1
+            logger.info("rendering %s cancelled: its renderer process is killed", name)
+            return
         finally:
             if not clean:  # the consumer stopped early, or an error: the child's state is unknown
                 self._kill()
@@ -420,6 +471,14 @@ class IsolatedRenderer:
 def _doc_late(clock: _WorkClock) -> str:
     return (f"the document's rendering time limit ({clock.limit_s:g} s of renderer time: doc_timeout_s, or "
             f"page_budget_s per selected page) passed")
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def _has_fileno(stream) -> bool:
