@@ -346,6 +346,7 @@ def test_rayservice_config_is_the_serve_app():
 
     sc = ServeConfig.from_args(app["args"])
     assert sc.engine_gpus == 1 and sc.model.startswith("s3://")
+    assert cfg["http_options"]["request_timeout_s"] == sc.http_request_timeout_s  # Serve's limit backs up ours
     built = import_attr(app["import_path"])(app["args"])
     engine = built._bound_deployment.init_args[1]._bound_deployment  # Ingress.bind(cfg, engine.bind(cfg))
     assert engine.ray_actor_options["num_gpus"] == 1

@@ -346,21 +346,40 @@ def _long_copy(dest: str) -> None:
     out.save(dest)
 
 
-def test_chunked_upload_over_the_cap_is_refused_while_it_arrives(svc):
-    u = urllib.parse.urlparse(svc.url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+def _send_until_refused(url: str, path: str, headers: dict, chunks) -> tuple[int, dict, int]:
+    """POST a chunked body piece by piece until the server answers (and closes) or it is all sent:
+    (status, JSON body, bytes of body sent). A refusal mid-upload closes the connection, so the
+    client's next send fails: the answer is read then."""
+    u = urllib.parse.urlparse(url)
+    sock = socket.create_connection((u.hostname, u.port), timeout=60)
+    head = "".join(f"{k}: {v}\r\n" for k, v in {**headers, "Host": u.netloc, "Transfer-Encoding": "chunked"}.items())
+    sock.sendall(f"POST {path} HTTP/1.1\r\n{head}\r\n".encode())
+    sent = 0
+    try:
+        for c in chunks:
+            sock.sendall(f"{len(c):x}\r\n".encode() + c + b"\r\n")
+            sent += len(c)
+        sock.sendall(b"0\r\n\r\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    resp = http.client.HTTPResponse(sock)
+    resp.begin()
+    body = json.loads(resp.read())
+    sock.close()
+    return resp.status, body, sent
 
+
+def test_chunked_upload_over_the_cap_is_refused_while_it_arrives(svc):
     def body():
         yield b"--x\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.pdf\"\r\n\r\n%PDF-1.4\n"
-        for _ in range(8):  # 8 MiB, over the 2 MiB (+1 MiB envelope) cap
+        for _ in range(64):  # 64 MiB, far over the 2 MiB (+1 MiB envelope) cap
             yield b"0" * (1 << 20)
         yield b"\r\n--x--\r\n"
 
-    conn.request("POST", "/v1/parse", body=body(), encode_chunked=True,
-                 headers={**svc.headers, "Content-Type": "multipart/form-data; boundary=x",
-                          "Transfer-Encoding": "chunked"})
-    resp = conn.getresponse()
-    assert resp.status == 413 and json.loads(resp.read())["error"]["code"] == "file_too_large"
+    code, answer, sent = _send_until_refused(svc.url, "/v1/parse", {
+        **svc.headers, "Content-Type": "multipart/form-data; boundary=x"}, body())
+    assert code == 413 and answer["error"]["code"] == "file_too_large"
+    assert sent < 64 << 20  # refused while it arrived, not after
 
 
 def test_s3_uris_are_read_only_under_the_allowed_prefix(svc, s3, tmp_path):

@@ -227,6 +227,20 @@ def cmd_bench_soak(args) -> int:
     return 1 if report["http_5xx"] or report["jobs_lost"] or report["job_pages_duplicated"] else 0
 
 
+def cmd_bench_fairness(args) -> int:
+    from padoc_ray.bench.fairness import FairnessConfig, run
+    from padoc_ray.cli.common import ROOT
+
+    try:
+        cfg = from_args(FairnessConfig, args)
+        report = run(cfg, ROOT, log=lambda m: print(m, file=sys.stderr, flush=True))
+    except (ValueError, RuntimeError) as e:
+        die(str(e))
+    _write_json(args.json, report)
+    print(json.dumps({k: report[k] for k in ("idle", "loaded", "p95_loaded_over_idle", "job")}, indent=2))
+    return 0
+
+
 def cmd_bench_replay(args) -> int:
     """`bench replay`: the serving benchmark with its old defaults (C=1,4,16, every page) and its old
     output (summary.json, pages.jsonl, the table on stdout), plus report.json/report.md."""
@@ -432,6 +446,16 @@ def register(sub) -> None:
                                  "sample_interval_s", "drain_s", "seed"))
     bso.add_argument("--json", required=True, metavar="OUT.json", help="write the report here")
     bso.set_defaults(func=cmd_bench_soak)
+    from padoc_ray.bench.fairness import FairnessConfig
+
+    bf = add_command(bsub, "fairness", help="one tenant's one-page latency while another tenant's long job runs",
+                     description="Start `padoc-ray serve --tenant-header`, time tenant B's sequential one-page "
+                                 "/v1/parse requests on the idle service, then while tenant A's --job-pages job "
+                                 "runs; print P50/P95 of both, the loaded/idle P95 ratio (target: within 2x) and "
+                                 "the job's progress during the probes.")
+    add_fields(bf, FairnessConfig, ("engine", "model", "job_pages", "probes"))
+    bf.add_argument("--json", required=True, metavar="OUT.json", help="write the report here")
+    bf.set_defaults(func=cmd_bench_fairness)
     bh = add_command(bsub, "http", help="the Serve endpoint's overhead: HTTP clients vs the engine host directly",
                          description="Send the same one-page requests (teacher-forced) to a PageHost directly and to "
                                      "the Serve endpoint (padoc-ray serve's application on a local Ray) over HTTP, in "
