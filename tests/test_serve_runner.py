@@ -146,34 +146,38 @@ def test_pages_wait_for_a_busy_engine_instead_of_failing_overloaded(harness):
     assert engine.most <= 2  # never more pages at the engine than the gate's capacity
 
 
-def test_a_new_request_is_refused_only_at_admission(harness):
+def test_a_burst_is_refused_at_admission_and_every_admitted_page_finishes(harness):
+    """Capacity 1 + 1 waiting: two one-page requests are admitted (their documents opened), a third
+    is refused `overloaded` before any of its pages runs, and the admitted ones all end ok. A
+    document larger than the whole allowance is admitted once nothing else holds it."""
     cfg, make = harness
 
     async def go():
         host = await _host(cfg)
         hold = asyncio.Event()
-        runner = make(HostEngine(host, hold=hold), capacity=1, max_waiting=2)
-        first = asyncio.create_task(runner.parse_all(Document(text_pdf(4), "a.pdf"), _opt("a")))
-        for _ in range(200):  # until a's other pages wait for the only slot
-            await asyncio.sleep(0.02)
-            if runner.gate.waiting(INTERACTIVE) >= 1:
-                break
-        runner.admit()  # one waiting, under the limit of 2
-        second = asyncio.create_task(runner.parse_all(Document(text_pdf(1), "b.pdf"), _opt("b")))
-        for _ in range(200):
-            await asyncio.sleep(0.02)
-            if runner.gate.waiting(INTERACTIVE) >= 2:
-                break
-        with pytest.raises(BadRequest) as refused:
-            runner.admit()
+        engine = HostEngine(host, hold=hold)
+        runner = make(engine, capacity=1, max_waiting=1)
+        a = asyncio.create_task(runner.parse_all(Document(text_pdf(1), "a.pdf"), _opt("a")))
+        b = asyncio.create_task(runner.parse_all(Document(text_pdf(1), "b.pdf"), _opt("b")))
+        while runner.reserved < 2:
+            await asyncio.sleep(0.01)
+        refused = []
+        for doc in (Document(text_pdf(1), "c.pdf"), Document(text_pdf(5), "big.pdf")):
+            with pytest.raises(BadRequest) as e:
+                await runner.parse_all(doc, _opt("c"))
+            refused.append(e.value)
+        calls_while_full = list(engine.calls)
         hold.set()
-        got = await asyncio.gather(first, second)
+        got = await asyncio.gather(a, b)
+        alone, _ = await runner.parse_all(Document(text_pdf(5), "big.pdf"), _opt("c"))
         host.shutdown()
-        return refused.value, got
+        return refused, calls_while_full, got, alone, runner.reserved
 
-    refused, got = asyncio.run(go())
-    assert refused.code == status.OVERLOADED and refused.status == 503
+    refused, calls, got, alone, reserved = asyncio.run(go())
+    assert [(e.code, e.status) for e in refused] == [(status.OVERLOADED, 503)] * 2
+    assert {c[0] for c in calls} <= {"a", "b"}  # nothing of the refused requests reached the engine
     assert all(r["status"] == status.OK for rows, _ in got for r in rows)
+    assert [r["status"] for r in alone] == [status.OK] * 5 and reserved == 0
 
 
 def test_an_interactive_page_overtakes_a_waiting_job(harness):

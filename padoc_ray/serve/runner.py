@@ -77,13 +77,22 @@ class DocumentRunner:
                  busy_backoff_s: float = 0.5, retry_wait_s: float = 1.0):
         self.cfg, self.engine, self.pools, self.gate = cfg, engine, pools, gate
         self.max_waiting = max_waiting
+        #: interactive pages admitted (their document opened) and not finished: at most the gate's slots
+        #: plus max_waiting, so that a burst of requests is refused at once instead of queueing long
+        self.reserved = 0
         self.busy_backoff_s, self.retry_wait_s = busy_backoff_s, retry_wait_s
 
     def admit(self) -> None:
         """Refuse a new interactive request while too many interactive pages wait already."""
         if self.gate.waiting(INTERACTIVE) >= self.max_waiting:
-            raise BadRequest(status.OVERLOADED, "every engine replica is at capacity; retry later",
-                             status.http_status(status.OVERLOADED))
+            raise _overloaded()
+
+    def _reserve(self, n: int) -> None:
+        """Admit an opened interactive document's ``n`` pages, or refuse it (none of its pages ran). A
+        document larger than the whole allowance is admitted when nothing else is (or it never could be)."""
+        if self.reserved and self.reserved + n > self.gate.capacity + self.max_waiting:
+            raise _overloaded()
+        self.reserved += n
 
     async def _call(self, rp: PageRow, opt: RunOptions) -> dict:
         """The page's finished row: waits out a busy engine, tries a failed replica's page once more."""
@@ -118,6 +127,7 @@ class DocumentRunner:
         out: asyncio.Queue = asyncio.Queue()
         done = object()
         tasks: set[asyncio.Task] = set()
+        held = 0  # of self.reserved: this document's interactive pages not yet finished
 
         async def run(rp: PageRow) -> None:
             await out.put(await self._call(rp, opt))
@@ -159,8 +169,16 @@ class DocumentRunner:
                 if isinstance(item, DocFailed):
                     metrics.get().document_error(item.code)
                     raise BadRequest(item.code, item.message, doc_error_status(item.code))
+                if opt.klass == INTERACTIVE:
+                    if isinstance(item, DocumentOpened):
+                        self._reserve(len(item.pages))
+                        held = len(item.pages)
+                    elif held:
+                        self.reserved -= 1
+                        held -= 1
                 yield item
         finally:
+            self.reserved -= held
             feeder.cancel()
             for t in list(tasks):
                 t.cancel()
@@ -191,6 +209,11 @@ class DocumentRunner:
         if opened is None:
             raise BadRequest(status.RENDER_FAILED, "the document could not be opened", 422)
         return opened
+
+
+def _overloaded() -> BadRequest:
+    return BadRequest(status.OVERLOADED, "every engine replica is at capacity; retry later",
+                      status.http_status(status.OVERLOADED))
 
 
 def result(served_model: str, name: str, page_rows: list[dict], count: int | None, mode: str) -> dict:
