@@ -145,6 +145,7 @@ def services(tmp_path_factory, tiny_model_dir, long_doc, s3):
     metrics_port = _free_port()
     svc = Service(tmp, tiny_model_dir, gt, TOKEN, "--max-upload-mb", "2", "--max-pages", "20", "--job-lease", "3",
                   "--metrics-port", str(metrics_port), "--max-requests-per-tenant", "40",  # 32 clients share one token
+                  "--body-timeout", "5",
                   "--allow-s3", "s3://padoc-in/allowed/", "--s3-endpoint", s3["endpoint"], env=s3["env"])
     tight = Service(tmp, tiny_model_dir, gt, None, "--engine-max-ongoing", "1", "--engine-max-queued", "1",
                     "--pages-in-flight", "1", "--max-pages", "5")
@@ -382,6 +383,29 @@ def test_chunked_upload_over_the_cap_is_refused_while_it_arrives(svc):
     assert sent < 64 << 20  # refused while it arrived, not after
 
 
+def test_slow_bodies_neither_stall_health_checks_nor_keep_their_slots(svc):
+    """50 clients of one tenant each declare a 100 kB body and send one byte: past the tenant's 40
+    slots they get 429 at once, the others 408 once the 5-s body deadline passes; meanwhile /healthz
+    answers, and afterwards the tenant's slots are free again."""
+    u = urllib.parse.urlparse(svc.url)
+    socks = []
+    for _ in range(50):
+        sock = socket.create_connection((u.hostname, u.port), timeout=60)
+        sock.sendall(f"POST /v1/parse HTTP/1.1\r\nHost: {u.netloc}\r\nAuthorization: Bearer {TOKEN}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{".encode())
+        socks.append(sock)
+    assert requests.get(f"{svc.url}/healthz", timeout=15).status_code == 200  # not stalled behind them
+    codes = []
+    for sock in socks:
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        codes.append((resp.status, json.loads(resp.read())["error"]["code"]))
+        sock.close()
+    assert codes.count((429, "too_many_requests")) >= 10 and codes.count((408, "body_timeout")) >= 1, codes
+    assert set(codes) <= {(429, "too_many_requests"), (408, "body_timeout")}, codes
+    assert requests.get(f"{svc.url}/v1/models", headers=svc.headers, timeout=30).status_code == 200
+
+
 def test_s3_uris_are_read_only_under_the_allowed_prefix(svc, s3, tmp_path):
     c = s3["client"]
     c.create_bucket(Bucket="padoc-in")
@@ -568,21 +592,49 @@ def test_requests_share_no_prefix_cache(svc):
 
 
 # ---- the OpenAPI schema fuzzed ---------------------------------------------------------------------------
-def test_fuzzing_the_openapi_schema_finds_no_5xx(svc, tmp_path):
+def _fuzz(svc, tmp_path, name: str, *headers: str, examples: int = 15) -> tuple[int, str]:
     out = subprocess.run(
         [os.path.join(BIN, "st"), "run", f"{svc.url}/openapi.json", "--checks", "not_a_server_error",
-         "--max-examples", "15", "--request-timeout", "120", "--no-color", "-H", f"Authorization: Bearer {TOKEN}"],
-        env=_env(), stdout=open(tmp_path / "st.out", "w"), stderr=subprocess.STDOUT, timeout=900, check=False,
+         "--max-examples", str(examples), "--request-timeout", "120", "--no-color", *headers],
+        env=_env(), stdout=open(tmp_path / f"{name}.out", "w"), stderr=subprocess.STDOUT, timeout=900, check=False,
         cwd=tmp_path)  # it keeps a .schemathesis/ folder in its working directory
-    text = (tmp_path / "st.out").read_text()
+    text = (tmp_path / f"{name}.out").read_text()
     assert re.search(r"\d+ passed", text), text[-2000:]
-    if out.returncode != 0:
-        # the one 5xx allowed: 504 request_timeout, when a generated request asked for a `timeout` of a
-        # second or two and the page took longer (the documented answer to the client's own deadline)
+    return out.returncode, text
+
+
+def test_fuzzing_the_openapi_schema_finds_no_5xx(svc, tmp_path):
+    code, text = _fuzz(svc, tmp_path, "with-token", "-H", f"Authorization: Bearer {TOKEN}")
+    if code != 0:
+        # the one 5xx allowed: 504 request_timeout, for a generated request that asked for a `timeout` of a
+        # second or two (the documented answer to the client's own deadline), and only for such a request
         kinds = set(re.findall(r"❌ (ST\d+) ", text))
-        errors = re.findall(r"\[(5\d\d)\][^\n]*\n\s*\n\s*`([^`]*)`", text)
-        assert kinds == {"ST101"} and errors and all(
-            code == "504" and '"request_timeout"' in body for code, body in errors), text[-5000:]
+        failure = r"\[(5\d\d)\][^\n]*\n\s*\n\s*`([^`]*)`\s*\n\s*Reproduce with:\s*\n\s*\n(.*?)(?:\n\s*\n|$)"
+        failures = re.findall(failure, text, re.S)
+        assert kinds == {"ST101"} and failures and all(
+            code == "504" and '"request_timeout"' in body and "timeout=" in curl
+            for code, body, curl in failures), text[-5000:]
+    # without the token nothing gets past the guard, and nothing is a server error
+    code, text = _fuzz(svc, tmp_path, "without-token", examples=5)
+    assert code == 0, text[-3000:]
+
+
+def test_every_route_of_the_schema_needs_the_token(svc):
+    """Default-deny: every path of the OpenAPI schema (with its parameters filled in) answers 401
+    without the token, but the open ones."""
+    schema = requests.get(f"{svc.url}/openapi.json", timeout=30).json()
+    open_ = {"/healthz", "/readyz"}
+    checked = 0
+    for path, ops in schema["paths"].items():
+        url = svc.url + re.sub(r"\{[^}]+\}", "0" * 32, path)
+        for method in ops:
+            r = requests.request(method.upper(), url, timeout=60)
+            if path in open_:
+                assert r.status_code in (200, 503), (method, path, r.status_code)
+            else:
+                assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", (method, path, r.text)
+                checked += 1
+    assert checked >= 7  # models, parse, jobs (4 routes), chat
 
 
 # ---- metrics --------------------------------------------------------------------------------------------------

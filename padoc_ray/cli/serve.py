@@ -113,6 +113,13 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
     except ValueError as e:
         die(str(e), prog=PROG)
+    if cfg.job_store and not is_s3(cfg.job_store):  # a refused store would only show as a replica that never starts
+        from padoc_ray.serve.jobs import JobStore
+
+        try:
+            JobStore(cfg.job_store, cfg.storage)
+        except (ValueError, OSError) as e:
+            die(f"--job-store: {e}", prog=PROG)
 
     stop = threading.Event()
 

@@ -83,10 +83,9 @@ def make_ingress(cfg: ServeConfig):
             await self.jobs.start()
             self.gauges = asyncio.create_task(self._gauges())
 
-        async def __del__(self):
-            for t in (getattr(self, "gauges", None),):
-                if t is not None:
-                    t.cancel()
+        async def __del__(self):  # Serve awaits it when the replica stops
+            if getattr(self, "gauges", None) is not None:
+                self.gauges.cancel()
             if getattr(self, "jobs", None) is not None:
                 await self.jobs.close()
             for pool in getattr(self, "pools", {}).values():
