@@ -181,7 +181,7 @@ class PageHost:
                 from padoc_ray.engine.fake import ScriptedEngine
 
                 eos = self.model_protocol.vocab.end_of_stream
-                self.engine = ScriptedEngine(lambda req: [eos])
+                self.engine = ScriptedEngine(lambda req: [eos], record=False)  # long-running: keep nothing
             else:
                 from padoc_ray.engine.vllm_engine import VllmEngine
 

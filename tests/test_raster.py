@@ -426,3 +426,19 @@ def test_parse_flags_reach_the_render_limits():
                                                 "--render-memory-limit-mb", "1024"]))
     assert cfg.raster.render.max_page_draws == 5 and cfg.raster.renderer.page_budget_s is None
     assert cfg.raster.renderer.memory_limit_mb == 1024
+
+
+def test_a_renderer_runs_at_the_niceness_it_is_given():
+    """The online service renders job documents at a lower CPU priority (RendererConfig.nice)."""
+    import psutil
+
+    base = psutil.Process().nice()
+    for nice in (0, 10):
+        r = IsolatedRenderer(RendererConfig(nice=nice))
+        try:
+            gen = r.render_document(text_pdf(2), "a.pdf", ALL, RENDER, "zstd")
+            assert isinstance(next(gen), Opened)
+            assert psutil.Process(r.pid).nice() == min(19, base + nice)
+            gen.close()
+        finally:
+            r.close()

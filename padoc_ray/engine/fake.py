@@ -26,12 +26,16 @@ class ScriptedEngine:
         token_delay_s: float = 0.0,
         fail: Callable[[GenRequest], Exception | None] | None = None,
         block_size: int = 32,
+        record: bool = True,
     ):
         #: no script: every request emits its forced tokens and ends with them, as under vLLM; a script
         #: stands for what a model writes (it may ignore forcing), bounded by max_tokens alone
         self._replays = script is None
         self.script = script or (lambda req: list(req.forced_tokens or ()))
         self.chunk, self.token_delay_s, self.fail, self.block_size = chunk, token_delay_s, fail, block_size
+        #: keep every request, abort and prompt prefix (what tests inspect); off for a long-running no-op
+        #: engine (``padoc-ray serve --engine noop``), whose memory must not grow with the requests it served
+        self.record = record
         self.requests: list[GenRequest] = []
         self.live: set[str] = set()
         self.aborted: list[str] = []
@@ -41,6 +45,8 @@ class ScriptedEngine:
 
     def _cached(self, prompt: Sequence[int]) -> int:
         """Block-aligned longest prefix seen before (a crude model of vLLM's prefix cache)."""
+        if not self.record:
+            return 0
         best = 0
         for n in range(self.block_size, len(prompt), self.block_size):
             if tuple(prompt[:n]) in self._seen_prefixes:
@@ -54,7 +60,8 @@ class ScriptedEngine:
             raise EngineDeadError("scripted engine is dead")
         if req.request_id in self.live:
             raise EngineError(f"duplicate request id {req.request_id}")
-        self.requests.append(req)
+        if self.record:
+            self.requests.append(req)
         err = self.fail(req) if self.fail else None
         if err is not None:
             if isinstance(err, EngineDeadError):
@@ -92,13 +99,15 @@ class ScriptedEngine:
                                num_prompt_tokens=len(req.prompt_ids), num_cached_tokens=cached)
         finally:
             if req.request_id in self.live and not done:  # closed early: vLLM aborts such a request too
-                self.aborted.append(req.request_id)
+                if self.record:
+                    self.aborted.append(req.request_id)
             self.live.discard(req.request_id)
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         for r in request_ids:
             if r in self.live:
-                self.aborted.append(r)
+                if self.record:
+                    self.aborted.append(r)
             self.live.discard(r)
 
     def num_unfinished_requests(self) -> int:

@@ -67,6 +67,9 @@ class RendererConfig:
     max_crashes_per_doc: int = 3  #: crashes after which the rest of a document gets render_crashed
     recycle_after_pages: int = 5000  #: a fresh renderer process after this many pages (bounds leaks)
     memory_limit_mb: int = 8192  #: address-space limit of the renderer process (0: none)
+    #: added to the renderer process's niceness (0: its parent's). The online service renders job
+    #: documents at 10, so that on a busy machine the interactive requests' renderers get the CPU first
+    nice: int = 0
 
     def __post_init__(self) -> None:
         if self.page_timeout_s <= 0 or (self.doc_timeout_s is not None and self.doc_timeout_s <= 0) or (
@@ -76,6 +79,8 @@ class RendererConfig:
             raise ValueError("crash_tries, max_crashes_per_doc and recycle_after_pages must be >= 1")
         if self.memory_limit_mb < 0:
             raise ValueError("memory_limit_mb cannot be negative")
+        if not 0 <= self.nice <= 19:
+            raise ValueError("nice is 0..19 (a renderer never runs ahead of its parent)")
 
     def doc_limit_s(self, pages: int | None) -> float:
         """The renderer time a document of ``pages`` selected pages may take (None: not yet known)."""
@@ -241,7 +246,7 @@ class IsolatedRenderer:
         pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(padoc_ray.__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
         cmd = [sys.executable, "-m", "padoc_ray.raster.worker", str(theirs.fileno()), str(os.getpid()),
-               str(self.cfg.memory_limit_mb)]
+               str(self.cfg.memory_limit_mb), str(self.cfg.nice)]
         self._proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                       stdout=sys.stderr.fileno() if _has_fileno(sys.stderr) else None, env=env)
         theirs.close()

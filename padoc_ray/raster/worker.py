@@ -145,6 +145,8 @@ def main(argv: list[str]) -> None:
     fd, parent_pid = int(argv[0]), int(argv[1])
     _die_with_parent(parent_pid)
     _limit_memory(int(argv[2]) if len(argv) > 2 else 0)
+    if len(argv) > 3 and int(argv[3]) > 0:
+        os.nice(int(argv[3]))
     serve(Connection(fd))
 
 

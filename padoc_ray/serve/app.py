@@ -19,6 +19,7 @@ README "Online endpoint" and ``/docs`` on a running service.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import uuid
@@ -48,6 +49,9 @@ from padoc_ray.serve.uploads import read_document
 
 logger = logging.getLogger("padoc_ray.serve")
 
+#: niceness of the renderer processes of job documents (interactive ones keep the ingress's own)
+BATCH_NICE = 10
+
 
 def default_job_store(instance: str) -> str:
     """This service instance's own job folder, in the Ray session's directory on this node."""
@@ -69,8 +73,10 @@ def make_ingress(cfg: ServeConfig):
         async def __init__(self, cfg: ServeConfig, engine, instance: str):
             self.cfg = cfg
             self.engine = RayEngine(engine)
+            # job documents render in their own processes, at a lower CPU priority than interactive ones
+            batch_renderer = dataclasses.replace(cfg.renderer, nice=max(cfg.renderer.nice, BATCH_NICE))
             self.pools = {INTERACTIVE: RenderPool(cfg.renderer, cfg.render_workers, cfg.render_workers_per_tenant),
-                          BATCH: RenderPool(cfg.renderer, cfg.render_workers, cfg.render_workers_per_tenant)}
+                          BATCH: RenderPool(batch_renderer, cfg.render_workers, cfg.render_workers_per_tenant)}
             capacity = max(1, cfg.engine_max_ongoing * cfg.engine_replicas[1] // cfg.ingress_replicas)
             self.gate = FairGate(capacity)
             self.runner = DocumentRunner(cfg, self.engine, self.pools, self.gate, max_waiting=cfg.engine_max_queued)
