@@ -264,3 +264,22 @@ def test_a_job_taken_over_parses_only_its_missing_pages(harness):
     assert isinstance(got[0], DocumentOpened) and list(got[0].pages) == [1, 3, 4]
     assert sorted(r["page_index"] for r in got[1:]) == [1, 3, 4]
     assert sorted(c[1] for c in engine.calls) == [1, 3, 4]
+
+
+def test_job_pages_never_take_more_than_their_share_of_the_engine():
+    """A class cap: with 4 slots and job pages capped at 2, a job's pages hold 2 slots at most, and
+    interactive pages get the other 2 at once."""
+    async def go():
+        gate = FairGate(4, class_caps={BATCH: 2})
+        for _ in range(2):
+            await asyncio.wait_for(gate.acquire("a", BATCH), 1)
+        third = asyncio.create_task(gate.acquire("a", BATCH))
+        await asyncio.sleep(0)
+        assert not third.done() and gate.held == 2  # free slots, but not for job pages
+        for _ in range(2):
+            await asyncio.wait_for(gate.acquire("b", INTERACTIVE), 1)
+        gate.release("a", BATCH)
+        await asyncio.wait_for(third, 1)
+        assert gate.held == 4
+
+    asyncio.run(go())

@@ -63,6 +63,10 @@ class ServeConfig:
     #: they finished; 0 keeps them until deleted by hand
     job_ttl_s: float = 86400.0
     max_jobs: int = 4  #: jobs one ingress replica runs at once; more wait queued, started round-robin by tenant
+    #: job pages one ingress replica has at the engine at once (of its engine slots): the engine's batch
+    #: keeps room for interactive pages. PaDoc's pages/s is flat from 16 concurrent pages up (the paper's
+    #: Table 3), so the cap costs job throughput little
+    max_job_pages_in_flight: int = 16
     max_jobs_per_tenant: int = 2  #: jobs of one tenant running at once on one ingress replica
     #: unfinished jobs (queued or running) one tenant may have; past it POST /v1/jobs answers 429
     max_queued_jobs_per_tenant: int = 100
@@ -104,6 +108,7 @@ class ServeConfig:
         for name in ("render_workers", "max_upload_bytes", "max_pages", "max_job_pages", "target_ongoing_pages",
                      "engine_max_ongoing", "engine_max_queued", "ingress_replicas", "ingress_max_ongoing",
                      "ingress_max_queued", "max_jobs", "max_jobs_per_tenant", "max_queued_jobs_per_tenant",
+                     "max_job_pages_in_flight",
                      "max_requests_per_tenant", "render_workers_per_tenant"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

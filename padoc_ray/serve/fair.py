@@ -4,7 +4,8 @@
 interactive pages before job pages) and, within a class, by tenant: a freed slot goes to the next
 tenant in round-robin order, so a tenant with 2,000 pages waiting and one with a single page take
 turns instead of the single page waiting behind the 2,000. ``per_tenant`` caps the slots one
-tenant holds at once (its further waiters are passed over until one of its slots frees).
+tenant holds at once (its further waiters are passed over until one of its slots frees), and
+``class_caps`` the slots one class holds (job pages never take the whole engine).
 
 Cancellation-safe: a waiter that is cancelled (its client left) leaves the queue; a slot granted
 to a waiter cancelled at that very moment is handed on, never lost.
@@ -19,14 +20,20 @@ from typing import AsyncIterator
 
 
 class FairGate:
-    def __init__(self, capacity: int, *, per_tenant: int | None = None, classes: int = 2):
+    def __init__(self, capacity: int, *, per_tenant: int | None = None, classes: int = 2,
+                 class_caps: dict[int, int] | None = None):
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         if per_tenant is not None and per_tenant < 1:
             raise ValueError("per_tenant must be >= 1 (or None)")
+        if any(c < 1 for c in (class_caps or {}).values()):
+            raise ValueError("class caps must be >= 1")
         self.capacity, self.per_tenant = capacity, per_tenant
+        #: slots one class may hold at once (job pages: so that they never fill the engine's batch)
+        self.class_caps = dict(class_caps or {})
         self.held = 0
         self._held_by: dict[str, int] = {}
+        self._held_class = [0] * classes
         #: per class: tenant -> its waiters in arrival order; the OrderedDict's order is the round-robin
         self._queues: list[OrderedDict[str, deque[asyncio.Future]]] = [OrderedDict() for _ in range(classes)]
 
@@ -47,11 +54,11 @@ class FairGate:
         try:
             yield
         finally:
-            self.release(tenant)
+            self.release(tenant, klass)
 
     async def acquire(self, tenant: str, klass: int = 0) -> None:
-        if not self.waiting() and self._may_take(tenant):
-            self._take(tenant)
+        if not self.waiting() and self._may_take(tenant, klass):
+            self._take(tenant, klass)
             return
         fut = asyncio.get_running_loop().create_future()
         self._queues[klass].setdefault(tenant, deque()).append(fut)
@@ -60,13 +67,14 @@ class FairGate:
             await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():  # granted as we were cancelled: hand the slot on
-                self.release(tenant)
+                self.release(tenant, klass)
             else:
                 self._drop(klass, tenant, fut)
             raise
 
-    def release(self, tenant: str) -> None:
+    def release(self, tenant: str, klass: int = 0) -> None:
         self.held -= 1
+        self._held_class[klass] -= 1
         left = self._held_by.get(tenant, 0) - 1
         if left > 0:
             self._held_by[tenant] = left
@@ -75,11 +83,17 @@ class FairGate:
         self._grant()
 
     # ---- inside ---------------------------------------------------------------------------------------
-    def _may_take(self, tenant: str) -> bool:
-        return self.held < self.capacity and (self.per_tenant is None or self.held_by(tenant) < self.per_tenant)
+    def _may_take(self, tenant: str, klass: int) -> bool:
+        return self.held < self.capacity and self._class_free(klass) and (
+            self.per_tenant is None or self.held_by(tenant) < self.per_tenant)
 
-    def _take(self, tenant: str) -> None:
+    def _class_free(self, klass: int) -> bool:
+        cap = self.class_caps.get(klass)
+        return cap is None or self._held_class[klass] < cap
+
+    def _take(self, tenant: str, klass: int) -> None:
         self.held += 1
+        self._held_class[klass] += 1
         self._held_by[tenant] = self._held_by.get(tenant, 0) + 1
 
     def _grant(self) -> None:
@@ -88,22 +102,24 @@ class FairGate:
             picked = self._next()
             if picked is None:
                 return
-            q, tenant = picked
+            q, tenant, klass = picked
             waiters = q.pop(tenant)
             fut = waiters.popleft()
             if waiters:
                 q[tenant] = waiters  # to the back of the round-robin
-            self._take(tenant)
+            self._take(tenant, klass)
             fut.set_result(None)
 
-    def _next(self) -> tuple[OrderedDict, str] | None:
-        for q in self._queues:
+    def _next(self) -> tuple[OrderedDict, str, int] | None:
+        for klass, q in enumerate(self._queues):
+            if not self._class_free(klass):
+                continue
             for tenant, waiters in q.items():
                 # a waiter cancelled but not yet dropped is skipped (its own handler drops it)
                 while waiters and waiters[0].done():
                     waiters.popleft()
                 if waiters and (self.per_tenant is None or self.held_by(tenant) < self.per_tenant):
-                    return q, tenant
+                    return q, tenant, klass
         return None
 
     def _drop(self, klass: int, tenant: str, fut: asyncio.Future) -> None:

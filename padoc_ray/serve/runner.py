@@ -133,7 +133,7 @@ class DocumentRunner:
             await out.put(await self._call(rp, opt))
 
         def release(_t: asyncio.Task) -> None:  # a done callback: runs even for a task cancelled unstarted
-            self.gate.release(opt.tenant)
+            self.gate.release(opt.tenant, opt.klass)
 
         async def feed() -> None:
             try:
