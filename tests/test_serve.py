@@ -308,17 +308,21 @@ def test_the_page_view_shows_an_uploaded_document_in_a_browser(svc, tmp_path):
                 pg.wait_for_selector("#pd-token:not([hidden])")
                 pg.fill("#pd-token input[name=token]", TOKEN)
                 pg.click("#pd-token button")
-            pg.wait_for_function("document.querySelectorAll('.pd-page .pd-view').length === 2")
-            assert pg.is_hidden("#pd-token")
+            pg.wait_for_selector('.pd-page[data-page="1"] .pd-view')  # the pages of this upload (cleared on submit)
+            assert len(pg.query_selector_all(".pd-page .pd-view")) == 2 and pg.is_hidden("#pd-token")
         for i, want_page in want.items():
             sec = pg.query_selector(f'.pd-page[data-page="{i}"]')
             boxes = sec.query_selector_all(".pd-box")
             assert sorted(int(b.get_attribute("data-order")) for b in boxes) == [r["order"] for r in
                                                                                    want_page["regions"]]
             assert len(sec.query_selector_all(".pd-block")) == len(want_page["spans"])
-            assert " ".join(sec.inner_text(".pd-md").split())  # Markdown shown
-        pg.wait_for_function("Array.from(document.querySelectorAll('.pd-img')).every(i => i.complete && "
-                             "i.naturalWidth > 0)")
+            assert " ".join(sec.query_selector(".pd-md").inner_text().split())  # Markdown shown
+        # the page images (data URLs) decode; polled with evaluate: the page's CSP forbids wait_for_function's eval
+        loaded = "() => Array.from(document.querySelectorAll('.pd-img')).map(i => i.complete ? i.naturalWidth : 0)"
+        end = time.monotonic() + 60
+        while 0 in pg.evaluate(loaded) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert pg.evaluate(loaded) == [want[i]["image_width"] for i in sorted(want)]
         first = pg.query_selector('.pd-page[data-page="0"]')
         span = want[0]["spans"][0]
         first.query_selector(f'.pd-box[data-order="{span["order"]}"]').click(position={"x": 3, "y": 3})
