@@ -15,8 +15,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("pdf", "groundtruth", "tokenizer", "ray_init", "lease"),
     ("engine", "output"),
     ("scheduler", "raster", "eval", "checkpoint"),
-    ("host", "corpus", "trainer"),
-    ("inputs", "doctor", "pipeline", "serve", "viewer"),
+    ("host", "corpus", "trainer", "viewer"),  # viewer: Serve's page view draws with it
+    ("inputs", "doctor", "pipeline", "serve"),
     ("bench",),
     ("cli",),
 ]

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -242,6 +243,102 @@ def test_stream_sends_one_line_per_page_as_they_finish(svc):
     assert lines[0]["page_count"] == 2 and lines[-1] == {"type": "result", "status": "ok", "pages": 2}
     assert sorted(x["page_index"] for x in lines[1:3]) == [0, 1]
     assert all(x["status"] == "ok" and x["markdown"] for x in lines[1:3])
+
+
+def test_stream_regions_sends_each_region_then_its_content_then_the_pages(svc):
+    """report.pdf, teacher-forced: every region's box line once, before its content line; a page's
+    content blocks, joined, are the Markdown of its page line, which follows them; the result last."""
+    bad = requests.post(f"{svc.url}/v1/parse", params={"stream": "maybe"}, headers=svc.headers,
+                        files={"file": ("report.pdf", b"%PDF-")}, timeout=60)
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "bad_request", bad.text
+    with open(os.path.join(EXAMPLES, "report.pdf"), "rb") as f:
+        r = requests.post(f"{svc.url}/v1/parse", params={"stream": "regions"}, headers=svc.headers,
+                          files={"file": ("report.pdf", f)}, stream=True, timeout=300)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+    lines = [json.loads(x) for x in r.iter_lines() if x]
+    assert lines[0]["type"] == "document" and lines[-1] == {"type": "result", "status": "ok", "pages": 2}
+    pages = {x["page_index"]: k for k, x in enumerate(lines) if x.get("type") == "page"}
+    assert sorted(pages) == [0, 1]
+    assert all("type" in x or "event" in x for x in lines)
+    for i, at in pages.items():
+        page = lines[at]
+        assert page["status"] == "ok" and page["regions"], page
+        mine = [(k, x) for k, x in enumerate(lines) if x.get("page_index") == i and "event" in x]
+        assert all(k < at for k, _ in mine)  # the page's line after its region lines
+        keys = [(x["event"], x["order"]) for _, x in mine]
+        n = len(page["regions"])
+        assert len(keys) == len(set(keys)) == 2 * n  # every region once, each a box and a content line
+        for o in range(n):
+            box = next(x for _, x in mine if x["event"] == "region" and x["order"] == o)
+            assert set(box) == {"event", "page_index", "order", "bbox", "category"}
+            assert box["category"] == page["regions"][o]["category"]
+            assert keys.index(("region", o)) < keys.index(("content", o))
+        blocks = {x["order"]: x["markdown"] for _, x in mine if x["event"] == "content"}
+        assert "\n\n".join(blocks[o] for o in range(n) if blocks[o] is not None) + "\n" == page["markdown"]
+
+
+def test_the_page_view_shows_an_uploaded_document_in_a_browser(svc, tmp_path):
+    """``GET /`` in Debian's chromium (Playwright): the token is asked once, an upload shows each page
+    with one box per region over its image and its Markdown beside it, and no request leaves
+    127.0.0.1. The screenshot stays in the test's tmp dir."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("needs Debian's chromium (apt-get install chromium)")
+    report = os.path.join(EXAMPLES, "report.pdf")
+    page = requests.get(f"{svc.url}/", timeout=30)  # the page and its assets are open; the data is not
+    assert page.status_code == 200 and "script-src 'self'" in page.headers["content-security-policy"]
+    assert requests.get(f"{svc.url}/ui/page.js", timeout=30).status_code == 200
+    assert requests.get(f"{svc.url}/ui/app.py", timeout=30).status_code == 404
+    assert svc.parse(report, headers={}, view="true").status_code == 401
+    want = _pages(svc.parse(report, view="true"))
+    assert all(p["view"]["image_url"].startswith("data:image/png;base64,") and "image_url" not in p
+               for p in want.values())
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        sent, dialogs, errors = [], [], []
+        pg.on("request", lambda r: sent.append(r.url))
+        pg.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        pg.goto(f"{svc.url}/")
+        for attempt in range(2):  # the second upload uses the token kept in sessionStorage: no prompt
+            pg.set_input_files("#pd-upload input[type=file]", report)
+            pg.click("#pd-upload button")
+            if attempt == 0:
+                pg.wait_for_selector("#pd-token:not([hidden])")
+                pg.fill("#pd-token input[name=token]", TOKEN)
+                pg.click("#pd-token button")
+            pg.wait_for_selector('.pd-page[data-page="1"] .pd-view')  # the pages of this upload (cleared on submit)
+            assert len(pg.query_selector_all(".pd-page .pd-view")) == 2 and pg.is_hidden("#pd-token")
+        for i, want_page in want.items():
+            sec = pg.query_selector(f'.pd-page[data-page="{i}"]')
+            boxes = sec.query_selector_all(".pd-box")
+            assert sorted(int(b.get_attribute("data-order")) for b in boxes) == [r["order"] for r in
+                                                                                   want_page["regions"]]
+            assert len(sec.query_selector_all(".pd-block")) == len(want_page["spans"])
+            assert " ".join(sec.query_selector(".pd-md").inner_text().split())  # Markdown shown
+        # the page images (data URLs) decode; polled with evaluate: the page's CSP forbids wait_for_function's eval
+        loaded = "() => Array.from(document.querySelectorAll('.pd-img')).map(i => i.complete ? i.naturalWidth : 0)"
+        end = time.monotonic() + 60
+        while 0 in pg.evaluate(loaded) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert pg.evaluate(loaded) == [want[i]["image_width"] for i in sorted(want)]
+        first = pg.query_selector('.pd-page[data-page="0"]')
+        span = want[0]["spans"][0]
+        first.query_selector(f'.pd-box[data-order="{span["order"]}"]').click(position={"x": 3, "y": 3})
+        active = first.query_selector_all(".pd-block.pd-active")
+        assert [b.get_attribute("data-order") for b in active] == [str(span["order"])]
+        shown = " ".join(active[0].inner_text().split())
+        md = want[0]["markdown"][span["start"]:span["end"]]
+        assert shown and shown in " ".join(md.split()), (shown, md)
+        pg.screenshot(path=str(tmp_path / "serve-page-view.png"), full_page=True)
+        parse_calls = [u for u in sent if "/v1/parse" in u]
+        browser.close()
+    local = urllib.parse.urlsplit(svc.url).netloc
+    assert sent and all(urllib.parse.urlsplit(u).netloc == local for u in sent), sent
+    assert len(parse_calls) == 3 and dialogs == [] and errors == []  # one 401, then two parses
+    assert (tmp_path / "serve-page-view.png").stat().st_size > 0
 
 
 # ---- OpenAI compatibility -------------------------------------------------------------------------------
@@ -750,6 +847,13 @@ def test_the_repos_serve_config_runs_with_serve_run_under_a_route_prefix(tiny_mo
         assert urls and all(u.startswith("/padoc/") for u in urls), urls  # nothing from a CDN
         for u in urls:
             assert requests.get(f"http://127.0.0.1:{port}{u}", timeout=30).status_code == 200, u
+        # the page view: open, and every URL in it (its assets, the API's root) under the prefix
+        view = requests.get(f"{url}/", timeout=30)
+        assert view.status_code == 200 and view.headers["content-type"].startswith("text/html")
+        assets = re.findall(r'(?:src|href)="([^"]+)"', view.text)
+        assert len(assets) == 4 and 'data-root="/padoc"' in view.text
+        for u in assets:
+            assert u.startswith("/padoc/ui/") and requests.get(f"http://127.0.0.1:{port}{u}", timeout=30).ok, u
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -174,9 +174,11 @@ class RawClient:
 
 # ---- auth, under any prefix -----------------------------------------------------------------------
 def test_open_routes():
-    for route in ("/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/docs/a/b.js"):
+    for route in ("/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/docs/a/b.js", "/",
+                  "/ui/page.js"):
         assert is_open(route), route
-    for route in ("", "/", "/v1/models", "/healthz/", "/healthzx", "/docs/", "/docs//x", "/docs/../v1/models",
+    for route in ("", "//", "/ui", "/ui/", "/ui/../v1/models", "/uix/page.js",
+                  "/v1/models", "/healthz/", "/healthzx", "/docs/", "/docs//x", "/docs/../v1/models",
                   "/docs/./x", "/admin", "/openapi.json/x"):
         assert not is_open(route), route
 

@@ -1,16 +1,23 @@
 """The online service's document runner and fair gate, in-process (no Ray, no HTTP): real renderer
 processes, a real PageHost on the no-op engine behind the EngineClient interface, and faults
-(a busy engine, a failing one, a slow one) wrapped around it."""
+(a busy engine, a failing one, a slow one) wrapped around it; region events (``on_event``) on the
+real CPU engine, teacher-forced."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import dataclasses
+import io
+import os
 
 import pytest
 
 from padoc_ray import status
-from padoc_ray.host import HostConfig, PageHost, parse_row
+from padoc_ray.groundtruth import load_truth
+from padoc_ray.host import HostConfig, PageHost, parse_row, stream_row
+from padoc_ray.protocol.render import SEPARATOR
 from padoc_ray.raster import RendererConfig
 from padoc_ray.raster.document import DocumentOpened
 from padoc_ray.serve.config import ServeConfig
@@ -18,6 +25,8 @@ from padoc_ray.serve.documents import BadRequest, RenderPool
 from padoc_ray.serve.fair import FairGate
 from padoc_ray.serve.runner import BATCH, INTERACTIVE, Document, DocumentRunner, EngineBusy, RunOptions
 from tests.pdf_factory import text_pdf
+
+from .conftest import ROOT
 
 
 # ---- the gate ---------------------------------------------------------------------------------------------
@@ -80,8 +89,10 @@ def test_gate_caps_a_tenant_and_loses_no_slot_to_cancelled_waiters():
 class HostEngine:
     """EngineClient over an in-process PageHost (no-op engine), recording every call, with faults."""
 
-    def __init__(self, host: PageHost, *, busy: int = 0, fail: int = 0, hold: asyncio.Event | None = None):
-        self.host, self.busy, self.fail, self.hold = host, busy, fail, hold
+    def __init__(self, host: PageHost, *, busy: int = 0, fail: int = 0, hold: asyncio.Event | None = None,
+                 die_after: int | None = None):
+        """``die_after``: the first event stream fails (the replica died) after that many events."""
+        self.host, self.busy, self.fail, self.hold, self.die_after = host, busy, fail, hold, die_after
         self.calls: list[tuple[str, int, int]] = []  # (tenant, page, priority) in call order
         self.running = self.most = self.cancelled = 0
 
@@ -104,6 +115,21 @@ class HostEngine:
             raise
         finally:
             self.running -= 1
+
+    async def stream_page(self, row, image, *, tenant, salt, priority):
+        if self.busy > 0:
+            self.busy -= 1
+            raise EngineBusy()
+        self.calls.append((tenant, row["page_index"], priority))
+        n = 0
+        async with contextlib.aclosing(stream_row(self.host, row, image, tenant=tenant, salt=salt,
+                                                  priority=priority)) as events:
+            async for ev in events:
+                if n == self.die_after:
+                    self.die_after = None
+                    raise RuntimeError("replica died mid-page")
+                n += 1
+                yield ev
 
 
 @pytest.fixture
@@ -283,3 +309,70 @@ def test_job_pages_never_take_more_than_their_share_of_the_engine():
         assert gate.held == 4
 
     asyncio.run(go())
+
+
+# ---- region events and page images --------------------------------------------------------------------------
+def test_a_streamed_run_without_regions_and_page_images(harness):
+    """The no-op engine's pages have no regions: a run with a sink gets no event and every row (after
+    Serve's backpressure); ``images`` gives each row its page image as a PNG data URL of its size."""
+    from PIL import Image
+
+    cfg, make = harness
+
+    async def go():
+        host = await _host(cfg)
+        engine = HostEngine(host, busy=3)
+        events = []
+        opt = dataclasses.replace(_opt(), on_event=events.append, images=True)
+        rows, _ = await make(engine).parse_all(Document(text_pdf(2), "a.pdf"), opt)
+        host.shutdown()
+        return rows, events, engine
+
+    rows, events, engine = asyncio.run(go())
+    assert [r["status"] for r in rows] == [status.OK] * 2 and events == [] and len(engine.calls) == 2
+    for r in rows:
+        head, data = r["image_url"].split(",", 1)
+        assert head == "data:image/png;base64"
+        img = Image.open(io.BytesIO(base64.b64decode(data)))
+        assert img.format == "PNG" and img.size == (r["image_width"], r["image_height"])
+
+
+@pytest.mark.engine
+def test_region_events_reach_the_sink_once_each_before_their_page(harness, cpu_engine, model_protocol, loop_thread,
+                                                                  tiny_model_dir):
+    """report.pdf on the real engine, teacher-forced, with the replica dying mid-page on the first
+    try: every region's box once, before its content, once; a page's events all before its row; the
+    blocks rebuild the row's Markdown; the retried page sends nothing twice."""
+    cfg, make = harness
+    truth = load_truth(os.path.join(ROOT, "examples", "ground_truth.json"))
+    host = PageHost(tiny_model_dir, HostConfig(), truth=truth, engine=cpu_engine, model_protocol=model_protocol)
+    with open(os.path.join(ROOT, "examples", "report.pdf"), "rb") as f:
+        doc = Document(f.read(), "report.pdf")
+    seen: list[tuple[str, dict]] = []  # ("event" | "row", item), in the order the client sees them
+    engine = HostEngine(host, die_after=3)
+
+    async def go():
+        await host.start()
+        opt = dataclasses.replace(_opt(), on_event=lambda ev: seen.append(("event", ev)))
+        async for item in make(engine).pages(doc, opt):
+            if isinstance(item, dict):
+                seen.append(("row", item))
+
+    loop_thread.run(go(), timeout=600)
+    rows = [item for kind, item in seen if kind == "row"]
+    assert sorted(r["page_index"] for r in rows) == [0, 1] and all(r["status"] == status.OK for r in rows)
+    assert len(engine.calls) == 3  # one page was tried twice
+    for row in rows:
+        i = row["page_index"]
+        at_row = seen.index(("row", row))
+        mine = [(k, ev) for k, (kind, ev) in enumerate(seen) if kind == "event" and ev["page_index"] == i]
+        assert mine and all(k < at_row for k, _ in mine)  # every event of the page before its row
+        keys = [(ev["event"], ev["order"]) for _, ev in mine]
+        assert len(keys) == len(set(keys))  # nothing twice, the retried page's neither
+        n = len(row["regions"])
+        assert n > 0 and sorted(o for e, o in keys if e == "region") == list(range(n))
+        assert sorted(o for e, o in keys if e == "content") == list(range(n))
+        assert all(keys.index(("region", o)) < keys.index(("content", o)) for o in range(n))
+        blocks = {ev["order"]: ev["markdown"] for _, ev in mine if ev["event"] == "content"}
+        text = [blocks[o] for o in range(n) if blocks[o] is not None]
+        assert SEPARATOR.join(text) + "\n" == row["markdown"]

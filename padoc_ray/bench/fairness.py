@@ -19,6 +19,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
+from padoc_ray import status
+
 ENGINES = ("noop", "vllm")
 
 
@@ -93,7 +95,7 @@ def run(cfg: FairnessConfig, root: str, log=print) -> dict:
                 t = time.perf_counter()
                 r = requests.post(f"{svc.url}/v1/parse", headers=b, files={"file": ("memo.pdf", memo)},
                                   timeout=cfg.request_timeout_s)
-                if r.status_code != 200 or r.json()["status"] != "ok":
+                if r.status_code != 200 or r.json()["status"] != status.DOC_OK:
                     raise RuntimeError(f"a probe got {r.status_code}: {r.text[:300]}")
                 return time.perf_counter() - t
 
@@ -128,6 +130,6 @@ def run(cfg: FairnessConfig, root: str, log=print) -> dict:
         "job": {"pages_total": cfg.job_pages, "pages_done_at_first_probe": before["pages_done"],
                 "pages_done_at_last_probe": after["pages_done"], "status_at_last_probe": after["status"],
                 "pages_per_s_during_probes": round((after["pages_done"] - before["pages_done"]) / (t1 - t0), 3),
-                "running_throughout": after["status"] == "running" and after["pages_done"] < cfg.job_pages},
+                "running_throughout": after["status"] == status.JOB_RUNNING and after["pages_done"] < cfg.job_pages},
         "server": stopped,
     }

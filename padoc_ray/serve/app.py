@@ -8,6 +8,7 @@ The parts (each usable and tested without Ray):
 * :mod:`~padoc_ray.serve.jobs` and :mod:`~padoc_ray.serve.job_manager`: async jobs (store, leases,
   retention, caps, the sweeper);
 * :mod:`~padoc_ray.serve.openai`: the OpenAI-compatible route;
+* :mod:`~padoc_ray.serve.playground`: the page view at ``/`` (and ``view=true``);
 * :mod:`~padoc_ray.serve.engine`: the engine replica and its client.
 
 :func:`build_app` turns a :class:`~padoc_ray.serve.config.ServeConfig` into the application (the
@@ -31,7 +32,7 @@ from ray import serve
 from ray.serve.config import AutoscalingConfig, BackpressureConfig
 
 from padoc_ray import metrics, status
-from padoc_ray.serve import docs, errors
+from padoc_ray.serve import docs, errors, playground
 from padoc_ray.serve.config import ServeConfig
 from padoc_ray.serve.documents import BadRequest, RenderPool, parse_page_spec
 from padoc_ray.serve.engine import EngineReplica, RayEngine
@@ -44,7 +45,7 @@ from padoc_ray.serve.runner import BATCH, INTERACTIVE, Document, DocumentRunner,
 from padoc_ray.serve.runner import markdown as result_markdown
 from padoc_ray.serve.runner import result as page_result
 from padoc_ray.serve.schemas import API_DESCRIPTION, ChatRequest, Format, Mode, upload_body
-from padoc_ray.serve.streams import page_lines
+from padoc_ray.serve.streams import REGIONS, page_lines, stream_mode
 from padoc_ray.serve.uploads import read_document
 
 logger = logging.getLogger("padoc_ray.serve")
@@ -146,6 +147,14 @@ def make_ingress(cfg: ServeConfig):
         async def swagger_asset(self, name: str):
             return docs.asset(name)
 
+        @api.get("/", include_in_schema=False)
+        async def page_view(self, request: Request):
+            return playground.page(request, self.cfg.served_model_id)
+
+        @api.get("/ui/{name}", include_in_schema=False)
+        async def page_view_asset(self, name: str):
+            return playground.asset(name)
+
         # ---- the API ----
         @api.get("/v1/models", summary="the served model and its protocol")
         async def models(self) -> dict:
@@ -158,21 +167,29 @@ def make_ingress(cfg: ServeConfig):
 
         @api.post("/v1/parse", summary="parse a document (multipart field `file`, or JSON)",
                   openapi_extra=upload_body())
-        async def parse(self, request: Request, stream: bool = False, pages: str | None = None,
-                        mode: Mode | None = None, format: Format | None = None,
+        async def parse(self, request: Request,
+                        stream: str = Query("false", description="true: NDJSON, a line per page as it finishes; "
+                                            "regions: also a line per region event; false: one JSON answer"),
+                        pages: str | None = None, mode: Mode | None = None, format: Format | None = None,
+                        view: bool = Query(False, description="each page also gets `view`: what the page view at "
+                                           "/ draws, with its page image as a PNG data URL"),
                         timeout: float | None = Query(None, ge=1, le=86400, description="seconds before 504 (at "
                                                       "most the service's request timeout)")):
             cfg = self.cfg
             budget = min(timeout or cfg.request_timeout_s, cfg.request_timeout_s)
-            route = "parse_stream" if stream else "parse"
+            route = "parse"
             try:
+                streamed = stream_mode(stream)
+                route = "parse_stream" if streamed else "parse"
                 doc, opts = await read_document(request, cfg)
                 opt = self._options(request, opts, cfg.max_pages, INTERACTIVE,
-                                    limit=cfg.max_pages if stream else max(cfg.max_pages, cfg.max_job_pages))
+                                    limit=cfg.max_pages if streamed else max(cfg.max_pages, cfg.max_job_pages))
                 self.runner.admit()
-                if stream:
-                    lines = await page_lines(self.runner, doc, opt, budget)
+                if streamed:
+                    lines = await page_lines(self.runner, doc, opt, budget, regions=streamed == REGIONS)
                     return self._answer(route, StreamingResponse(lines, media_type="application/x-ndjson"))
+                if view:
+                    opt = dataclasses.replace(opt, images=True)
                 page_rows, count = await asyncio.wait_for(self.runner.parse_all(doc, opt), budget)
             except BadRequest as e:
                 return self._fail(route, e)
@@ -180,14 +197,14 @@ def make_ingress(cfg: ServeConfig):
                 return self._answer(route, errors.error(504, status.REQUEST_TIMEOUT, f"not finished within {budget:g} "
                                                         f"s; use /v1/jobs for large documents"))
             result = page_result(cfg.served_model_id, doc.name, page_rows, count, opt.mode)
-            return self._answer(route, self._format(result, opts["format"]))
+            return self._answer(route, self._format(result, opts["format"], view))
 
         @staticmethod
-        def _format(result: dict, fmt: str | None):
+        def _format(result: dict, fmt: str | None, view: bool = False):
             if fmt == "markdown":
                 return PlainTextResponse(result_markdown(result), media_type="text/markdown; charset=utf-8",
                                          headers={"X-Padoc-Status": result["status"]})
-            return result
+            return playground.add_views(result) if view else result
 
         # ---- async jobs ----
         @api.post("/v1/jobs", status_code=202, summary="start an async parse job (same body as /v1/parse)",
@@ -225,7 +242,9 @@ def make_ingress(cfg: ServeConfig):
             return view if view is not None else errors.error(404, "job_not_found", "no such job")
 
         @api.get("/v1/jobs/{job_id}/result", summary="a finished job's result (as /v1/parse answers)")
-        async def job_result(self, job_id: str, request: Request, format: Format | None = None):
+        async def job_result(self, job_id: str, request: Request, format: Format | None = None,
+                             view: bool = Query(False, description="each page also gets `view` (as /v1/parse's; "
+                                                "no page image: jobs keep none)")):
             got = await self.jobs.rows(job_id, request.state.tenant)
             if got is None:
                 return errors.error(404, "job_not_found", "no such job")
@@ -236,7 +255,7 @@ def make_ingress(cfg: ServeConfig):
             count = next((r["page_count"] for r in page_rows if r["page_count"] is not None), None)
             result = {"id": job_id, **page_result(self.cfg.served_model_id, st["name"], page_rows, count,
                                                   st["options"]["mode"])}
-            return self._format(result, format)
+            return self._format(result, format, view)
 
         @api.delete("/v1/jobs/{job_id}", summary="cancel a job: its engine work stops")
         async def cancel_job(self, job_id: str, request: Request):

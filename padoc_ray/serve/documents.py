@@ -11,21 +11,23 @@ event loop through a queue as pages finish.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime as dt
+import io
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator
 
 from padoc_ray.output import rows
-from padoc_ray.raster import DocFailed, IsolatedRenderer, RendererConfig
+from padoc_ray.raster import DocFailed, IsolatedRenderer, RendererConfig, decode_image
 from padoc_ray.raster.document import DocumentItem, PageChoice, document_rows
 from padoc_ray.serve.fair import FairGate
 from padoc_ray.status import PAGE_OUT_OF_RANGE, RENDER_FAILED, TOO_MANY_PAGES, http_status
 from padoc_ray.status import document_status as status_rollup
 
 __all__ = ["PAGE_OUT_OF_RANGE", "BadRequest", "RenderPool", "doc_error_status", "document_status", "page_choice",
-           "parse_page_spec", "row_json"]
+           "parse_page_spec", "png_data_url", "row_json"]
 
 
 class BadRequest(ValueError):
@@ -82,6 +84,14 @@ def row_json(row: dict) -> dict:
             v = round(v, 4)
         out[k] = v
     return out
+
+
+def png_data_url(image: bytes | memoryview) -> str:
+    """A rendered page image (any :mod:`padoc_ray.raster.codec` encoding) as a ``data:image/png`` URL,
+    the page image a browser shows (``view=true``)."""
+    buf = io.BytesIO()
+    decode_image(image).save(buf, format="PNG", compress_level=1)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 class RenderPool:

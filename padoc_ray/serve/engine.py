@@ -6,13 +6,16 @@ adapter through which the document runner calls it.
   interactive pages (priority 0) run ahead of job pages (priority 1).
 * :class:`RayEngine` is the :class:`~padoc_ray.serve.runner.EngineClient` over the replica's
   deployment handle: Serve's backpressure becomes :class:`~padoc_ray.serve.runner.EngineBusy`, and
-  leaving (a client gone, a deadline, a cancelled job) cancels the page's engine work.
+  leaving (a client gone, a deadline, a cancelled job) cancels the page's engine work. A page whose
+  region events are wanted (``stream=regions``) is a streaming call (``handle.options(stream=True)``)
+  of :meth:`EngineReplica.stream_page`, with the same backpressure and cancellation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import AsyncIterator
 
 from padoc_ray.serve.config import ServeConfig
 from padoc_ray.serve.runner import EngineBusy
@@ -32,6 +35,15 @@ class EngineReplica:
         from padoc_ray.host import parse_row
 
         return await parse_row(self.host, row, image, tenant=tenant, salt=salt, priority=priority)
+
+    async def stream_page(self, row: dict, image: bytes, tenant: str, salt: str,
+                          priority: int = 0) -> AsyncIterator[dict]:
+        """The page's region events as they happen, then ``{"event": "row", "row": ...}``
+        (:func:`padoc_ray.host.stream_row`); a cancelled call cancels the page."""
+        from padoc_ray.host import stream_row
+
+        async for ev in stream_row(self.host, row, image, tenant=tenant, salt=salt, priority=priority):
+            yield ev
 
     async def ready(self) -> dict:
         await self.host.probe(timeout_s=30)
@@ -55,6 +67,7 @@ class RayEngine:
 
     def __init__(self, handle):
         self.handle = handle
+        self.streaming = handle.options(stream=True)
 
     async def parse_page(self, row: dict, image: bytes, *, tenant: str, salt: str, priority: int) -> dict:
         from ray.serve.exceptions import BackPressureError, RequestCancelledError
@@ -67,6 +80,27 @@ class RayEngine:
         except (asyncio.CancelledError, RequestCancelledError):
             resp.cancel()  # our own cancellation does not reach the replica by itself
             raise asyncio.CancelledError from None
+
+    async def stream_page(self, row: dict, image: bytes, *, tenant: str, salt: str,
+                          priority: int) -> AsyncIterator[dict]:
+        """The replica's events of the page (:meth:`EngineReplica.stream_page`). Leaving before the
+        last one (cancelled, or closed early) cancels the call, so the replica cancels the page."""
+        from ray.serve.exceptions import BackPressureError, RequestCancelledError
+
+        gen = self.streaming.stream_page.remote(row, image, tenant, salt, priority)
+        finished = False
+        try:
+            async for ev in gen:
+                yield ev
+            finished = True
+        except BackPressureError:
+            finished = True
+            raise EngineBusy() from None
+        except RequestCancelledError:
+            raise asyncio.CancelledError from None
+        finally:
+            if not finished:
+                gen.cancel()  # our own cancellation does not reach the replica by itself
 
     async def ready(self) -> dict:
         """The replica's stats once its engine answers a probe (raises EngineBusy when loaded)."""

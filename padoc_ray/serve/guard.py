@@ -1,7 +1,8 @@
 """The ingress's HTTP guard: pure ASGI middleware in front of every route, before any body is read.
 
 * **Default-deny auth.** When tokens are configured, every route needs ``Authorization: Bearer
-  <token>`` except the open ones (:data:`OPEN_ROUTES`: health, readiness, the schema and its UI),
+  <token>`` except the open ones (:data:`OPEN_ROUTES`: health, readiness, the schema and its UI,
+  the page view and its assets, which hold no data: its data calls carry the token),
   whatever prefix the app is mounted under. A route is the path as Starlette routes it
   (``starlette._utils.get_route_path``, which its Router uses: ``path`` minus ``root_path``). Serve
   keeps an application's ``route_prefix`` in ``path`` and appends it to ``root_path``
@@ -47,8 +48,9 @@ from padoc_ray.serve.errors import Refused
 if TYPE_CHECKING:
     from padoc_ray.serve.config import ServeConfig
 
-#: routes that need no token and take no request slot; one ending in "/" opens the routes under it
-OPEN_ROUTES = ("/healthz", "/readyz", "/openapi.json", "/docs", "/docs/")
+#: routes that need no token and take no request slot; one ending in "/" opens the routes under it ("/" is
+#: the page view alone)
+OPEN_ROUTES = ("/healthz", "/readyz", "/openapi.json", "/docs", "/docs/", "/", "/ui/")
 #: room for the multipart or JSON envelope around a document of max_upload_bytes
 ENVELOPE_BYTES = 1 << 20
 TENANT_HEADER = "X-Padoc-Tenant"
@@ -62,9 +64,9 @@ _CLOSE = {"Connection": "close"}
 def is_open(route: str, open_routes: tuple[str, ...] = OPEN_ROUTES) -> bool:
     """Whether ``route`` (a path as Starlette routes it) is open: one of ``open_routes``, or under one
     that ends in "/" with no empty, "." or ".." segment (no path that something in between could
-    resolve to another route passes as open)."""
+    resolve to another route passes as open). ``"/"`` opens itself only, never every route."""
     for r in open_routes:
-        if not r.endswith("/"):
+        if r == "/" or not r.endswith("/"):
             if route == r:
                 return True
         elif route.startswith(r) and all(s not in ("", ".", "..") for s in route[len(r):].split("/")):

@@ -10,8 +10,11 @@ so a 5,000-page job waits for capacity instead of flooding the engine and failin
 gets ``overloaded``. Rendering waits for the gate too: a document has at most one rendered page
 waiting for a slot, so memory is bounded by the slots, not by the document.
 
-The engine is anything with :class:`EngineClient`'s one method: the Ray adapter
-(:mod:`padoc_ray.serve.engine`) or a scripted engine in tests.
+The engine is anything with :class:`EngineClient`'s methods: the Ray adapter
+(:mod:`padoc_ray.serve.engine`) or a scripted engine in tests. A run may ask for the pages' region
+events (``RunOptions.on_event``, for ``stream=regions``): its pages then go through the engine's
+event stream instead, and each event reaches the sink as the engine makes it, before its page's row
+is yielded. The gate, fairness and retries are the same either way.
 """
 
 from __future__ import annotations
@@ -20,14 +23,14 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Callable, Protocol
 
 from padoc_ray import metrics, status
 from padoc_ray.output import rows
 from padoc_ray.pdf import doc_id_of
 from padoc_ray.raster import DocFailed
 from padoc_ray.raster.document import DocumentOpened, PageRow
-from padoc_ray.serve.documents import BadRequest, doc_error_status, document_status, page_choice, row_json
+from padoc_ray.serve.documents import BadRequest, doc_error_status, document_status, page_choice, png_data_url, row_json
 from padoc_ray.serve.fair import FairGate
 
 logger = logging.getLogger("padoc_ray.serve")
@@ -46,6 +49,17 @@ class EngineClient(Protocol):
         else when the engine failed (a replica died); cancellation cancels the engine's work."""
         ...
 
+    def stream_page(self, row: dict, image: bytes, *, tenant: str, salt: str,
+                    priority: int) -> AsyncIterator[dict]:
+        """:meth:`parse_page` as events: the page's region events (:meth:`padoc_ray.host.PageHost.events`)
+        as they happen, then ``{"event": "row", "row": <the finished row>}``. Raises as parse_page does
+        (:class:`EngineBusy` before the first event); closing it early cancels the engine's work."""
+        ...
+
+
+#: receives each region event of a run's pages (an event dict of PageHost.events), once, as it happens
+EventSink = Callable[[dict], None]
+
 
 @dataclass(frozen=True)
 class Document:
@@ -63,6 +77,8 @@ class RunOptions:
     run_id: str
     klass: int = INTERACTIVE
     skip: frozenset[int] = frozenset()  #: pages already done (a job taken over)
+    on_event: EventSink | None = None  #: the pages' region events go here (None: the engine makes none)
+    images: bool = False  #: each finished row gets ``image_url``: its page image as a PNG data URL
 
 
 class DocumentRunner:
@@ -98,10 +114,13 @@ class DocumentRunner:
         """The page's finished row: waits out a busy engine, tries a failed replica's page once more."""
         backoff = self.busy_backoff_s
         failures = 0
+        sent: set[tuple[str, int]] = set()  # (event, order) passed on: a retried page's are not sent again
         while True:
             try:
-                return await self.engine.parse_page(rp.row, rp.image, tenant=opt.tenant, salt=opt.salt,
-                                                    priority=opt.klass)
+                if opt.on_event is None:
+                    return await self.engine.parse_page(rp.row, rp.image, tenant=opt.tenant, salt=opt.salt,
+                                                        priority=opt.klass)
+                return await self._stream(rp, opt, sent)
             except EngineBusy:  # another ingress replica filled it: wait, do not fail the page
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -117,6 +136,21 @@ class DocumentRunner:
                                                                              "this page")
                 await asyncio.sleep(self.retry_wait_s)
 
+    async def _stream(self, rp: PageRow, opt: RunOptions, sent: set[tuple[str, int]]) -> dict:
+        """The page's row from the engine's event stream, each event not ``sent`` yet passed to the sink."""
+        row = None
+        events = self.engine.stream_page(rp.row, rp.image, tenant=opt.tenant, salt=opt.salt, priority=opt.klass)
+        async with contextlib.aclosing(events):
+            async for ev in events:
+                if ev["event"] == "row":
+                    row = ev["row"]
+                elif (ev["event"], ev["order"]) not in sent:
+                    sent.add((ev["event"], ev["order"]))
+                    opt.on_event(ev)
+        if row is None:
+            raise RuntimeError("the engine's event stream ended without the page's row")
+        return row
+
     async def pages(self, doc: Document, opt: RunOptions) -> AsyncIterator[DocumentOpened | dict]:
         """Yields the :class:`DocumentOpened` (its ``pages``: those selected, less ``opt.skip``) then one
         finished page row per page as pages finish. Leaving early cancels the rendering (its renderer
@@ -130,7 +164,10 @@ class DocumentRunner:
         held = 0  # of self.reserved: this document's interactive pages not yet finished
 
         async def run(rp: PageRow) -> None:
-            await out.put(await self._call(rp, opt))
+            row = await self._call(rp, opt)
+            if opt.images:
+                row = {**row, "image_url": await asyncio.to_thread(png_data_url, rp.image)}
+            await out.put(row)
 
         def release(_t: asyncio.Task) -> None:  # a done callback: runs even for a task cancelled unstarted
             self.gate.release(opt.tenant, opt.klass)
