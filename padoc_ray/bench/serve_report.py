@@ -96,7 +96,7 @@ def mode_row(recs: list[dict], wall: float, mode: str, concurrency: int, *, samp
     else:
         prompt = sum(r.get("prompt_tokens") or 0 for r in recs)
         hit, hit_src = (sum(r.get("cached_tokens") or 0 for r in recs) / prompt if prompt else None), "page_records"
-    if samples:
+    if samples and samples[-1][1] > samples[0][1]:  # a counter that never moved in the run says nothing
         src = "engine_counter"
     else:
         samples, src = spread_samples(recs), "page_records"

@@ -212,16 +212,22 @@ def cmd_bench_serve(args) -> int:
     return 0
 
 
-def cmd_bench_soak(args) -> int:
-    from padoc_ray.bench.soak import SoakConfig, run
+def _service_bench(args, cls, run) -> dict:
+    """A benchmark that starts its own `padoc-ray serve`: its config from the flags, its report to --json."""
     from padoc_ray.cli.common import ROOT
 
     try:
-        cfg = from_args(SoakConfig, args)
-        report = run(cfg, ROOT, log=lambda m: print(m, file=sys.stderr, flush=True))
+        report = run(from_args(cls, args), ROOT, log=lambda m: print(m, file=sys.stderr, flush=True))
     except (ValueError, RuntimeError) as e:
         die(str(e))
     _write_json(args.json, report)
+    return report
+
+
+def cmd_bench_soak(args) -> int:
+    from padoc_ray.bench.soak import SoakConfig, run
+
+    report = _service_bench(args, SoakConfig, run)
     keys = ("requests", "http_5xx", "http_503_retry_after", "jobs_lost", "job_pages_duplicated")
     print(json.dumps({**{k: report[k] for k in keys}, "rss_slope_mb_per_h": report["rss_slope_mb_per_h"]}, indent=2))
     return 1 if report["http_5xx"] or report["jobs_lost"] or report["job_pages_duplicated"] else 0
@@ -229,14 +235,8 @@ def cmd_bench_soak(args) -> int:
 
 def cmd_bench_fairness(args) -> int:
     from padoc_ray.bench.fairness import FairnessConfig, run
-    from padoc_ray.cli.common import ROOT
 
-    try:
-        cfg = from_args(FairnessConfig, args)
-        report = run(cfg, ROOT, log=lambda m: print(m, file=sys.stderr, flush=True))
-    except (ValueError, RuntimeError) as e:
-        die(str(e))
-    _write_json(args.json, report)
+    report = _service_bench(args, FairnessConfig, run)
     print(json.dumps({k: report[k] for k in ("idle", "loaded", "p95_loaded_over_idle", "job")}, indent=2))
     return 0
 
