@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -57,11 +56,6 @@ def valid_id(job_id: str) -> bool:
 def tenant_key(tenant: str) -> str:
     """A tenant as a name part (a digest: tenants are arbitrary strings)."""
     return hashlib.sha256(tenant.encode()).hexdigest()[:16]
-
-
-def default_root() -> str:
-    """A private folder of this uid's under the temp dir (the store is refused if someone else owns it)."""
-    return os.path.join(tempfile.gettempdir(), f"padoc-ray-jobs-{os.getuid()}")
 
 
 class InvalidJob(ValueError):
