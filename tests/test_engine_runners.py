@@ -111,3 +111,22 @@ def test_the_runner_is_vllms_own_decision(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # vLLM's own switch reaches its own rule
     with pytest.raises(Exception, match="Model Runner V2 requires Triton"):
         engine_runner(cpu_engine_config(tiny_model_dir))
+
+
+def test_the_engines_own_counters_add_what_vllm_reports_per_step():
+    """The adapter counts from its own stat logger, not from Prometheus's process-wide registry (a
+    second engine in the process unregisters the first one's series there). vLLM builds a per-engine
+    logger from the factory and calls ``record`` once per engine step."""
+    from vllm.v1.metrics.loggers import PerEngineStatLoggerAdapter
+    from vllm.v1.metrics.stats import IterationStats, PrefixCacheStats, SchedulerStats
+
+    from padoc_ray.engine.vllm_engine import _counting_logger
+
+    sink = {"generation_tokens": 0.0, "queries": 0.0, "hits": 0.0}
+    logger = PerEngineStatLoggerAdapter(None, [0], _counting_logger(sink))  # vLLM's wrapping of the factory
+    for queries, hits, gen in ((48, 32, 1), (0, 0, 3), (16, 16, 2)):
+        it = IterationStats()
+        it.num_generation_tokens = gen
+        logger.record(SchedulerStats(prefix_cache_stats=PrefixCacheStats(queries=queries, hits=hits)), it, engine_idx=0)
+    logger.record(None, None, engine_idx=0)  # a batch without stats changes nothing
+    assert sink == {"generation_tokens": 6.0, "queries": 64.0, "hits": 48.0}

@@ -155,6 +155,28 @@ def _first_token_s(out) -> float | None:
     return float(s) if s else None
 
 
+def _counting_logger(sink: dict):
+    """A vLLM stat logger (per engine) that adds the figures the benchmarks read into ``sink``: the
+    same increments vLLM's Prometheus logger makes, kept on this engine instead of the registry."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class EngineCounters(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if scheduler_stats is not None:
+                sink["queries"] += scheduler_stats.prefix_cache_stats.queries
+                sink["hits"] += scheduler_stats.prefix_cache_stats.hits
+            if iteration_stats is not None:
+                sink["generation_tokens"] += iteration_stats.num_generation_tokens
+
+        def log_engine_initialized(self):
+            pass
+
+    return EngineCounters
+
+
 class VllmEngine:
     """Hosts one ``AsyncLLM`` (its engine core runs in a spawned process: entry scripts need an
     ``if __name__ == "__main__":`` guard). Create it inside the event loop that will drive it."""
@@ -172,7 +194,11 @@ class VllmEngine:
         with _spawn_env(cfg):
             #: "v1" | "v2": vLLM's choice for this configuration, read from its own config
             self.runner = engine_runner(cfg)
-            self.llm = AsyncLLM.from_engine_args(engine_args(cfg, self.runner))
+            #: this engine's own counters (Prometheus's registry is process-wide: a second engine in
+            #: the process unregisters the first one's series, so reading it would read the wrong engine)
+            self._counters = {"generation_tokens": 0.0, "queries": 0.0, "hits": 0.0}
+            self.llm = AsyncLLM.from_engine_args(engine_args(cfg, self.runner),
+                                                 stat_loggers=[_counting_logger(self._counters)])
         if runner_of(self.llm.vllm_config) != self.runner:  # the same arguments gave another answer
             got = runner_of(self.llm.vllm_config)
             self.shutdown()
@@ -243,21 +269,12 @@ class VllmEngine:
         return self.llm.get_num_unfinished_requests()
 
     def prefix_cache_counters(self) -> dict[str, float]:
-        """vLLM's prefix-cache query/hit counters (tokens) since start."""
-        from vllm.v1.metrics.reader import Counter, get_metrics_snapshot
-
-        out = {}
-        for m in get_metrics_snapshot():
-            if isinstance(m, Counter) and m.name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits"):
-                out[m.name.split(":", 1)[1]] = out.get(m.name, 0) + m.value
-        return out
+        """vLLM's prefix-cache query/hit counts (tokens) of this engine since start."""
+        return {"prefix_cache_queries": self._counters["queries"], "prefix_cache_hits": self._counters["hits"]}
 
     def generation_tokens(self) -> float:
-        """vLLM's generated-token counter since start (monotonic; the serving benchmark samples it)."""
-        from vllm.v1.metrics.reader import Counter, get_metrics_snapshot
-
-        return float(sum(m.value for m in get_metrics_snapshot()
-                         if isinstance(m, Counter) and m.name == "vllm:generation_tokens"))
+        """Tokens this engine generated since start (monotonic; the serving benchmark samples it)."""
+        return self._counters["generation_tokens"]
 
     def shutdown(self) -> None:
         llm, self.llm = self.llm, None
