@@ -205,12 +205,15 @@ def test_http_gives_the_batch_jobs_and_parse_pages_results(svc, tiny_model_dir, 
             assert (p["doc_id"], p["page_count"], p["image_width"], p["image_height"]) == \
                    (b["doc_id"], b["page_count"], b["image_width"], b["image_height"])
 
-    # parse-page (no Ray, its own engine) on report.pdf: the same Markdown per page
-    pp = subprocess.run([os.path.join(BIN, "padoc-ray"), "parse-page", os.path.join(EXAMPLES, "report.pdf"),
-                         "--model", tiny_model_dir, "--replay", GT, "--page", "2"], env=_env(),
-                        stdout=open(tmp_path / "pp.out", "w"), stderr=open(tmp_path / "pp.err", "w"), timeout=600)
-    assert pp.returncode == 0, (tmp_path / "pp.err").read_text()[-2000:]
-    assert (tmp_path / "pp.out").read_text() == http["report.pdf"][1]["markdown"]
+    # parse-page prints the teacher-forced truth's Markdown (tests/test_cli.py, on report.pdf): so does HTTP
+    from padoc_ray.groundtruth import load_truth
+    from padoc_ray.protocol import quantized, to_markdown
+    from padoc_ray.tokenizer import load_model_protocol
+
+    vocab = load_model_protocol(tiny_model_dir).vocab
+    truth = load_truth(GT)
+    for i, p in http["report.pdf"].items():
+        assert p["markdown"] == to_markdown(quantized(truth[("report.pdf", i)], vocab)), i
 
 
 def test_markdown_format_and_page_selection(svc):
