@@ -8,6 +8,9 @@ thin adapters over :class:`PageHost`; the batch job and the Serve replica start 
 * starting the engine (vLLM with the machine's preset, or the no-op engine) and the checkpoint's
   protocol;
 * pages in flight (a semaphore) and branch admission (a cap on live branches across pages);
+* the engine's time per page: one :class:`~padoc_ray.scheduler.meter.EngineMeter` splits the engine's
+  busy time among the requests of every page it runs (each record's ``engine_s``; they add up to
+  :meth:`PageHost.stats`' ``engine_busy_s``);
 * teacher-forcing truth (``--replay``), matched by the page's source file name and page index;
 * the page-id and ``cache_salt`` policy: both come from the content hash (and the tenant), never
   from a client-supplied name, so two different files with one name never share cached image
@@ -40,6 +43,7 @@ from padoc_ray import metrics
 from padoc_ray.engine.interface import EngineDeadError, GenRequest
 from padoc_ray.protocol import Page
 from padoc_ray.scheduler import EventSink, PageInput, PageRecord, RegionEvent, SchedulerConfig, replay_input, run_page
+from padoc_ray.scheduler.meter import EngineMeter
 from padoc_ray.scheduler.replay import inject_loops
 from padoc_ray.scheduler.runner import branch_admission
 from padoc_ray.scheduler.state import DECODE_MODES
@@ -147,6 +151,8 @@ class PageHost:
         self.model_protocol = model_protocol
         self.sem: asyncio.Semaphore | None = None
         self.admission: asyncio.Semaphore | None = None
+        #: the engine's busy time and each page's share of it (every page on this host's engine goes through it)
+        self.meter = EngineMeter()
         self.dead: str | None = None  # why the engine died, once it has
         self.pages_running = 0
         self.pages_done = 0
@@ -202,7 +208,8 @@ class PageHost:
 
     def stats(self) -> dict:
         return {"pages_running": self.pages_running, "pages_done": self.pages_done,
-                "unfinished_requests": self.unfinished_requests(), "engine_dead": self.dead is not None}
+                "unfinished_requests": self.unfinished_requests(), "engine_dead": self.dead is not None,
+                "engine_busy_s": round(self.meter.busy_s(), 3)}
 
     async def probe(self, timeout_s: float = 60.0) -> None:
         """One one-token, text-only request: raises unless the engine answers within ``timeout_s``."""
@@ -285,7 +292,7 @@ class PageHost:
             inp = replace(inp, seq=self.pages_admitted, priority=page.priority)
             try:
                 rec = await run_page(self.engine, self.model_protocol, inp, mode=mode, cfg=self.cfg.scheduler,
-                                     admission=self.admission, on_event=on_event)
+                                     admission=self.admission, on_event=on_event, meter=self.meter)
             except EngineDeadError as e:
                 self.dead = str(e) or "engine died"
                 raise

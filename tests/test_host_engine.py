@@ -152,3 +152,32 @@ def test_a_salt_is_a_cache_namespace(cpu_engine, model_protocol, loop_thread, ti
     shared, apart = got[("one", "one")], got[("first", "second")]
     assert shared[1] > shared[0], got  # one salt: the second request hit the first one's blocks
     assert apart[1] == apart[0] == shared[0], got  # two salts: nothing shared
+
+
+def test_pages_engine_time_sums_to_the_engine_s_busy_time(cpu_engine, model_protocol, loop_thread, tiny_model_dir):
+    """Issue 29 on the real engine: pages in both modes, run together on one host, use engine time
+    (engine_s) that adds up to the time the engine had a page's request in it, within 1%, wave by
+    wave (the pause between two waves is in neither); no page is charged more than its wall time."""
+    truth = load_truth(os.path.join(ROOT, "examples", "ground_truth.json"))
+    pages = [it.page for it in load_pages(sorted(glob.glob(os.path.join(ROOT, "examples", "*.pdf"))))]
+    host = PageHost(tiny_model_dir, HostConfig(pages_in_flight=8), truth=truth, engine=cpu_engine,
+                    model_protocol=model_protocol)
+
+    async def wave(tag):
+        return await asyncio.gather(*(host.parse(PageRequest(**{**p.__dict__, "salt": f"engine-s-{tag}-{i}",
+                                                                "mode": ("fork", "sequential")[i % 2]}))
+                                      for i, p in enumerate(pages * 2)))
+
+    async def go():
+        await host.start()
+        first = await wave("a")
+        busy_first = host.meter.busy_s()
+        await asyncio.sleep(0.2)
+        return first, busy_first, await wave("b"), host.meter.busy_s(), host.meter.live
+
+    first, busy_first, second, busy, live = loop_thread.run(go(), timeout=600)
+    recs = first + second
+    assert [r.status for r in recs] == ["ok"] * len(recs), [(r.page_id, r.status, r.message) for r in recs]
+    assert live == 0 and all(0 < r.engine_s <= r.e2e_s for r in recs), [(r.engine_s, r.e2e_s) for r in recs]
+    assert sum(r.engine_s for r in first) == pytest.approx(busy_first, rel=0.01)
+    assert sum(r.engine_s for r in second) == pytest.approx(busy - busy_first, rel=0.01)

@@ -79,8 +79,8 @@ def test_job_submit_reads_and_writes_s3(ray_cluster, s3, tiny_model_dir, tmp_pat
 def test_bad_inputs_are_all_accounted_for(ray_cluster, tiny_model_dir, tmp_path):
     """One file per kind of bad input, and good files, in one run: each file gets exactly its
     expected status (every page that reaches the engine is teacher-forced, so it is ok), every page
-    row carries its token counts and timings, the run's summary is also under runs/, and a rerun
-    has nothing to do."""
+    row carries its token counts, timings and engine time (summed and priced in the summary), the
+    run's summary is also under runs/, and a rerun has nothing to do (and no engine time)."""
     src = tmp_path / "in"
     src.mkdir()
     expect = write_bad_input_folder(str(src), big_pages=30)
@@ -90,7 +90,7 @@ def test_bad_inputs_are_all_accounted_for(ray_cluster, tiny_model_dir, tmp_path)
     (tmp_path / "gt.json").write_text(json.dumps(gt))
     out = tmp_path / "out"
     args = ["--input", str(src), "--output", str(out), "--model", tiny_model_dir, "--address", ray_cluster["gcs"],
-            "--longest-side", "400", "--replay", str(tmp_path / "gt.json")]
+            "--longest-side", "400", "--replay", str(tmp_path / "gt.json"), "--gpu-hour-usd", "2.5"]
     rc, log = run_logged(parse_cmd(*args), tmp_path / "run1.log")
     assert rc == 0, log[-4000:]
     rows = read_pages(str(out))
@@ -122,7 +122,12 @@ def test_bad_inputs_are_all_accounted_for(ray_cluster, tiny_model_dir, tmp_path)
         assert r["prompt_tokens"] > r["cached_tokens"] > 0, r["source_uri"]  # the branches reuse the page's prefix
         assert 0 < r["ttft_s"] <= r["layout_s"] <= r["e2e_s"], r["source_uri"]
         assert r["render_s"] > 0 and r["markdown"].startswith("# MEMORANDUM")
+        assert 0 < r["engine_s"] <= r["e2e_s"], r["source_uri"]
+    assert all(r["engine_s"] is None for r in rows if r["status"] != "ok")  # never reached the engine
     summary = json.load(open(out / "summary.json"))
+    per_page = sum(r["engine_s"] for r in ok) / len(ok)
+    assert summary["engine_seconds_per_page"] == pytest.approx(per_page, rel=1e-3)
+    assert summary["usd_per_million_pages"] == pytest.approx(per_page / 3600 * 2.5 * 1e6, rel=1e-3)
     assert json.load(open(out / "runs" / f"{summary['run_id']}.json")) == summary
     assert summary["page_status"] == {"ok": 36, "absurd_page_size": 1} and summary["all_inputs_accounted"]
     # rerun: nothing to do, nothing added, one more run record
@@ -133,6 +138,7 @@ def test_bad_inputs_are_all_accounted_for(ray_cluster, tiny_model_dir, tmp_path)
     again = json.load(open(out / "summary.json"))
     assert sorted(os.listdir(out / "runs")) == sorted(f"{r['run_id']}.json" for r in (summary, again))
     assert again["run_id"] != summary["run_id"] and again["rows_written"] == 0
+    assert again["engine_seconds_per_page"] is None and again["usd_per_million_pages"] is None  # nothing ran
 
 
 def test_batch_flags_each_show_their_effect(ray_cluster, tiny_model_dir, tmp_path):

@@ -48,6 +48,7 @@ DIFFER_BY_DESIGN = {
     "run_id": "each batch run and each request has its own id",
     "processed_at": "the wall-clock time the row was made",
     "render_s": "timing", "e2e_s": "timing", "ttft_s": "timing", "layout_s": "timing",
+    "engine_s": "timing (the page's share of its engine's busy time)",
     "cached_tokens": "prefix-cache hits depend on what ran before and on the cache salt (the service salts "
                      "each request, the batch job does not)",
     "source_uri": "the batch job writes the input's URI, the service the upload's label (its file name): "
@@ -210,6 +211,11 @@ def test_batch_and_serve_make_the_same_rows(tmp_path, pages):
         assert verdict.page_count == b_doc["page_count"] and len(verdict.pages) == b_doc["pages_selected"], name
         assert [r["page_index"] for r in b_rows] == [r["page_index"] for r in s_rows] == list(verdict.pages), name
         assert [_comparable(r) for r in b_rows] == [_comparable(r) for r in s_rows], name
+        for r in b_rows + s_rows:  # both surfaces carry the engine time of a page that ran, none for one that did not
+            if r["status"] == "ok":
+                assert r["engine_s"] is not None, (name, r["page_index"])
+            if r["e2e_s"] is None:  # it never reached the engine (its rendering failed)
+                assert r["engine_s"] is None, (name, r["page_index"], r["status"])
         assert b_images == s_images, name  # the very same encoded images went to the engine
         if any(r["regions"] for r in b_rows):
             seen.add("content")

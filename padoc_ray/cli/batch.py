@@ -66,7 +66,7 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
                                       "isolate"))
     add_render(rend, names=("max_page_draws",))
     out = p.add_argument_group("writing")
-    add_fields(out, OutputsConfig, ("rows_per_file", "writer_cpus"))
+    add_fields(out, OutputsConfig, ("rows_per_file", "writer_cpus", "gpu_hour_usd"))
     p.add_argument("--address", default=None,
                    help="Ray cluster address (default: RAY_ADDRESS, else a local cluster started for this run)")
 

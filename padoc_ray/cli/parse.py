@@ -81,7 +81,8 @@ def cmd_parse_page(args) -> int:
             obj = json.loads(to_json(rec.page))
             obj.update(status=rec.status, valid=rec.valid, message=rec.message, e2e_s=round(rec.e2e_s, 4),
                        n_branches=rec.n_branches, f_seq=rec.f_seq, f_padoc=rec.f_padoc, equals_truth=equals,
-                       output_tokens=rec.output_tokens, retries=rec.retries)
+                       output_tokens=rec.output_tokens, retries=rec.retries,
+                       engine_s=None if rec.engine_s is None else round(rec.engine_s, 4))
             regions = obj.get("regions")
             if isinstance(regions, list) and len(regions) == len(rec.region_attempts):
                 for r, n, fin in zip(regions, rec.region_attempts, rec.region_finish, strict=True):

@@ -70,6 +70,9 @@ PAGE_SCHEMA = pa.schema([
     ("cached_tokens", pa.int32()),
     ("f_seq", pa.int32()),
     ("f_padoc", pa.int32()),
+    # engine seconds the page used: its requests' shares of the engine's busy time (padoc_ray.scheduler.meter);
+    # null: the page never reached the engine, or an output written before the column
+    ("engine_s", pa.float32()),
 ])
 
 DOCUMENT_SCHEMA = pa.schema([
@@ -164,7 +167,7 @@ def page_row(base: dict, rec, *, render_s: float | None = None) -> dict:
         "spans": [{"order": o, "start": a, "end": b} for o, a, b in spans], "render_s": render_s, "e2e_s": rec.e2e_s,
         "ttft_s": rec.ttft_s, "layout_s": rec.layout_s, "n_branches": rec.n_branches,
         "output_tokens": rec.output_tokens, "prompt_tokens": rec.prompt_tokens, "cached_tokens": rec.cached_tokens,
-        "f_seq": rec.f_seq, "f_padoc": rec.f_padoc,
+        "f_seq": rec.f_seq, "f_padoc": rec.f_padoc, "engine_s": rec.engine_s,
     }
 
 

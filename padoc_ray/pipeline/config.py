@@ -109,10 +109,15 @@ class OutputsConfig:
     lock_wait_s: float = 0.0
     #: an s3:// output's lock is stale (its run is taken for dead) when its heartbeat is older than this
     lock_stale_s: float = 120.0
+    #: price of one GPU hour (USD): summary.json then gets usd_per_million_pages, from its engine_seconds_per_page
+    #: (one engine per GPU). None: no price
+    gpu_hour_usd: float | None = None
 
     def __post_init__(self) -> None:
         if self.writer_cpus <= 0:
             raise ValueError("writer_cpus must be > 0")
+        if self.gpu_hour_usd is not None and not (math.isfinite(self.gpu_hour_usd) and self.gpu_hour_usd > 0):
+            raise ValueError(f"gpu_hour_usd is a price per GPU hour > 0, got {self.gpu_hour_usd!r}")
         if self.leftover_grace_s < 0 or self.lock_wait_s < 0 or self.lock_stale_s <= 0:
             raise ValueError("leftover_grace_s and lock_wait_s must be >= 0, lock_stale_s > 0")
 
@@ -187,6 +192,7 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
     "limits": ("inputs", "limits"), "manifest_allow": ("inputs", "manifest_allow"),
     "follow_symlinks": ("inputs", "follow_symlinks"), "leftover_grace_s": ("outputs", "leftover_grace_s"),
     "lock_wait_s": ("outputs", "lock_wait_s"), "lock_stale_s": ("outputs", "lock_stale_s"),
+    "gpu_hour_usd": ("outputs", "gpu_hour_usd"),
 }
 
 #: resources Ray sets through their own options, never through a custom resource dict

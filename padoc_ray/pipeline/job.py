@@ -36,7 +36,7 @@ from padoc_ray.storage import StorageConfig, filesystem, is_s3, join, list_input
 logger = logging.getLogger(__name__)
 
 KEY_COLUMNS = ["source_uri", "doc_id", "page_index", "page_count", "status", "error_code", "run_id",
-               "output_tokens", "valid", "processed_at"]
+               "output_tokens", "valid", "processed_at", "engine_s"]
 
 
 def _leftover(name: str, age_s: float | None, run_id: str, grace_s: float) -> bool:
@@ -238,6 +238,7 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
         "wall_s": round(wall, 3),
         "pages_per_s": round(book.run_pages / wall, 4) if wall else None,
         "output_tokens_per_s": round(book.run_tokens / wall, 2) if wall else None,
+        **cost_summary(book.run_engine_s, book.run_engine_pages, cfg.outputs.gpu_hour_usd),
         "config": cfg.flat(),
     }
     body = json.dumps(summary, indent=2, default=str).encode()
@@ -246,6 +247,22 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
     log(f"done in {wall:.1f}s: {book.run_pages} pages written ({summary['page_status']}), documents "
         f"{doc_status}; all inputs accounted: {summary['all_inputs_accounted']}")
     return summary
+
+
+def cost_summary(engine_s: float, pages: int, gpu_hour_usd: float | None) -> dict:
+    """What this run's pages cost: ``engine_seconds_per_page``, the mean ``engine_s`` of the run's pages
+    that reached the engine (None: none did), and with a price per GPU hour ``usd_per_million_pages``
+    = engine_seconds_per_page / 3600 * gpu_hour_usd * 1e6. A page's engine_s is engine time on one engine,
+    and one engine runs on one GPU, so an engine-second is a GPU-second, however many engines ran (with
+    tensor parallelism over k GPUs, price a GPU hour at k times the price). Only this run's rows count:
+    a resumed run's earlier pages keep their engine_s in their rows and their cost in their own run's
+    summary (runs/<run_id>.json)."""
+    per_page = engine_s / pages if pages else None
+    out: dict = {"engine_seconds": round(engine_s, 3),
+                 "engine_seconds_per_page": round(per_page, 6) if per_page is not None else None}
+    if gpu_hour_usd is not None:
+        out["usd_per_million_pages"] = round(per_page / 3600 * gpu_hour_usd * 1e6, 4) if per_page is not None else None
+    return out
 
 
 def write_documents(book: ledger.Ledger, documents_uri: str, storage: StorageConfig, run_id: str):

@@ -45,7 +45,7 @@ from padoc_ray.pipeline.docids import DocIds
 
 #: the columns the driver reads (strings as dictionaries)
 COLUMNS = ["source_uri", "page_index", "processed_at", "page_count", "status", "error_code", "doc_id", "run_id",
-           "output_tokens"]
+           "output_tokens", "engine_s"]
 DICT_COLUMNS = ["source_uri", "status", "error_code", "doc_id", "run_id"]
 #: rows sorted at once (bounds the sort's temporary memory; inputs are never split)
 PART_ROWS = 4_000_000
@@ -80,6 +80,9 @@ class Ledger:
         self.rows_read = 0
         self.footers_read = 0
         self.run_rows = self.run_pages = self.run_tokens = 0
+        #: ``run_id``'s pages that reached the engine (engine_s not null), and the sum of their engine_s
+        self.run_engine_pages = 0
+        self.run_engine_s = 0.0
         self.run_status: Counter = Counter()
         self.facts = None
 
@@ -143,6 +146,10 @@ class Ledger:
                 for code, k in Counter(st_codes[real].tolist()).items():
                     self.run_status[self.codes[code] if code >= 0 else None] += k
                 self.run_tokens += int(ints(col("output_tokens", pa.int32()), 0, np.int64)[mine].sum())
+                engine_s = ints(col("engine_s", pa.float32()), np.nan, np.float64)
+                timed = real & ~np.isnan(engine_s)
+                self.run_engine_pages += int(timed.sum())
+                self.run_engine_s += float(engine_s[timed].sum())
         c = self._cols
         c["gpos"].append(self._uri_positions(col("source_uri", pa.string())))
         if self._uri_off > MAP_EVERY:

@@ -24,6 +24,7 @@ from padoc_ray.protocol import DecodeDepth, Page, Region, assemble_page, decode_
 from padoc_ray.protocol.codec import ParsedBranch, RawRegion, assemble_region
 from padoc_ray.protocol.render import region_block
 
+from .meter import EngineMeter
 from .state import DECODE_MODES, ForkAction, MainRetry, PageState, PageStatus, SchedulerConfig, retry_seed
 
 logger = logging.getLogger(__name__)
@@ -111,15 +112,21 @@ class PageRecord:
     fork_latency_s: list[float] = field(default_factory=list)
     #: branches whose first attempt was forced to loop (PageInput.forced_first_attempt; benchmarks)
     injected_loops: int = 0
+    #: the engine time the page used: the sum over its requests (retries and discarded attempts too) of each
+    #: one's share of the engine's busy time (see :mod:`padoc_ray.scheduler.meter`); None: it never ran
+    engine_s: float | None = None
 
 
 class _Page:
     """One run of one page; keeps the live request ids so every exit path can abort them."""
 
     def __init__(self, engine: Engine, model_protocol, inp: PageInput, mode: str, cfg: SchedulerConfig,
-                 admission: asyncio.Semaphore | None = None, on_event: EventSink | None = None):
+                 admission: asyncio.Semaphore | None = None, on_event: EventSink | None = None,
+                 meter: EngineMeter | None = None):
         self.engine, self.model_protocol, self.inp, self.mode, self.cfg = engine, model_protocol, inp, mode, cfg
         self.admission = admission
+        self.meter = meter if meter is not None else EngineMeter()
+        self.engine_s = 0.0  # the shares of the page's requests that have left the engine
         self.on_event = on_event
         self.announced: dict[int, RawRegion] = {}  # region index -> its closed layout, once its event went out
         self.contented: set[int] = set()  # regions whose content event went out
@@ -160,6 +167,7 @@ class _Page:
         finished = False
         first = None
         sent = time.perf_counter()
+        self.meter.begin(req.request_id)
         try:
             async with contextlib.aclosing(self.engine.generate(req)) as gen:
                 async for d in gen:
@@ -182,6 +190,7 @@ class _Page:
                     if halt or st.stop_all:
                         break
         finally:
+            self.engine_s += self.meter.end(req.request_id)  # it left the engine: done, or aborted just below
             self.live.discard(req.request_id)
             if not finished:
                 await self.engine.abort([req.request_id])
@@ -403,22 +412,26 @@ class _Page:
             region_attempts=region_attempts, region_finish=region_end, retries=st.retries,
             layout_retries=st.main_attempt, retry_outcomes=[st.outcomes[i] for i in sorted(st.outcomes)],
             fork_latency_s=[self.fork_latency[i] for i in sorted(self.fork_latency)],
-            injected_loops=len(inp.forced_first_attempt or ()),
+            injected_loops=len(inp.forced_first_attempt or ()), engine_s=self.engine_s,
         )
 
 
 async def run_page(engine: Engine, model_protocol, inp: PageInput, *, mode: str = "fork",
                    cfg: SchedulerConfig | None = None, admission: asyncio.Semaphore | None = None,
-                   on_event: EventSink | None = None) -> PageRecord:
+                   on_event: EventSink | None = None, meter: EngineMeter | None = None) -> PageRecord:
     """Parse one page. ``model_protocol`` provides ``vocab``, ``tokenizer`` and ``prompt_ids(mode)``
     (e.g. :class:`padoc_ray.tokenizer.ModelProtocol`). ``admission``, shared by every page on
     one engine, caps the branches live in it at once (see :func:`branch_admission`). Page-level
     failures come back as the record's status; only :class:`EngineDeadError` and cancellation
     propagate. ``on_event`` receives the page's :class:`RegionEvent` s as they happen, all of them
-    before this returns."""
+    before this returns. ``meter`` splits the engine's busy time among its requests (the record's
+    ``engine_s``); every page on one engine must share the engine's one meter, as
+    :class:`~padoc_ray.host.PageHost` does (None: a meter of the page's own, right only for a page alone on
+    its engine)."""
     if mode not in DECODE_MODES:
         raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
-    return await _Page(engine, model_protocol, inp, mode, cfg or SchedulerConfig(), admission, on_event).run()
+    return await _Page(engine, model_protocol, inp, mode, cfg or SchedulerConfig(), admission, on_event,
+                       meter).run()
 
 
 def branch_admission(max_live_branches: int | None) -> asyncio.Semaphore | None:
