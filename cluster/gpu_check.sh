@@ -2,7 +2,7 @@
 # One command for a CUDA machine with the gpu profile installed: does padoc-ray's engine work on both of
 # vLLM's model runners, and what does the serving benchmark do there? Writes one JSON verdict.
 #
-#   cluster/gpu_check.sh [--out DIR] [--runners v2,v1] [--pages N] [--warmup N]
+#   cluster/gpu_check.sh [--out DIR] [--runners v2,v1] [--pages N] [--warmup N] [--concurrency LIST]
 #
 #   --out DIR      where the verdict (DIR/verdict.json), the logs and the benchmark go
 #                  (default: gpu-check-<UTC time>)
@@ -11,14 +11,15 @@
 #   --pages N      synthetic pages for the benchmark (default 32)
 #   --warmup N     untimed warm-up pages per mode before the benchmark's timed runs (default 2;
 #                  0 when only the wiring is checked, as the CPU suite does: the figures need them)
+#   --concurrency LIST  pages in flight for the benchmark, comma-separated (default 4,16)
 #
 # Steps (each one's output goes to DIR/logs/STEP.log, its outcome into the verdict):
 #   1. padoc-ray doctor (the runner vLLM picks here, the processors its loader accepts, trace replay)
 #   2. build the tiny model (random weights, built offline in seconds)
 #   3. per runner: parse-page with teacher forcing (--replay), which must equal the ground truth,
 #      then the same with --constrain-layout
-#   4. bench replay at C=4 and C=16 (fork vs sequential, teacher-forced) on synthetic pages, on the
-#      first runner of --runners; its summary goes into the verdict
+#   4. bench replay at each --concurrency (fork vs sequential, teacher-forced) on synthetic pages, on
+#      the first runner of --runners; its summary goes into the verdict
 # Exit 0 when every step passed, 1 otherwise. Needs no network. Meant to take under 10 minutes on one GPU
 # (most of it engine starts: five of them). On a machine without CUDA only --runners v1 can pass.
 set -uo pipefail
@@ -27,19 +28,23 @@ out="gpu-check-$(date -u +%Y%m%dT%H%M%SZ)"
 runners="v2,v1"
 pages=32
 warmup=2
+concurrency=4,16
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) out="${2:?--out needs a folder}"; shift 2 ;;
     --runners) runners="${2:?--runners needs a list}"; shift 2 ;;
     --pages) pages="${2:?--pages needs a number}"; shift 2 ;;
     --warmup) warmup="${2:?--warmup needs a number}"; shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --concurrency) concurrency="${2:?--concurrency needs a list}"; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 for r in ${runners//,/ }; do
   [[ "$r" == v1 || "$r" == v2 ]] || { echo "gpu_check.sh: runner must be v1 or v2, got $r" >&2; exit 2; }
 done
+[[ "$concurrency" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || {
+  echo "gpu_check.sh: --concurrency must be positive whole numbers separated by commas, got $concurrency" >&2; exit 2; }
 [[ "$warmup" =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --warmup must be a whole number, got $warmup" >&2; exit 2; }
 padoc="${PADOC_RAY:-padoc-ray}"
 py="${PYTHON:-python3}"
@@ -83,7 +88,7 @@ for r in ${runners//,/ }; do
 done
 step corpus "" "$padoc" corpus generate --out "$out/corpus" --pages "$pages" --images --seed 1 --force
 step bench-replay "$first" "$padoc" bench replay --gt "$out/corpus/gt.json" --images "$out/corpus/images" \
-  --model "$model" --concurrency 4,16 --warmup "$warmup" --out "$out/bench"
+  --model "$model" --concurrency "$concurrency" --warmup "$warmup" --out "$out/bench"
 
 "$py" - "$out" "$t_start" <<'PY'
 import json

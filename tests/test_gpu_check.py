@@ -22,7 +22,7 @@ def test_the_v1_leg_passes_here_and_the_verdict_says_so(tmp_path):
     out = tmp_path / "check"
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "PYTHON": sys.executable}
     p = subprocess.run(["bash", os.path.join(ROOT, "cluster", "gpu_check.sh"), "--out", str(out), "--runners", "v1",
-                        "--pages", "2", "--warmup", "0"], capture_output=True, text=True, timeout=900, env=env)
+                        "--pages", "2", "--warmup", "0", "--concurrency", "4"], capture_output=True, text=True, timeout=900, env=env)
     assert p.returncode == 0, p.stdout + p.stderr[-4000:]
     v = json.loads((out / "verdict.json").read_text())
     assert v["ok"] and v["machine"]["runner"] == "v1" and v["machine"]["processors_load"]
@@ -34,7 +34,7 @@ def test_the_v1_leg_passes_here_and_the_verdict_says_so(tmp_path):
     for s in v["steps"][2:4]:
         assert s["runner_env"] == "0" and s["page"]["status"] == "ok" and s["page"]["equals_truth"] is True
     bench = v["bench_replay"]
-    assert set(bench["concurrency"]) == {"4", "16"} and bench["pages"] == 2
+    assert set(bench["concurrency"]) == {"4"} and bench["pages"] == 2  # --concurrency reached it
     assert json.loads((out / "bench" / "report.json").read_text())["config"]["warmup"] == 0  # --warmup reached it
     assert "verdict: ok" in p.stdout
 
@@ -44,6 +44,14 @@ def test_a_bad_runner_name_is_a_usage_error(tmp_path):
                         "--runners", "v3"], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"})
     assert p.returncode == 2 and "runner must be v1 or v2" in p.stderr
+
+
+def test_a_concurrency_list_that_is_not_whole_numbers_is_a_usage_error(tmp_path):
+    p = subprocess.run(["bash", os.path.join(ROOT, "cluster", "gpu_check.sh"), "--out", str(tmp_path / "x"),
+                        "--runners", "v1", "--concurrency", "4,0"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"})
+    assert p.returncode == 2 and "--concurrency must be positive whole numbers" in p.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_warmup_that_is_no_whole_number_is_a_usage_error(tmp_path):
