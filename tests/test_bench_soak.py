@@ -198,3 +198,13 @@ def test_short_soak_on_the_noop_engine(tmp_path, request):
     assert rep["rss_slope_mb_per_h"]["worst"] is not None
     assert rep["server"]["exit_code"] == 0 and rep["server"]["processes_left"] == []
     assert rep["server"]["flags"][:2] == ["--engine", "noop"]
+
+
+def test_bench_fairness_refuses_bad_settings_before_starting_anything():
+    p = subprocess.run([sys.executable, "-m", "padoc_ray.cli", "bench", "fairness", "--max-job-pages-in-flight", "0",
+                        "--json", os.devnull], capture_output=True, text=True, env=_env(), timeout=120)
+    assert p.returncode == 2 and "max_job_pages_in_flight must be >= 1" in p.stderr
+    from padoc_ray.bench.fairness import FairnessConfig
+
+    with pytest.raises(ValueError, match="job_pages must be in 1..5000"):
+        FairnessConfig(job_pages=6000)

@@ -31,12 +31,16 @@ class FairnessConfig:
     job_pages: int = 2000  #: pages of tenant A's job (copies of memo.pdf's page)
     probes: int = 40  #: tenant B's one-page requests, idle and again loaded
     request_timeout_s: float = 300.0  #: client-side timeout of one request
+    #: the service's --max-job-pages-in-flight (job pages at the engine at once); None: its default
+    max_job_pages_in_flight: int | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if not 1 <= self.job_pages <= 5000 or self.probes < 5:
             raise ValueError("job_pages must be in 1..5000 (the service's max_job_pages) and probes >= 5")
+        if self.max_job_pages_in_flight is not None and self.max_job_pages_in_flight < 1:
+            raise ValueError("max_job_pages_in_flight must be >= 1")
 
 
 def _job_pdf(examples: str, pages: int) -> bytes:
@@ -80,6 +84,8 @@ def run(cfg: FairnessConfig, root: str, log=print) -> dict:
     model = cfg.model or os.path.join(root, "models", "tiny")
     with tempfile.TemporaryDirectory(prefix="padoc-fair-") as tmp:
         flags = ["--engine", cfg.engine, "--tenant-header"]
+        if cfg.max_job_pages_in_flight is not None:
+            flags += ["--max-job-pages-in-flight", str(cfg.max_job_pages_in_flight)]
         if cfg.engine == "vllm":
             flags += ["--replay", _truth(examples, cfg.job_pages, os.path.join(tmp, "gt.json"))]
         svc = ServeProcess(model, flags)
