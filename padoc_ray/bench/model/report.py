@@ -168,7 +168,7 @@ def format_markdown(report: dict) -> str:
              f"{env['max_num_batched_tokens']}, KV block {env['block_size']}. "
              f"Step time: {_describe(cfg['step_time'])}.", "",
              "## Table 3 analogue: valid pages/s and P95 end-to-end latency (s) over valid pages", "",
-             "Fork cells: change against sequential at the same concurrency. In brackets: measured | paper, "
+             "Fork cells: change against sequential at the same concurrency. In brackets: measured / paper, "
              "where given.", "",
              "| metric | mode | " + " | ".join(f"C{c}" for c in cs) + " |", "|---|---|" + "---|" * len(cs)]
     for key, label, n, other in (("valid_pages_per_s", "valid pages/s", 3, ("measured_valid_pages_per_s",
