@@ -348,6 +348,9 @@ def register(sub) -> None:
                                  "closest any real stream came to one. --cost also times the detector per engine "
                                  "step at --streams live streams.")
     bl.set_defaults(func=loops.run)
+    from padoc_ray.cli.bench_model import register_model
+
+    register_model(bsub)
     bst = add_command(bsub, "steps", help="engine decode step time vs batch size: is this machine in fork's regime?",
                       description="On the real engine with the serving settings for this machine: for each batch "
                                   "size n, n requests sharing one page image and prompt (one page's branches) each "

@@ -1,0 +1,359 @@
+"""The engine model (`padoc-ray bench model`): hand-checked traces with exact step counts and times, the
+real scheduler deciding every fork, image tokens, and the command's report. Fast: no engine, no Ray.
+
+The step-time functions (fitted, roofline) and the paper384 workload belong to other modules of issue 29:
+these tests use a small linear step time of their own, and stand-ins where the command imports those."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import types
+
+import pytest
+
+from padoc_ray.bench.model.plan import ForkMismatch, plan_page
+from padoc_ray.bench.model.sim import Envelope, simulate
+from padoc_ray.bench.model.step import StepLoad
+from padoc_ray.bench.model.trace import (
+    PROCESSORS,
+    ImageProcessor,
+    TraceError,
+    host_render_size,
+    image_tokens,
+    image_tokens_from_run,
+    trace_from_page,
+)
+from padoc_ray.protocol import Box, Page, ProtocolSpec, Region, Vocab
+from padoc_ray.protocol.bytes_tokenizer import ByteTokenizer
+from padoc_ray.scheduler import SchedulerConfig
+
+from .conftest import ROOT, require_demo_data
+
+
+class Proto:
+    """A model protocol on the byte tokenizer: prompts of 4 ids, the image placeholder third."""
+
+    def __init__(self):
+        self.spec = ProtocolSpec()
+        self.tokenizer = ByteTokenizer(self.spec, ["<|image_pad|>"])
+        self.vocab = Vocab.from_spec(self.spec, self.tokenizer)
+        pad = self.tokenizer.token_to_id("<|image_pad|>")
+        self._p = {"fork": (1, 2, pad, 3), "sequential": (1, 2, pad, 4)}
+
+    def prompt_ids(self, mode):
+        return self._p[mode]
+
+
+P = Proto()
+CFG = SchedulerConfig()
+
+
+class Linear:
+    """seconds = fixed + per_decode x decode sequences + per_prefill x prefill tokens; keeps every load."""
+
+    def __init__(self, fixed=1.0, per_decode=0.1, per_prefill=0.01):
+        self.fixed, self.per_decode, self.per_prefill = fixed, per_decode, per_prefill
+        self.loads: list[StepLoad] = []
+
+    def seconds(self, load: StepLoad) -> float:
+        self.loads.append(load)
+        return self.fixed + self.per_decode * load.decode_seqs + self.per_prefill * load.prefill_tokens
+
+    def describe(self) -> dict:
+        return {"kind": "linear (test)", "fixed_s": self.fixed}
+
+
+def page(*contents: str | None) -> Page:
+    """One region per content (None: a figure, no content), top to bottom."""
+    regs = []
+    for i, c in enumerate(contents):
+        box = Box(0.1, i * 0.1, 0.9, i * 0.1 + 0.05)
+        regs.append(Region(category="figure", box=box, content=None, content_format="none") if c is None else
+                    Region(category="text_block", box=box, content=c, content_format="text"))
+    return Page(width=800, height=1000, regions=tuple(regs))
+
+
+def plans(mode, *pages_, image=4, cfg=CFG):
+    return [plan_page(trace_from_page(P, f"p{i}", pg, image), mode, P.vocab, cfg) for i, pg in enumerate(pages_)]
+
+
+def near(a, b):
+    return a == pytest.approx(b, abs=1e-9)
+
+
+# ---- the discrete-event core, by hand ------------------------------------------------------------------------
+def test_one_page_one_branch():
+    """Prompt 4 ids + 4 image tokens = 7; layout 8 tokens (region close at index 6); branch "ab" + EOS.
+    Step 1 prefills the page (and encodes its image) and samples layout token 1; steps 2-7 decode up to
+    the close; step 8 decodes the layout's end and admits the branch (prompt 4 + 6 + 1 = 11 ids, 14
+    tokens, 13 shared: 12 cached in 4-token blocks, 2 to prefill), which samples its first token; steps
+    9-10 decode the branch to its end."""
+    st = Linear()
+    (pl,) = plans("fork", page("ab"))
+    assert [(r.key, r.prompt_tokens, r.shared_tokens, r.output_tokens, r.at_token) for r in pl.requests] == \
+        [("main", 7, 0, 8, None), ("b0", 14, 13, 3, 7)]
+    res = simulate([pl], 1, st, Envelope(max_num_seqs=8, max_num_batched_tokens=100, block_size=4))
+    assert res.steps == 10 == pl.f_padoc
+    assert st.loads[0] == StepLoad(0, 7, 7, 1, 4)
+    assert st.loads[1:7] == [StepLoad(1, 0, 7 + k) for k in range(1, 7)]
+    assert st.loads[7] == StepLoad(1, 2, 14 + 14)
+    assert st.loads[8:] == [StepLoad(1, 0, 15), StepLoad(1, 0, 16)]
+    (rec,) = res.pages
+    assert near(rec["e2e_s"], 1.07 + 6 * 1.1 + 1.12 + 2 * 1.1) and near(res.wall_s, rec["e2e_s"])
+    assert (rec["output_tokens"], rec["prompt_tokens"], rec["cached_tokens"]) == (11, 21, 12)
+    assert rec["valid"] and rec["status"] == "ok" and rec["n_branches"] == 1
+
+
+def test_two_pages_max_num_seqs_binds():
+    """Sequential pages of 9 and 11 tokens, both in flight: with max_num_seqs 1 the second waits for the
+    first (20 steps); with 2 they share steps (11)."""
+    pls = plans("sequential", page("a"), page("abc"))
+    assert [r.requests[0].output_tokens for r in pls] == [9, 11]
+    one = simulate(pls, 2, Linear(), Envelope(max_num_seqs=1, max_num_batched_tokens=100))
+    assert one.steps == 20
+    a, b = one.pages
+    assert near(a["e2e_s"], 1.07 + 8 * 1.1) and near(b["e2e_s"], a["e2e_s"] + 1.07 + 10 * 1.1)
+    assert a["t_start"] == b["t_start"] == 0.0  # both entered at once: the engine kept b waiting
+    two = simulate(pls, 2, Linear(), Envelope(max_num_seqs=2, max_num_batched_tokens=100))
+    assert two.steps == 11
+    a, b = two.pages
+    assert near(a["e2e_s"], 1.14 + 8 * 1.2) and near(b["e2e_s"], a["e2e_s"] + 2 * 1.1)
+    assert two.mean_batch == pytest.approx((2 * 9 + 2) / 11)
+
+
+def test_prefill_bound_prompt_takes_several_chunks():
+    """A 7-token prompt with 3 tokens per step: chunks of 3, 3, 1; the image (positions 2-5) is encoded
+    in the first chunk, the first token comes with the last."""
+    st = Linear()
+    (pl,) = plans("sequential", page("a"))
+    res = simulate([pl], 1, st, Envelope(max_num_batched_tokens=3))
+    assert st.loads[:3] == [StepLoad(0, 3, 3, 1, 4), StepLoad(0, 3, 6), StepLoad(0, 1, 7)]
+    assert res.steps == 2 + 9 and st.loads[3] == StepLoad(1, 0, 8)
+
+
+def test_token_budget_shared_by_decodes_and_prefill():
+    """8 tokens per step, two pages: step 1 prefills page a (7) and the first token of page b's prompt;
+    step 2 decodes a (1 token) and finishes b's prefill (6); from then on both decode."""
+    st = Linear()
+    pls = plans("sequential", page("a"), page("abc"))
+    res = simulate(pls, 2, st, Envelope(max_num_batched_tokens=8))
+    assert st.loads[0] == StepLoad(0, 8, 7 + 1, 1, 4)
+    assert st.loads[1] == StepLoad(1, 6, 8 + 7, 1, 4)  # b's image is reached by its second chunk
+    assert st.loads[2] == StepLoad(2, 0, 9 + 8)
+    assert res.steps == 12  # b: first token at step 2, 10 more
+    assert res.token_fill == pytest.approx(sum((lo.decode_seqs + lo.prefill_tokens) / 8 * st.seconds(lo)
+                                               for lo in list(st.loads)) / res.wall_s)
+
+
+def test_prefix_cache_reuses_full_blocks_only():
+    """A branch prompt sharing 37 tokens with its main stream reuses 32 with 16-token blocks."""
+    st = Linear()
+    (pl,) = plans("fork", page("xy"), image=28)  # branch prompt: 4 + 6 + 1 ids - 1 + 28 = 38 tokens
+    assert pl.requests[1].shared_tokens == 37
+    res = simulate([pl], 1, st, Envelope(block_size=16))
+    assert res.pages[0]["cached_tokens"] == 32
+    assert st.loads[7].prefill_tokens == 38 - 32
+
+
+def test_closed_loop_admits_a_page_when_one_ends():
+    pls = plans("sequential", page("abc"), page("a"), page("ab"))
+    res = simulate(pls, 2, Linear(), Envelope())
+    by = {r["page"]: r for r in res.pages}
+    assert [r["page"] for r in res.pages] == ["p1", "p0", "p2"]  # in the order they ended
+    assert by["p2"]["t_start"] == by["p1"]["t_end"]  # the third page entered when the first ended
+
+
+def test_engine_utilization_is_the_binding_limit_s_fill():
+    pls = plans("sequential", page("a"), page("a"))
+    res = simulate(pls, 2, Linear(fixed=1, per_decode=0, per_prefill=0), Envelope(max_num_seqs=4,
+                                                                                   max_num_batched_tokens=14))
+    # step 1: 2 seqs, 14 tokens (token-bound, fill 1); steps 2-9: 2 seqs of 4, 2 of 14 tokens (fill 0.5)
+    assert res.engine_utilization == pytest.approx((1 + 8 * 0.5) / 9)
+    assert res.seq_fill == pytest.approx(0.5) and res.token_fill == pytest.approx((1 + 8 * 2 / 14) / 9)
+
+
+# ---- the real scheduler decides --------------------------------------------------------------------------------
+def test_a_trace_whose_forks_differ_from_the_scheduler_s_is_caught():
+    t = trace_from_page(P, "p", page("ab", "cd"), 4)
+    assert t.fork.fork_points == (6, 13)
+    bad = dataclasses.replace(t, fork=dataclasses.replace(t.fork, fork_points=(6, 12)))
+    with pytest.raises(ForkMismatch, match="forks region 1 after 13 layout tokens, the trace says 12"):
+        plan_page(bad, "fork", P.vocab, CFG)
+    short = dataclasses.replace(t, fork=dataclasses.replace(t.fork, fork_points=(6,)))
+    with pytest.raises(ForkMismatch, match="region 1 after 13 layout tokens, the trace says none"):
+        plan_page(short, "fork", P.vocab, CFG)
+
+
+def test_contentless_regions_are_not_forked_and_a_branch_limit_ends_the_page():
+    (pl,) = plans("fork", page("ab", None, "cd"))
+    assert [r.key for r in pl.requests] == ["main", "b0", "b2"] and pl.valid
+    (pl,) = plans("fork", page("ab", "cd", "ef"), cfg=SchedulerConfig(max_branches=1))
+    assert pl.status == "branch_limit" and not pl.valid and pl.stop_page == (0, 14)  # the second close
+    res = simulate([pl], 1, Linear(), Envelope())
+    assert res.steps == 14 and res.pages[0]["output_tokens"] == 14 + 3  # branch 0 ended before the stop
+
+
+def test_max_tokens_ends_a_stream_as_length():
+    (pl,) = plans("sequential", page("abcdefgh"), cfg=SchedulerConfig(max_tokens=10))
+    assert pl.requests[0].output_tokens == 10 and pl.requests[0].finish_reason == "length"
+    assert pl.status == "token_limit" and not pl.valid
+
+
+# ---- image tokens ----------------------------------------------------------------------------------------------
+def test_image_tokens_follow_the_processor_s_resize():
+    tiny = ImageProcessor(16, 2, 4096, 262144)
+    assert image_tokens(1000, 1000, tiny) == 16 * 16  # over the pixel budget: scaled down to 512 x 512
+    assert image_tokens(1000, 2000, tiny) == 11 * 22  # 352 x 704: each side floored to a multiple of 32
+    assert image_tokens(10, 10, tiny) == 2 * 2  # under min_pixels: scaled up to 64 x 64
+    assert image_tokens(1600, 1200, PROCESSORS["qwen3-vl-2b"]) == 50 * 38
+    assert host_render_size(2000, 1000, 1600, 10**9) == (1600, 800)
+    assert host_render_size(800, 600, 1600, 10**9) == (800, 600)  # never enlarged
+    with pytest.raises(TraceError, match="positive"):
+        image_tokens(0, 10, tiny)
+
+
+def test_the_tiny_model_s_processor_is_read_from_its_config():
+    from padoc_ray.bench.model.trace import image_processor
+
+    proc = image_processor(os.path.join(ROOT, "models", "tiny"))
+    assert (proc.patch_size, proc.merge_size, proc.min_pixels, proc.max_pixels) == (16, 2, 4096, 262144)
+    with pytest.raises(TraceError, match="no image processor"):
+        image_processor("no-such-model")
+
+
+def test_image_tokens_from_a_measured_run(tmp_path):
+    t = trace_from_page(P, "a.png", page("ab", "cd"), 1)
+    path = tmp_path / "pages.jsonl"
+    fork_prompt = 3 * (3 + 250) + (6 + 1) + (13 + 1)  # main + 2 branches, 250 image tokens each
+    path.write_text(json.dumps({"mode": "fork", "page": "a.png", "prompt_tokens": fork_prompt, "n_branches": 2}) + "\n")
+    assert image_tokens_from_run([t], str(path))[0].image_tokens == 250
+    path.write_text(json.dumps({"mode": "sequential", "page": "a.png", "prompt_tokens": 3 + 250}) + "\n")
+    assert image_tokens_from_run([t], str(path))[0].image_tokens == 250
+    path.write_text(json.dumps({"mode": "sequential", "page": "b.png", "prompt_tokens": 300}) + "\n")
+    with pytest.raises(TraceError, match="no usable prompt count for 1 page"):
+        image_tokens_from_run([t], str(path))
+
+
+# ---- the command ------------------------------------------------------------------------------------------------
+def _stub(monkeypatch, name: str, **attrs) -> None:
+    """A stand-in for a module of issue 29's step-time / workload part (tested where it lives)."""
+    mod = types.ModuleType(name)
+    mod.__dict__.update(attrs)
+    monkeypatch.setitem(sys.modules, name, mod)
+
+
+class _Fitted:
+    @classmethod
+    def from_steps_json(cls, path):
+        with open(path) as f:
+            json.load(f)  # the command hands the path on; it reads the engine record itself
+        return Linear(fixed=0.002, per_decode=5e-5, per_prefill=2e-5)
+
+
+def _model(*argv) -> int:
+    from padoc_ray.cli import main
+
+    return main(["bench", "model", *argv])
+
+
+def test_the_command_models_a_ground_truth_file_and_compares_a_measured_run(tmp_path, monkeypatch, tiny_model_dir):
+    demo = require_demo_data()
+    _stub(monkeypatch, "padoc_ray.bench.model.fitted", FittedStepTime=_Fitted)
+    steps = tmp_path / "steps.json"
+    steps.write_text(json.dumps({"engine": {"max_num_seqs": 64, "max_num_batched_tokens": 4096}, "rows": []}))
+    measured = tmp_path / "serve"
+    measured.mkdir()
+    (measured / "report.json").write_text(json.dumps({"rows": [
+        {"mode": "fork", "concurrency": 2, "valid_pages_per_s": 0.5, "p95_e2e_s": 9.0},
+        {"mode": "sequential", "concurrency": 2, "valid_pages_per_s": 0.25, "p95_e2e_s": 12.0}]}))
+    out = tmp_path / "model"
+    assert _model("--gt", os.path.join(demo, "OmniDocBench_demo.json"), "--images", os.path.join(demo, "images"),
+                  "--steps", str(steps), "--model", tiny_model_dir, "--concurrency", "2,4", "--pages", "4",
+                  "--gpu-hour-usd", "2.5", "--compare", str(measured), "--out", str(out)) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["envelope"] == {"max_num_seqs": 64, "max_num_batched_tokens": 4096, "block_size": 32}
+    assert report["pages"]["used"] == 4 and "page images" in report["pages"]["image_tokens"]
+    rows = {(r["mode"], r["concurrency"]): r for r in report["rows"]}
+    assert set(rows) == {(m, c) for m in ("fork", "sequential") for c in (2, 4)}
+    for r in rows.values():
+        assert r["pages"] == r["valid_pages"] == 4 and r["p95_e2e_s"] >= r["p50_e2e_s"] > 0
+        assert r["tokens_per_s"] > 0 and 0 < r["engine_utilization"] <= 1
+        assert r["usd_per_million_pages"] == round(1e6 / r["valid_pages_per_s"] / 3600 * 2.5, 2)
+    for m in ("fork", "sequential"):
+        assert rows[(m, 4)]["measured_valid_pages_per_s"] is None and rows[(m, 4)]["measured_over_modeled"] is None
+        got = rows[(m, 2)]
+        want = {"fork": 0.5, "sequential": 0.25}[m]
+        assert got["measured_valid_pages_per_s"] == want
+        assert got["measured_over_modeled"] == round(want / got["valid_pages_per_s"], 4)
+    assert rows[("fork", 2)]["valid_pages_per_s"] > rows[("sequential", 2)]["valid_pages_per_s"]
+    assert rows[("fork", 2)]["prefix_cache_hit_rate"] > 0.5 and rows[("sequential", 2)]["prefix_cache_hit_rate"] == 0
+    md = (out / "report.md").read_text()
+    assert "## Table 3 analogue" in md and "## Assumptions" in md and "| valid pages/s | fork |" in md
+    for name in report["plots"]:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_paper_workload_rows_carry_the_paper_s_table(tmp_path, monkeypatch, tiny_model_dir):
+    from padoc_ray.bench.model.report import PAPER_TABLE3
+
+    seen = {}
+
+    def roofline(gpu, shape):
+        seen["gpu"], seen["shape"] = gpu, shape
+        return Linear(fixed=0.01, per_decode=1e-4, per_prefill=1e-5)
+
+    _stub(monkeypatch, "padoc_ray.bench.model.roofline", RooflineStepTime=roofline, model_shape=lambda n: f"shape:{n}")
+    _stub(monkeypatch, "padoc_ray.bench.model.workload",
+          paper384=lambda mp: [(f"w{i}", page("a" * (5 + i), None, "bc"), 1900) for i in range(6)])
+    out = tmp_path / "paper"
+    assert _model("--workload", "paper384", "--gpu", "A800-80G", "--model-config", "qwen3-vl-2b", "--model",
+                  tiny_model_dir, "--concurrency", "16,48", "--out", str(out)) == 0
+    assert seen == {"gpu": "A800-80G", "shape": "shape:qwen3-vl-2b"}
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["envelope"] == {"max_num_seqs": 384, "max_num_batched_tokens": 24576, "block_size": 16}
+    rows = {(r["mode"], r["concurrency"]): r for r in report["rows"]}
+    t3 = PAPER_TABLE3
+    assert rows[("fork", 16)]["paper_valid_pages_per_s"] == t3["fork"]["valid_pages_per_s"][0]
+    assert rows[("sequential", 16)]["paper_p95_e2e_s"] == t3["sequential"]["p95_e2e_s"][0]
+    assert rows[("fork", 16)]["paper_fork_over_sequential"] == round(1.640 / 0.751, 4)
+    assert rows[("fork", 48)]["paper_valid_pages_per_s"] is None  # the paper has no C=48
+    assert report["paper"]["source"].startswith("PaDoc paper, Table 3")
+    assert rows[("sequential", 16)]["prefill_tokens"] > 6 * 1900  # the workload's image tokens are in every prompt
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "give --gt GT.json or --workload paper384"),
+    (["--workload", "paper384", "--gpu", "A800-80G"], "--gpu needs --model-config"),
+    (["--workload", "paper384", "--gpu", "A800-80G", "--model-config", "x", "--mode", "fork,bogus"],
+     "--mode takes fork and/or sequential"),
+    (["--workload", "paper384", "--gpu", "A800-80G", "--model-config", "x", "--page-priority"], "FCFS scheduler only"),
+    (["--gt", "no-such.json", "--steps", "s.json"], "--gt no-such.json: no such file"),
+])
+def test_bad_input_is_refused_with_exit_2(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        _model(*argv, *([] if "--steps" in argv or "--gpu" in argv else ["--steps", "s.json"]),
+               "--out", str(tmp_path / "o"))
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_compare_needs_a_bench_serve_output(tmp_path):
+    from padoc_ray.bench.model.report import add_measured
+
+    with pytest.raises(ValueError, match="not a bench serve output"):
+        add_measured([], str(tmp_path))
+
+
+def test_the_model_is_pure():
+    """Its modules import no ray, vllm, torch or transformers (the pure-core check of test_pure_imports)."""
+    import subprocess
+
+    from .test_pure_imports import BLOCKER
+
+    mods = [f"padoc_ray.bench.model.{m}" for m in ("step", "trace", "plan", "sim", "report")]
+    proc = subprocess.run([sys.executable, "-c", BLOCKER, *mods], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
