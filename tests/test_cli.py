@@ -30,7 +30,7 @@ def parser():
                                  ["reannotate"], ["show"], ["train"], ["eval"], ["eval", "layout"], ["eval", "e2e"],
                                  ["bench"], ["bench", "replay"],
                                  ["bench", "raster"], ["bench", "pipeline"], ["bench", "attention"],
-                                 ["bench", "pageiou"], ["bench", "serve"], ["bench", "steps"]])
+                                 ["bench", "pageiou"], ["bench", "serve"], ["bench", "steps"], ["bench", "model"]])
 def test_every_command_explains_itself(cmd, parser, capsys):
     with pytest.raises(SystemExit) as e:
         parser.parse_args([*cmd, "--help"])
