@@ -198,7 +198,8 @@ def run(model: str, image_path: str, cfg: StepsConfig, *, engine_overrides: dict
             rows = await measure(engine, proto.prompt_ids("fork"), suffix, image, forced, cfg, log)
             series: dict = {}
             if "prefill" in cfg.series:
-                series["prefill"] = {"rows": await ss.measure_prefill(engine, text, cfg.prefill, cfg.series_repeat, log)}
+                series["prefill"] = {"rows": await ss.measure_prefill(engine, text, cfg.prefill, cfg.series_repeat,
+                                                                      log)}
             if "context" in cfg.series:
                 series["context"] = {"rows": await ss.measure_context(engine, text, cfg.context, cfg.context_batch,
                                                                       forced, cfg.series_repeat, log)}

@@ -88,7 +88,8 @@ async def measure_prefill(engine, text: Callable[[int], list[int]], sizes: Seque
 
 
 async def measure_context(engine, text: Callable[[int], list[int]], sizes: Sequence[int], batch: int,
-                          forced: Sequence[int], repeat: int, log: Callable[[str], None] = lambda m: None) -> list[dict]:
+                          forced: Sequence[int], repeat: int,
+                          log: Callable[[str], None] = lambda m: None) -> list[dict]:
     """One row per cached prefix length L: the decode step of ``batch`` sequences over that prefix."""
     import asyncio
 
@@ -102,7 +103,7 @@ async def measure_context(engine, text: Callable[[int], list[int]], sizes: Seque
         salt = ids("context-salt")
         await first_token(engine, _one_token(ids, "context", [*prefix, suffix[-1]], suffix[0], cache_salt=salt))
 
-        async def one(i: int) -> tuple[int, int]:
+        async def one(i: int, prefix: list[int] = prefix, salt: str = salt) -> tuple[int, int]:
             req = GenRequest(request_id=ids("context"), prompt_ids=[*prefix, suffix[i]], max_tokens=len(forced),
                              cache_salt=salt, stream=False, forced_tokens=forced)
             n, cached = 0, 0
@@ -128,8 +129,9 @@ async def measure_context(engine, text: Callable[[int], list[int]], sizes: Seque
     return rows
 
 
-async def measure_vision(engine, prompt: Sequence[int], text: Callable[[int], list[int]], images: Sequence[tuple[int, object]],
-                         repeat: int, log: Callable[[str], None] = lambda m: None) -> list[dict]:
+async def measure_vision(engine, prompt: Sequence[int], text: Callable[[int], list[int]],
+                         images: Sequence[tuple[int, object]], repeat: int,
+                         log: Callable[[str], None] = lambda m: None) -> list[dict]:
     """One row per image size: first-token times of a new image, the same image cached, and a text
     prompt of the same expanded length; ``encoder_ms`` = new image - text prompt."""
     ids = _Ids()

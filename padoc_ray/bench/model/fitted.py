@@ -55,7 +55,7 @@ def line_fit(xy: Sequence[tuple[float, float]], intercept: str, slope: str) -> d
     if len(set(xs)) < 2:
         return {intercept: round(statistics.fmean(ys), 4) if ys else 0.0, slope: 0.0}
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
     return {intercept: round(my - b * mx, 4), slope: round(b, 6)}
 
 
@@ -123,7 +123,8 @@ def fit_points(pts: Sequence[Point]) -> dict:
             break
         active.pop(int(np.argmin(sol)))  # the most negative term is dropped, the rest refitted
     rel = (a @ coef - y) / y
-    return {"terms_s": {t: float(c) for t, c in zip(TERMS, coef)}, "first_token_overhead_s": float(coef[-1]),
+    return {"terms_s": {t: float(c) for t, c in zip(TERMS, coef[:len(TERMS)], strict=True)},
+            "first_token_overhead_s": float(coef[-1]),
             "dropped": [t for i, t in enumerate(names) if i not in active],
             "residual": {"max_rel": float(np.abs(rel).max()), "rms_rel": float(np.sqrt((rel ** 2).mean()))},
             "points": len(pts)}
@@ -141,7 +142,7 @@ def fit_steps(rep: dict) -> dict:
 
 
 def _seconds(terms: dict, load: StepLoad) -> float:
-    return sum(terms[t] * f for t, f in zip(TERMS, features(load)))
+    return sum(terms[t] * f for t, f in zip(TERMS, features(load), strict=True))
 
 
 class FittedStepTime:
