@@ -39,6 +39,10 @@ def test_the_terms_are_the_table_numbers_over_the_efficiencies():
     assert t["matmul"] == pytest.approx(2 * (s.layers * s.layer_params + s.lm_head_params) * 64
                                         / (g.bf16_flops_per_s * e.matmul))
     assert rt.seconds(DECODE) == pytest.approx(e.step_overhead_s + t["weights"] + t["kv"])  # memory side
+    per_key = 4 * s.layers * s.heads * s.head_dim / (g.bf16_flops_per_s * e.attention)
+    assert t["attention"] == pytest.approx(per_key * DECODE.context_tokens)  # each decoding token sees its context
+    p = PREFILL.prefill_tokens  # a lone prefill: causal, each token sees the ones before it
+    assert rt.terms(PREFILL)["attention"] == pytest.approx(per_key * p * p / 2)
 
 
 def test_changing_a_table_row_changes_the_result():

@@ -19,9 +19,10 @@ What the terms count (``StepLoad`` fields in brackets):
 * matmul: 2 FLOPs per weight per scheduled token [``decode_seqs + prefill_tokens``] through the decoder
   layers, and through the LM head for the decoding sequences only (a prefill chunk's one logits row
   is left out);
-* attention: 4 FLOPs (QK and PV) per layer, query head and head_dim for every scheduled token over the
-  step's mean context per sequence. Exact for decode; for a lone prefill it counts the causal half
-  twice, a bound: at a page prompt's few thousand tokens attention is under a tenth of the matmuls;
+* attention: 4 FLOPs (QK and PV) per layer, query head and head_dim for every query over the keys it
+  sees. ``StepLoad`` does not say whose context is whose, so each sequence is taken at the step's mean
+  context: a decoding token sees all of it, a prefill token (the chunk taken as one sequence's) sees it
+  less half the chunk (causal). Exact for a decode-only step and for a lone prefill;
 * vision: per image, ``merge^2`` patches per image token [``image_tokens / images``] through the ViT
   layers (2 FLOPs a weight), full attention over the image's patches, and the patch mergers.
 
@@ -100,7 +101,10 @@ class RooflineStepTime:
             out["kv"] = load.context_tokens * s.kv_values_per_token * b / (bw * e.kv)
             mm = 2 * (s.layers * s.layer_params * tokens + s.lm_head_params * load.decode_seqs)
             out["matmul"] = mm / (peak * e.matmul)
-            att = 4 * s.layers * s.heads * s.head_dim * tokens * (load.context_tokens / seqs)
+            mean_ctx = load.context_tokens / seqs
+            seen = load.decode_seqs * mean_ctx + load.prefill_tokens * max(mean_ctx - load.prefill_tokens / 2,
+                                                                          load.prefill_tokens / 2)
+            att = 4 * s.layers * s.heads * s.head_dim * seen
             out["attention"] = att / (peak * e.attention)
         if load.images and load.image_tokens:
             out["vit"] = self._vit_seconds(load.images, load.image_tokens)
