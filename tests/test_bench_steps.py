@@ -95,3 +95,40 @@ def test_cli_refuses_bad_input_before_starting_an_engine(tiny_model_dir, tmp_pat
             main(["bench", "steps", *argv])
         assert e.value.code == 2
         assert msg in capsys.readouterr().err
+
+
+def test_the_model_series_on_the_real_engine(cpu_engine, model_protocol, loop_thread):
+    """Prefill prompts are new to the cache, context prefixes are served from it, and a new image costs
+    more than the same page cached; image tokens are what Qwen's processor makes of the image's size."""
+    from padoc_ray.bench.model.workload import image_tokens
+    from padoc_ray.bench.steps_series import measure_context, measure_prefill, measure_vision
+
+    text = lambda n: forced_tokens(model_protocol.tokenizer, n)  # noqa: E731
+    pre = loop_thread.run(measure_prefill(cpu_engine, text, (64, 512), 2), timeout=300)
+    assert [r["prompt_tokens"] for r in pre] == [64, 512]
+    assert all(r["cached_tokens"] == 0 and len(r["runs_ms"]) == 2 and r["ttft_ms"] == min(r["runs_ms"]) for r in pre)
+    ctx = loop_thread.run(measure_context(cpu_engine, text, (256,), 2, text(4), 1), timeout=300)
+    assert ctx[0]["context_tokens"] == 257 and ctx[0]["batch"] == 2 and ctx[0]["cached_tokens"] >= 256 - 32
+    image = page_image(PAPER_PDF, 256)
+    vis = loop_thread.run(measure_vision(cpu_engine, model_protocol.prompt_ids("fork"), text, [(256, image)], 1),
+                          timeout=300)
+    (row,) = vis
+    assert row["image_tokens"] == image_tokens(*image.size, min_pixels=4096, max_pixels=262144)  # its preprocessor
+    assert row["prompt_tokens"] == len(model_protocol.prompt_ids("fork")) - 1 + row["image_tokens"]
+    assert row["cached_tokens"] >= row["prompt_tokens"] - 32  # the second request found the page cached
+    assert row["encoder_ms"] == pytest.approx(row["new_image_ms"] - row["text_prompt_ms"], abs=1e-2)
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--series", "prefill,bogus"], "unknown series ['bogus']"),
+    (["--prefill", "8192"], "max_num_batched_tokens 4096"),
+    (["--context", "40000"], "max_model_len"),
+    (["--image-sides", "256,256"], "image_sides sizes must be distinct"),
+    (["--series-repeat", "0"], "series_repeat must be >= 1"),
+])
+def test_cli_refuses_bad_series_before_starting_an_engine(tiny_model_dir, capsys, argv, msg):
+    from padoc_ray.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "steps", "--model", tiny_model_dir, *argv])
+    assert e.value.code == 2 and msg in capsys.readouterr().err

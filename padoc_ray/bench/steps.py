@@ -23,6 +23,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .model.fitted import NEEDED_SERIES, fit_steps
+from .steps_series import EXTRA_SERIES, series_fits
+
 DEFAULT_BATCHES = (1, 4, 16, 64, 128, 256)
 
 #: forced tokens come from this text (ordinary text tokens: no stop or control token among them)
@@ -35,6 +38,15 @@ class StepsConfig:
     batches: tuple[int, ...] = DEFAULT_BATCHES  #: batch sizes n to measure, each <= the engine's max_num_seqs
     tokens: int = 128  #: tokens every request decodes (teacher-forced, so exactly this many)
     repeat: int = 3  #: timed runs per batch size (the median is reported), after one untimed warm-up run
+    #: series measured beside decode vs batch, for the engine model (prefill, context, vision)
+    series: tuple[str, ...] = EXTRA_SERIES
+    prefill: tuple[int, ...] = (256, 1024, 2048, 4096)  #: prefill series: uncached prompt lengths P, in tokens
+    context: tuple[int, ...] = (256, 2048, 8192)  #: context series: cached prefix lengths L per sequence, in tokens
+    context_batch: int = 8  #: context series: sequences decoding over each prefix at once
+    #: vision series: the page image's longest side, in pixels (kept within the tiny model's pixel budget, so
+    #: the processor does not resize: the encoder's cost, not a resize's, grows with the image)
+    image_sides: tuple[int, ...] = (256, 384, 576)
+    series_repeat: int = 5  #: timed runs per size in the prefill, context and vision series (the fastest is used)
 
     def __post_init__(self) -> None:
         if not self.batches or any(n < 1 for n in self.batches):
@@ -45,6 +57,19 @@ class StepsConfig:
             raise ValueError("tokens must be >= 2 (one step is prefill)")
         if self.repeat < 1:
             raise ValueError("repeat must be >= 1")
+        unknown = [x for x in self.series if x not in EXTRA_SERIES]
+        if unknown:
+            raise ValueError(f"unknown series {unknown}: choose among {', '.join(EXTRA_SERIES)}")
+        for name, series in (("prefill", "prefill"), ("context", "context"), ("image_sides", "vision")):
+            sizes = getattr(self, name)
+            if any(n < 1 for n in sizes) or len(set(sizes)) != len(sizes):
+                raise ValueError(f"{name} sizes must be distinct positive integers")
+            if series in self.series and not sizes:
+                raise ValueError(f"the {series} series needs at least one {name} size")
+        if self.series_repeat < 1:
+            raise ValueError("series_repeat must be >= 1")
+        if self.context_batch < 1:
+            raise ValueError("context_batch must be >= 1")
 
 
 def fit_linear(rows: Sequence[dict]) -> dict:
@@ -90,6 +115,8 @@ async def measure(engine, prompt_ids: Sequence[int], suffix_ids: Sequence[int], 
 
     seq = 0
 
+    expanded: list[int] = []  # the engine's expanded prompt lengths (the image's tokens counted)
+
     async def one(i: int) -> int:
         nonlocal seq
         seq += 1
@@ -99,6 +126,8 @@ async def measure(engine, prompt_ids: Sequence[int], suffix_ids: Sequence[int], 
         n = 0
         async for d in engine.generate(req):
             n += len(d.token_ids)
+            if d.num_prompt_tokens:
+                expanded.append(d.num_prompt_tokens)
         return n
 
     async def batch(n: int) -> float:
@@ -118,6 +147,8 @@ async def measure(engine, prompt_ids: Sequence[int], suffix_ids: Sequence[int], 
         wall = statistics.median(walls)
         row = {"batch": n, "wall_s": round(wall, 4), "step_ms": round(1000 * wall / cfg.tokens, 3),
                "tokens_per_s": round(n * cfg.tokens / wall, 1), "runs_s": [round(w, 4) for w in walls]}
+        if expanded:
+            row["prompt_tokens"] = max(expanded)
         log(f"batch {n:4d}: step {row['step_ms']:8.2f} ms  {row['tokens_per_s']:9.0f} tokens/s")
         rows.append(row)
     return rows
@@ -149,33 +180,65 @@ def run(model: str, image_path: str, cfg: StepsConfig, *, engine_overrides: dict
     too_big = [n for n in cfg.batches if n > ecfg.max_num_seqs]
     if too_big:
         raise ValueError(f"batch sizes {too_big} exceed the engine's max_num_seqs {ecfg.max_num_seqs}")
+    _check_envelope(cfg, ecfg)
     proto = ModelProtocol(model)
     image = page_image(image_path)
     forced = forced_tokens(proto.tokenizer, cfg.tokens)
     suffix = forced_tokens(proto.tokenizer, max(cfg.batches))  # any ordinary tokens; they only differ
+    text = lambda n: forced_tokens(proto.tokenizer, n)  # noqa: E731 - a text prompt of n ordinary tokens
+    images = [(side, page_image(image_path, side)) for side in cfg.image_sides] if "vision" in cfg.series else []
 
-    async def go() -> list[dict]:
+    async def go() -> tuple[list[dict], dict]:
         from padoc_ray.engine.vllm_engine import VllmEngine
+
+        from . import steps_series as ss
 
         engine = VllmEngine(ecfg)
         try:
-            return await measure(engine, proto.prompt_ids("fork"), suffix, image, forced, cfg, log)
+            rows = await measure(engine, proto.prompt_ids("fork"), suffix, image, forced, cfg, log)
+            series: dict = {}
+            if "prefill" in cfg.series:
+                series["prefill"] = {"rows": await ss.measure_prefill(engine, text, cfg.prefill, cfg.series_repeat,
+                                                                      log)}
+            if "context" in cfg.series:
+                series["context"] = {"rows": await ss.measure_context(engine, text, cfg.context, cfg.context_batch,
+                                                                      forced, cfg.series_repeat, log)}
+            if "vision" in cfg.series:
+                series["vision"] = {"rows": await ss.measure_vision(engine, proto.prompt_ids("fork"), text, images,
+                                                                    cfg.series_repeat, log)}
+            return rows, series
         finally:
             engine.shutdown()
 
-    rows = asyncio.run(go())
-    return {
+    rows, series = asyncio.run(go())
+    for name, fit in series_fits(series).items():
+        series[name]["fit"] = fit
+    rep = {
         "model": model,
         "image": image_path,
         "image_size": list(image.size),
         "tokens": cfg.tokens,
         "repeat": cfg.repeat,
         "engine": {"max_num_seqs": ecfg.max_num_seqs, "max_num_batched_tokens": ecfg.max_num_batched_tokens,
+                   "max_model_len": ecfg.max_model_len, "block_size": ecfg.block_size,
                    "executor": ecfg.executor, "cpu_threads": ecfg.cpu_threads, "dtype": ecfg.dtype},
         "rows": rows,
         "fit": fit_linear(rows),
         "batching_gain_left": batching_gain_left(rows),
+        "series": series,
     }
+    if not [s for s in NEEDED_SERIES if s not in series]:
+        rep["step_model"] = fit_steps(rep)
+    return rep
+
+
+def _check_envelope(cfg: StepsConfig, ecfg) -> None:
+    """Each prefill must be one step and each context must fit the model: refuse sizes that do not."""
+    if "prefill" in cfg.series and max(cfg.prefill) > ecfg.max_num_batched_tokens:
+        raise ValueError(f"prefill sizes must be <= the engine's max_num_batched_tokens {ecfg.max_num_batched_tokens} "
+                         f"(a longer prompt is prefilled in chunks, several steps)")
+    if "context" in cfg.series and max(cfg.context) + 2 + cfg.tokens > ecfg.max_model_len:
+        raise ValueError(f"context sizes + tokens must fit the engine's max_model_len {ecfg.max_model_len}")
 
 
 def format_report(rep: dict) -> str:
@@ -191,4 +254,13 @@ def format_report(rep: dict) -> str:
     lines.append("")
     lines.append(f"step = {fit['fixed_ms']:.3f} ms + {fit['per_seq_ms']:.4f} ms x batch"
                  + (f" (token rate tends to {sat:.0f}/s)" if sat else " (a step does not grow with the batch)"))
+    for name, ser in (rep.get("series") or {}).items():
+        fit = ser.get("fit") or {}
+        lines.append(f"{name}: " + ", ".join(f"{k} {v:g}" for k, v in fit.items()))
+    model = rep.get("step_model")
+    if model:
+        terms = ", ".join(f"{k} {1000 * v:.4g} ms" for k, v in model["terms_s"].items())
+        lines.append(f"step model: {terms}; a first token adds {1000 * model['first_token_overhead_s']:.4g} ms "
+                     f"(largest error {100 * model['residual']['max_rel']:.1f}% over "
+                     f"{model['points']} measured points)")
     return "\n".join(lines)

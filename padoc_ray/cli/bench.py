@@ -356,12 +356,16 @@ def register(sub) -> None:
                                   "size n, n requests sharing one page image and prompt (one page's branches) each "
                                   "decode --tokens teacher-forced tokens at once. Prints step time and tokens/s per "
                                   "n, the fit step = fixed + per_seq x n, and for each n (read as C pages decoded one "
-                                  "stream each) the batching gain left: how much more token throughput a larger batch gets here.")
+                                  "stream each) the batching gain left: how much more token throughput a larger "
+                                  "batch gets here. With --series it also measures what the engine model "
+                                  "(bench model --steps) fits: prefill tokens, context length and the vision encoder "
+                                  "per image.")
     bst.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint directory (default {DEFAULT_MODEL})")
     bst.add_argument("--image", default=os.path.join(EXAMPLES_DIR, "paper.pdf"),
                      help="page image, or a PDF whose first page is rendered as the batch job does "
                           "(default examples/paper.pdf)")
-    add_fields(bst, StepsConfig, ("batches", "tokens", "repeat"))
+    add_fields(bst, StepsConfig, ("batches", "tokens", "repeat", "series", "prefill", "context", "context_batch",
+                                  "image_sides", "series_repeat"))
     bst.add_argument("--max-num-seqs", type=int, default=None,
                      help="engine max_num_seqs (default: the engine preset's); every batch size must fit")
     _add_json(bst)

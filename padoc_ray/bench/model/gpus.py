@@ -1,0 +1,141 @@
+"""The tables the roofline step time reads: GPUs (vendor datasheets) and model shapes (config.json).
+
+Every number :mod:`.roofline` uses comes from here or from a named default there. A GPU row is what
+its vendor's datasheet states: HBM (or GDDR) bandwidth and *dense* bf16 tensor-core peak (the
+datasheets also print a 2x "with sparsity" figure; dense is what a transformer's matmuls get).
+
+The built-in model shape ``qwen3-vl-2b`` is written from the public ``Qwen/Qwen3-VL-2B-Instruct``
+``config.json`` (no hub is reachable here; see :data:`SHAPES` for where each value was checked).
+:func:`model_shape` reads the same fields from any local checkpoint's ``config.json``.
+
+Pure: imports no ray, vllm or torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    hbm_bytes_per_s: float  #: memory bandwidth, bytes/s
+    bf16_flops_per_s: float  #: dense bf16 tensor-core peak, FLOP/s
+    memory_bytes: float  #: device memory, bytes
+    source: str  #: the datasheet the row is read from
+
+
+_GB, _TB, _TF = 1e9, 1e12, 1e12
+GPUS: dict[str, Gpu] = {g.name: g for g in (
+    # the paper's GPU (E.3: "a single A800"); the SXM 80GB module, whose figures equal the A100 80GB SXM's
+    Gpu("A800-80G", 2039 * _GB, 312 * _TF, 80 * _GB,
+        "NVIDIA A800 Tensor Core GPU datasheet (A800 80GB SXM: 2,039 GB/s HBM2e, BF16 312 TFLOPS dense)"),
+    Gpu("H100-80G", 3.35 * _TB, 989.5 * _TF, 80 * _GB,
+        "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: 3.35 TB/s HBM3, BF16 1,979 TFLOPS with sparsity, "
+        "989.5 dense)"),
+    Gpu("H200", 4.8 * _TB, 989.5 * _TF, 141 * _GB,
+        "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: 141 GB HBM3e at 4.8 TB/s, BF16 1,979 TFLOPS with "
+        "sparsity, 989.5 dense)"),
+    Gpu("L40S", 864 * _GB, 362.05 * _TF, 48 * _GB,
+        "NVIDIA L40S GPU datasheet (48 GB GDDR6 at 864 GB/s, BF16 733 TFLOPS with sparsity, 362.05 dense)"),
+)}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a step's bytes and FLOPs depend on: the language model's and the vision encoder's sizes."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    vit_depth: int
+    vit_hidden: int
+    vit_intermediate: int
+    patch: int
+    merge: int
+    vit_out_hidden: int  #: the merger's output width (the language model's hidden size)
+    deepstack_mergers: int = 0  #: extra mergers fed from inner ViT layers (Qwen3-VL's DeepStack)
+    source: str = ""
+
+    @property
+    def layer_params(self) -> int:
+        """One decoder layer's matmul weights: q, k, v, o projections and the gated MLP (norms left out)."""
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        return attn + 3 * self.hidden * self.intermediate
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def kv_values_per_token(self) -> int:
+        """K and V values one token keeps per layer, summed over layers."""
+        return 2 * self.layers * self.kv_heads * self.head_dim
+
+    @property
+    def vit_layer_params(self) -> int:
+        return 4 * self.vit_hidden ** 2 + 2 * self.vit_hidden * self.vit_intermediate
+
+    @property
+    def merger_params(self) -> int:
+        """One patch merger: merge^2 patches concatenated, an MLP to the same width, then to the LM's width."""
+        wide = self.vit_hidden * self.merge ** 2
+        return wide * wide + wide * self.vit_out_hidden
+
+    @property
+    def vit_params(self) -> int:
+        return self.vit_depth * self.vit_layer_params + (1 + self.deepstack_mergers) * self.merger_params
+
+
+#: sources of the built-in shape (no hub here): layers 28, hidden 2048, 16 heads / 8 KV heads, head_dim 128,
+#: vocab 151936, ViT depth 24 x hidden 1024 with 16 heads and patch 16 as printed by a Qwen3-VL-2B loader's
+#: model metadata (an InfiniCore Qwen3-VL port, code search); ViT intermediate 4096, out_hidden 2048,
+#: merge 2 and DeepStack indexes [5, 11, 17] as sgl-jax's Qwen3VLVisionConfig defaults (code search);
+#: intermediate 6144 is the public config's value as recalled (the Qwen3-1.7B text width), not found in
+#: the searchable corpus: the one figure here not checked against a second copy
+SHAPES: dict[str, ModelShape] = {s.name: s for s in (
+    ModelShape("qwen3-vl-2b", layers=28, hidden=2048, heads=16, kv_heads=8, head_dim=128, intermediate=6144,
+               vocab=151936, vit_depth=24, vit_hidden=1024, vit_intermediate=4096, patch=16, merge=2,
+               vit_out_hidden=2048, deepstack_mergers=3,
+               source="Qwen/Qwen3-VL-2B-Instruct config.json (public numbers, written by hand; see gpus.SHAPES)"),
+)}
+
+
+def gpu(name: str) -> Gpu:
+    if name not in GPUS:
+        raise ValueError(f"unknown GPU {name!r}: choose one of {', '.join(GPUS)}")
+    return GPUS[name]
+
+
+def model_shape(name_or_dir: str) -> ModelShape:
+    """A built-in shape by name, or one read from a checkpoint folder's ``config.json`` (a Qwen-VL style
+    config with ``text_config`` and ``vision_config``; a text-only config gets no vision encoder)."""
+    if name_or_dir in SHAPES:
+        return SHAPES[name_or_dir]
+    path = os.path.join(name_or_dir, "config.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"model shape {name_or_dir!r}: neither a built-in shape ({', '.join(SHAPES)}) "
+                         f"nor a folder with a config.json")
+    with open(path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    text, vit = cfg.get("text_config") or cfg, cfg.get("vision_config") or {}
+    need = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+    missing = [k for k in need if k not in text]
+    if missing:
+        raise ValueError(f"{path}: the text config lacks {', '.join(missing)}")
+    heads = text["num_attention_heads"]
+    return ModelShape(
+        name=os.path.basename(os.path.normpath(name_or_dir)), layers=text["num_hidden_layers"],
+        hidden=text["hidden_size"], heads=heads, kv_heads=text.get("num_key_value_heads", heads),
+        head_dim=text.get("head_dim") or text["hidden_size"] // heads, intermediate=text["intermediate_size"],
+        vocab=text["vocab_size"], vit_depth=vit.get("depth", 0), vit_hidden=vit.get("hidden_size", 0),
+        vit_intermediate=vit.get("intermediate_size", 0), patch=vit.get("patch_size", 0),
+        merge=vit.get("spatial_merge_size", 1), vit_out_hidden=vit.get("out_hidden_size", text["hidden_size"]),
+        deepstack_mergers=len(vit.get("deepstack_visual_indexes") or ()), source=path)
