@@ -1,8 +1,9 @@
 """The engine model (`padoc-ray bench model`): hand-checked traces with exact step counts and times, the
 real scheduler deciding every fork, image tokens, and the command's report. Fast: no engine, no Ray.
 
-The step-time functions (fitted, roofline) and the paper384 workload belong to other modules of issue 29:
-these tests use a small linear step time of their own, and stand-ins where the command imports those."""
+The step-time functions (fitted, roofline) and the paper384 workload are tested where they live
+(tests/test_model_*.py): the engine model's own tests use a small linear step time, the command's the
+real ones (a recorded `bench steps --json`, the A800 roofline, the paper's workload)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import dataclasses
 import json
 import os
 import sys
-import types
 
 import pytest
 
@@ -238,32 +238,17 @@ def test_image_tokens_from_a_measured_run(tmp_path):
 
 
 # ---- the command ------------------------------------------------------------------------------------------------
-def _stub(monkeypatch, name: str, **attrs) -> None:
-    """A stand-in for a module of issue 29's step-time / workload part (tested where it lives)."""
-    mod = types.ModuleType(name)
-    mod.__dict__.update(attrs)
-    monkeypatch.setitem(sys.modules, name, mod)
-
-
-class _Fitted:
-    @classmethod
-    def from_steps_json(cls, path):
-        with open(path) as f:
-            json.load(f)  # the command hands the path on; it reads the engine record itself
-        return Linear(fixed=0.002, per_decode=5e-5, per_prefill=2e-5)
-
-
 def _model(*argv) -> int:
     from padoc_ray.cli import main
 
     return main(["bench", "model", *argv])
 
 
-def test_the_command_models_a_ground_truth_file_and_compares_a_measured_run(tmp_path, monkeypatch, tiny_model_dir):
+def test_the_command_models_a_ground_truth_file_and_compares_a_measured_run(tmp_path, tiny_model_dir):
     demo = require_demo_data()
-    _stub(monkeypatch, "padoc_ray.bench.model.fitted", FittedStepTime=_Fitted)
-    steps = tmp_path / "steps.json"
-    steps.write_text(json.dumps({"engine": {"max_num_seqs": 64, "max_num_batched_tokens": 4096}, "rows": []}))
+    steps = os.path.join(os.path.dirname(__file__), "data", "bench_steps_tiny.json")  # a real run, recorded
+    with open(steps) as f:
+        engine = json.load(f)["engine"]
     measured = tmp_path / "serve"
     measured.mkdir()
     (measured / "report.json").write_text(json.dumps({"rows": [
@@ -271,10 +256,10 @@ def test_the_command_models_a_ground_truth_file_and_compares_a_measured_run(tmp_
         {"mode": "sequential", "concurrency": 2, "valid_pages_per_s": 0.25, "p95_e2e_s": 12.0}]}))
     out = tmp_path / "model"
     assert _model("--gt", os.path.join(demo, "OmniDocBench_demo.json"), "--images", os.path.join(demo, "images"),
-                  "--steps", str(steps), "--model", tiny_model_dir, "--concurrency", "2,4", "--pages", "4",
+                  "--steps", steps, "--model", tiny_model_dir, "--concurrency", "2,4", "--pages", "4",
                   "--gpu-hour-usd", "2.5", "--compare", str(measured), "--out", str(out)) == 0
     report = json.loads((out / "report.json").read_text())
-    assert report["config"]["envelope"] == {"max_num_seqs": 64, "max_num_batched_tokens": 4096, "block_size": 32}
+    assert report["config"]["envelope"] == {k: engine[k] for k in ("max_num_seqs", "max_num_batched_tokens", "block_size")}
     assert report["pages"]["used"] == 4 and "page images" in report["pages"]["image_tokens"]
     rows = {(r["mode"], r["concurrency"]): r for r in report["rows"]}
     assert set(rows) == {(m, c) for m in ("fork", "sequential") for c in (2, 4)}
@@ -296,22 +281,12 @@ def test_the_command_models_a_ground_truth_file_and_compares_a_measured_run(tmp_
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_paper_workload_rows_carry_the_paper_s_table(tmp_path, monkeypatch, tiny_model_dir):
+def test_the_paper_workload_rows_carry_the_paper_s_table(tmp_path, tiny_model_dir):
     from padoc_ray.bench.model.report import PAPER_TABLE3
 
-    seen = {}
-
-    def roofline(gpu, shape):
-        seen["gpu"], seen["shape"] = gpu, shape
-        return Linear(fixed=0.01, per_decode=1e-4, per_prefill=1e-5)
-
-    _stub(monkeypatch, "padoc_ray.bench.model.roofline", RooflineStepTime=roofline, model_shape=lambda n: f"shape:{n}")
-    _stub(monkeypatch, "padoc_ray.bench.model.workload",
-          paper384=lambda mp: [(f"w{i}", page("a" * (5 + i), None, "bc"), 1900) for i in range(6)])
     out = tmp_path / "paper"
     assert _model("--workload", "paper384", "--gpu", "A800-80G", "--model-config", "qwen3-vl-2b", "--model",
-                  tiny_model_dir, "--concurrency", "16,48", "--out", str(out)) == 0
-    assert seen == {"gpu": "A800-80G", "shape": "shape:qwen3-vl-2b"}
+                  tiny_model_dir, "--concurrency", "16,48", "--pages", "6", "--out", str(out)) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["config"]["envelope"] == {"max_num_seqs": 384, "max_num_batched_tokens": 24576, "block_size": 16}
     rows = {(r["mode"], r["concurrency"]): r for r in report["rows"]}
@@ -321,7 +296,8 @@ def test_the_paper_workload_rows_carry_the_paper_s_table(tmp_path, monkeypatch, 
     assert rows[("fork", 16)]["paper_fork_over_sequential"] == round(1.640 / 0.751, 4)
     assert rows[("fork", 48)]["paper_valid_pages_per_s"] is None  # the paper has no C=48
     assert report["paper"]["source"].startswith("PaDoc paper, Table 3")
-    assert rows[("sequential", 16)]["prefill_tokens"] > 6 * 1900  # the workload's image tokens are in every prompt
+    assert report["pages"]["used"] == 6
+    assert rows[("sequential", 16)]["prefill_tokens"] > 6 * 1500  # the workload's image tokens are in every prompt
 
 
 @pytest.mark.parametrize("argv, message", [

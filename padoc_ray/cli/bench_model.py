@@ -40,9 +40,6 @@ def _step_time(args):
 
         st = RooflineStepTime(args.gpu, model_shape(args.model_config))
         return st, Envelope(), image_processor(args.model_config), f"{args.gpu} roofline, {args.model_config}"
-    except ImportError as e:
-        _fail(f"the step-time functions are not in this installation ({e.name}): --steps needs "
-              f"padoc_ray.bench.model.fitted, --gpu padoc_ray.bench.model.roofline")
     except (OSError, ValueError, KeyError, TraceError) as e:
         _fail(f"{'--steps' if args.steps else '--gpu/--model-config'}: {e}")
 
@@ -68,8 +65,6 @@ def _traces(args, mp, proc, cfg):
             return image_tokens_from_run(traces, run), args.gt, f"as the engine counted them in {run}"
         how = f"page images in {args.images}" if args.images else "page_info sizes"
         return traces, args.gt, f"{proc.source or 'processor'} resize of the {how} at longest side {args.longest_side}"
-    except ImportError as e:
-        _fail(f"--workload paper384 needs padoc_ray.bench.model.workload ({e.name} is missing)")
     except TraceError as e:
         _fail(str(e))
 
