@@ -26,28 +26,13 @@ from padoc_ray.bench.model.trace import (
     image_tokens_from_run,
     trace_from_page,
 )
-from padoc_ray.protocol import Box, Page, ProtocolSpec, Region, Vocab
-from padoc_ray.protocol.bytes_tokenizer import ByteTokenizer
+from padoc_ray.protocol import Box, Page, Region
 from padoc_ray.scheduler import SchedulerConfig
 
+from .byte_protocol import ByteProtocol
 from .conftest import ROOT, require_demo_data
 
-
-class Proto:
-    """A model protocol on the byte tokenizer: prompts of 4 ids, the image placeholder third."""
-
-    def __init__(self):
-        self.spec = ProtocolSpec()
-        self.tokenizer = ByteTokenizer(self.spec, ["<|image_pad|>"])
-        self.vocab = Vocab.from_spec(self.spec, self.tokenizer)
-        pad = self.tokenizer.token_to_id("<|image_pad|>")
-        self._p = {"fork": (1, 2, pad, 3), "sequential": (1, 2, pad, 4)}
-
-    def prompt_ids(self, mode):
-        return self._p[mode]
-
-
-P = Proto()
+P = ByteProtocol()
 CFG = SchedulerConfig()
 
 
@@ -259,7 +244,8 @@ def test_the_command_models_a_ground_truth_file_and_compares_a_measured_run(tmp_
                   "--steps", steps, "--model", tiny_model_dir, "--concurrency", "2,4", "--pages", "4",
                   "--gpu-hour-usd", "2.5", "--compare", str(measured), "--out", str(out)) == 0
     report = json.loads((out / "report.json").read_text())
-    assert report["config"]["envelope"] == {k: engine[k] for k in ("max_num_seqs", "max_num_batched_tokens", "block_size")}
+    keys = ("max_num_seqs", "max_num_batched_tokens", "block_size")
+    assert report["config"]["envelope"] == {k: engine[k] for k in keys}
     assert report["pages"]["used"] == 4 and "page images" in report["pages"]["image_tokens"]
     rows = {(r["mode"], r["concurrency"]): r for r in report["rows"]}
     assert set(rows) == {(m, c) for m in ("fork", "sequential") for c in (2, 4)}

@@ -8,25 +8,13 @@ import pytest
 
 from padoc_ray.engine.fake import ScriptedEngine
 from padoc_ray.engine.interface import EngineDeadError, EngineError
-from padoc_ray.protocol import Box, Page, ProtocolSpec, Region, Vocab, quantized, serialize_padoc
-from padoc_ray.protocol.bytes_tokenizer import ByteTokenizer
+from padoc_ray.protocol import Box, Page, Region, quantized, serialize_padoc
 from padoc_ray.scheduler import PageInput, SchedulerConfig, replay_input, run_page
 from padoc_ray.scheduler.state import is_periodic
 
+from .byte_protocol import ByteProtocol
 
-class Proto:
-    def __init__(self):
-        self.spec = ProtocolSpec()
-        self.tokenizer = ByteTokenizer(self.spec, ["<|image_pad|>"])
-        self.vocab = Vocab.from_spec(self.spec, self.tokenizer)
-        pad = self.tokenizer.token_to_id("<|image_pad|>")
-        self._p = {"fork": (1, 2, pad, 3), "sequential": (1, 2, pad, 4)}
-
-    def prompt_ids(self, mode):
-        return self._p[mode]
-
-
-P = Proto()
+P = ByteProtocol()
 V = P.vocab
 
 
