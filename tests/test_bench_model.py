@@ -200,10 +200,10 @@ def test_image_tokens_follow_the_processor_s_resize():
         image_tokens(0, 10, tiny)
 
 
-def test_the_tiny_model_s_processor_is_read_from_its_config():
+def test_the_tiny_model_s_processor_is_read_from_its_config(tiny_model_dir):
     from padoc_ray.bench.model.trace import image_processor
 
-    proc = image_processor(os.path.join(ROOT, "models", "tiny"))
+    proc = image_processor(tiny_model_dir)
     assert (proc.patch_size, proc.merge_size, proc.min_pixels, proc.max_pixels) == (16, 2, 4096, 262144)
     with pytest.raises(TraceError, match="no image processor"):
         image_processor("no-such-model")
