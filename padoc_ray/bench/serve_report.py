@@ -172,6 +172,33 @@ def _share(x) -> str:
     return "-" if x is None else f"{x * 100:.1f}%"
 
 
+#: Table 3's two metrics: (row key, label, decimals)
+TABLE3_METRICS = (("valid_pages_per_s", "valid pages/s", 3), ("p95_e2e_s", "P95 e2e s", 2))
+
+
+def table3_lines(by: dict, cs: Sequence[int], modes: Sequence[str], extras: dict | None = None) -> list[str]:
+    """The Table 3 analogue: one line per metric and mode, one cell per concurrency (rows ``by`` (mode, C));
+    fork cells carry their change against sequential at the same C. ``extras``: per metric key, row keys
+    whose values (where a row has them) follow the cell in brackets."""
+    lines = ["| metric | mode | " + " | ".join(f"C{c}" for c in cs) + " |", "|---|---|" + "---|" * len(cs)]
+    for key, label, n in TABLE3_METRICS:
+        for m in modes:
+            cells = []
+            for c in cs:
+                r = by.get((m, c))
+                if r is None:
+                    cells.append("-")
+                    continue
+                s = by.get(("sequential", c))
+                ch = None
+                if m == "fork" and s and s.get(key) and r.get(key) is not None:
+                    ch = r[key] / s[key] - 1
+                extra = [_f(r.get(k), n) for k in (extras or {}).get(key, ()) if k in r]
+                cells.append(_f(r.get(key), n) + _pct(ch) + (f" [{' / '.join(extra)}]" if extra else ""))
+            lines.append(f"| {label} | {m} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def format_markdown(report: dict) -> str:
     rows = report["rows"]
     cs = sorted({r["concurrency"] for r in rows})
@@ -188,22 +215,7 @@ def format_markdown(report: dict) -> str:
              f"Engine: {report.get('engine', '-')}.", "",
              "## Table 3 analogue: valid pages/s and P95 end-to-end latency (s) over valid pages", "",
              "Fork cells: change against sequential at the same concurrency.", "",
-             "| metric | mode | " + " | ".join(f"C{c}" for c in cs) + " |",
-             "|---|---|" + "---|" * len(cs)]
-    for key, label, n in (("valid_pages_per_s", "valid pages/s", 3), ("p95_e2e_s", "P95 e2e s", 2)):
-        for m in modes:
-            cells = []
-            for c in cs:
-                r = by.get((m, c))
-                if r is None:
-                    cells.append("-")
-                    continue
-                s = by.get(("sequential", c))
-                ch = None
-                if m == "fork" and s and s.get(key) and r.get(key) is not None:
-                    ch = r[key] / s[key] - 1
-                cells.append(_f(r.get(key), n) + _pct(ch))
-            lines.append(f"| {label} | {m} | " + " | ".join(cells) + " |")
+             *table3_lines(by, cs, modes)]
     lines += ["", "## Per concurrency and mode", "",
               "| C | mode | valid / pages | valid pages/s | P50 | P90 | P95 | P99 | mean tok/s | peak tok/s "
               "(window s) | cache hit | paired speedup median (P25-P75), n | statuses |",

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from padoc_ray.bench.serve_report import _f, _pct, add_pairs, mode_row, plot_report
+from padoc_ray.bench.serve_report import _f, add_pairs, mode_row, plot_report, table3_lines
 
 from .plan import plan_page
 from .sim import Envelope, simulate
@@ -170,21 +170,9 @@ def format_markdown(report: dict) -> str:
              "## Table 3 analogue: valid pages/s and P95 end-to-end latency (s) over valid pages", "",
              "Fork cells: change against sequential at the same concurrency. In brackets: measured / paper, "
              "where given.", "",
-             "| metric | mode | " + " | ".join(f"C{c}" for c in cs) + " |", "|---|---|" + "---|" * len(cs)]
-    for key, label, n, other in (("valid_pages_per_s", "valid pages/s", 3, ("measured_valid_pages_per_s",
-                                                                            "paper_valid_pages_per_s")),
-                                 ("p95_e2e_s", "P95 e2e s", 2, ("measured_p95_e2e_s", "paper_p95_e2e_s"))):
-        for m in modes:
-            cells = []
-            for c in cs:
-                r, s = by.get((m, c)), by.get(("sequential", c))
-                if r is None:
-                    cells.append("-")
-                    continue
-                ch = r[key] / s[key] - 1 if m == "fork" and s and s.get(key) and r.get(key) is not None else None
-                extra = [_f(r.get(k), n) for k in other if k in r]
-                cells.append(_f(r.get(key), n) + _pct(ch) + (f" [{' / '.join(extra)}]" if extra else ""))
-            lines.append(f"| {label} | {m} | " + " | ".join(cells) + " |")
+             *table3_lines(by, cs, modes, extras={
+                 "valid_pages_per_s": ("measured_valid_pages_per_s", "paper_valid_pages_per_s"),
+                 "p95_e2e_s": ("measured_p95_e2e_s", "paper_p95_e2e_s")})]
     lines += ["", "## Per concurrency and mode", "",
               "| C | mode | valid / pages | valid pages/s | P50 | P95 | tok/s | peak tok/s | steps | mean batch | "
               "utilization (seqs / tokens) | cache hit | $ / M pages | measured / modeled | modeled / paper |",
