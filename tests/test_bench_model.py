@@ -237,7 +237,9 @@ def test_the_command_models_a_ground_truth_file_and_compares_a_measured_run(tmp_
     measured = tmp_path / "serve"
     measured.mkdir()
     (measured / "report.json").write_text(json.dumps({"rows": [
-        {"mode": "fork", "concurrency": 2, "valid_pages_per_s": 0.5, "p95_e2e_s": 9.0},
+        {"mode": "fork", "concurrency": 2, "valid_pages_per_s": 0.5, "p95_e2e_s": 9.0, "engine_steps": 900,
+         "mean_step_ms": 8.0, "mean_running_seqs": 6.5, "mean_waiting_seqs": 0.5, "preempted_requests": 0,
+         "prefill_tokens": 5000},
         {"mode": "sequential", "concurrency": 2, "valid_pages_per_s": 0.25, "p95_e2e_s": 12.0}]}))
     out = tmp_path / "model"
     assert _model("--gt", os.path.join(demo, "OmniDocBench_demo.json"), "--images", os.path.join(demo, "images"),
@@ -259,10 +261,17 @@ def test_the_command_models_a_ground_truth_file_and_compares_a_measured_run(tmp_
         want = {"fork": 0.5, "sequential": 0.25}[m]
         assert got["measured_valid_pages_per_s"] == want
         assert got["measured_over_modeled"] == round(want / got["valid_pages_per_s"], 4)
+    fork2, seq2 = rows[("fork", 2)], rows[("sequential", 2)]
+    # the step figures side by side: the model's from its own steps, the measured run's from its row
+    assert fork2["mean_step_ms"] == round(fork2["wall_s"] / fork2["engine_steps"] * 1e3, 3)
+    assert fork2["measured_steps_over_modeled"] == round(900 / fork2["engine_steps"], 4)
+    assert fork2["measured_step_ms_over_modeled"] == round(8.0 / fork2["mean_step_ms"], 4)
+    assert seq2["measured_engine_steps"] is None and seq2["measured_steps_over_modeled"] is None  # not measured
     assert rows[("fork", 2)]["valid_pages_per_s"] > rows[("sequential", 2)]["valid_pages_per_s"]
     assert rows[("fork", 2)]["prefix_cache_hit_rate"] > 0.5 and rows[("sequential", 2)]["prefix_cache_hit_rate"] == 0
     md = (out / "report.md").read_text()
     assert "## Table 3 analogue" in md and "## Assumptions" in md and "| valid pages/s | fork |" in md
+    assert f"| 2 | fork | {fork2['measured_over_modeled']:.3f} | 900 ({fork2['engine_steps']}) |" in md
     for name in report["plots"]:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

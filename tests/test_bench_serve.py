@@ -183,6 +183,13 @@ def test_bench_serve_runs_the_tiny_engine_and_writes_the_report(cpu_engine, tiny
         assert r["valid_pages_per_s"] > 0 and r["p95_e2e_s"] >= r["p50_e2e_s"] > 0
         assert r["peak_output_tokens_per_s"] >= r["mean_output_tokens_per_s"] * 0.5 > 0
         assert r["token_rate_source"] == "engine_counter" and r["prefix_cache_source"] == "engine_counter"
+        # the engine's own step counters: a running sequence makes at most one token a step (no speculation),
+        # and one page's stream alone takes as many steps as it has tokens
+        assert r["engine_steps"] * r["mean_running_seqs"] >= r["output_tokens"] * 0.99
+        if mode == "sequential":
+            assert r["engine_steps"] >= max(p["output_tokens"] for p in recs_of(out, mode, _c))
+        assert r["mean_step_ms"] == pytest.approx(r["wall_s"] / r["engine_steps"] * 1e3, rel=1e-3)
+        assert r["prefill_tokens"] > 0 and r["preempted_requests"] == 0
         if mode == "fork":
             assert r["paired_pages"] == 4 and r["paired_median_speedup"] > 0
             assert 0 < r["median_step_reduction"] < 1 and r["median_f_padoc"] < r["median_f_seq"]
@@ -190,6 +197,7 @@ def test_bench_serve_runs_the_tiny_engine_and_writes_the_report(cpu_engine, tiny
     recs = [json.loads(ln) for ln in (out / "pages.jsonl").read_text().splitlines()]
     assert len(recs) == 2 * 2 * 4 and all(r["equals_truth"] for r in recs)
     md = (out / "report.md").read_text()
+    assert "## The engine's steps" in md
     assert "## Table 3 analogue" in md and "| valid pages/s | fork |" in md and "| P95 e2e s | sequential |" in md
     assert report["config"]["replay"] is True and "teacher-forced with the ground truth" in md
     assert "## Table 11 analogue" in md and "| C | pages | median F_seq | median F_PaDoc |" in md
@@ -198,6 +206,11 @@ def test_bench_serve_runs_the_tiny_engine_and_writes_the_report(cpu_engine, tiny
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert "bench serve" in capsys.readouterr().err  # the progress bar
+
+
+def recs_of(out, mode: str, c: int) -> list[dict]:
+    return [r for r in map(json.loads, (out / "pages.jsonl").read_text().splitlines())
+            if r["mode"] == mode and r["concurrency"] == c]
 
 
 @pytest.mark.engine

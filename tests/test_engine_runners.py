@@ -94,6 +94,10 @@ def test_engine_arguments_per_runner(tiny_model_dir):
     v2 = engine_args(EngineConfig(model=tiny_model_dir), "v2")
     assert v2.logits_processors == list(V2_PROCESSORS) and v2.enable_trace_replay
     assert (v2.max_num_seqs, v2.max_num_batched_tokens, v2.enable_prefix_caching) == (384, 24576, True)
+    # the processed-image LRU: small on CPU (it fills, and a page's branches are all it serves), vLLM's own on GPU
+    assert v1.mm_processor_cache_gb == 0.25 and v2.mm_processor_cache_gb == 4
+    with pytest.raises(ValueError, match="mm_processor_cache_gb"):
+        EngineConfig(model=tiny_model_dir, mm_processor_cache_gb=-1)
     # a user's own processors come after ours, on either runner
     mine = "my_pkg.procs:MyProcessor"
     own = engine_args(EngineConfig(model=tiny_model_dir, extra={"logits_processors": [mine]}), "v2")
@@ -122,11 +126,16 @@ def test_the_engines_own_counters_add_what_vllm_reports_per_step():
 
     from padoc_ray.engine.vllm_engine import _counting_logger
 
-    sink = {"generation_tokens": 0.0, "queries": 0.0, "hits": 0.0}
+    sink = dict.fromkeys(("generation_tokens", "queries", "hits", "steps", "running_seqs", "waiting_seqs",
+                          "preempted", "prefill_tokens"), 0.0)
     logger = PerEngineStatLoggerAdapter(None, [0], _counting_logger(sink))  # vLLM's wrapping of the factory
-    for queries, hits, gen in ((48, 32, 1), (0, 0, 3), (16, 16, 2)):
+    for queries, hits, gen, running, waiting, preempted, computed in (
+            (48, 32, 1, 1, 2, 0, 16), (0, 0, 3, 3, 0, 1, 0), (16, 16, 2, 2, 0, 0, 0)):
         it = IterationStats()
-        it.num_generation_tokens = gen
-        logger.record(SchedulerStats(prefix_cache_stats=PrefixCacheStats(queries=queries, hits=hits)), it, engine_idx=0)
+        it.num_generation_tokens, it.num_preempted_reqs = gen, preempted
+        it.prompt_token_stats.computed = computed
+        logger.record(SchedulerStats(prefix_cache_stats=PrefixCacheStats(queries=queries, hits=hits),
+                                     num_running_reqs=running, num_waiting_reqs=waiting), it, engine_idx=0)
     logger.record(None, None, engine_idx=0)  # a batch without stats changes nothing
-    assert sink == {"generation_tokens": 6.0, "queries": 64.0, "hits": 48.0}
+    assert sink == {"generation_tokens": 6.0, "queries": 64.0, "hits": 48.0, "steps": 3.0, "running_seqs": 6.0,
+                    "waiting_seqs": 2.0, "preempted": 1.0, "prefill_tokens": 16.0}

@@ -311,6 +311,48 @@ def test_job_pages_never_take_more_than_their_share_of_the_engine():
     asyncio.run(go())
 
 
+def test_job_pages_shrink_to_their_yield_cap_while_interactive_pages_come_and_grow_back_after_the_hold():
+    """8 slots, jobs capped at 6 alone and at 2 beside interactive pages, a 0.2 s hold: a job fills 6;
+    once an interactive page comes, freed job slots are not refilled past 2 (none is taken away);
+    0.2 s after the last interactive page, the job's waiters get their 6 again without any release."""
+    now = [0.0]
+
+    async def go():
+        gate = FairGate(8, class_caps={BATCH: 6}, yield_caps={BATCH: 2}, yield_hold_s=0.2, clock=lambda: now[0])
+        for _ in range(6):
+            await asyncio.wait_for(gate.acquire("a", BATCH), 1)
+        assert gate.cap(BATCH) == 6
+        await asyncio.wait_for(gate.acquire("b", INTERACTIVE), 1)  # a free slot at once
+        assert gate.cap(BATCH) == 2 and gate.held == 7
+        waiters = [asyncio.create_task(gate.acquire("a", BATCH)) for _ in range(6)]
+        for _ in range(4):  # four job pages finish: 2 still held, so no waiter gets a slot
+            gate.release("a", BATCH)
+        await asyncio.sleep(0)
+        assert gate.held == 2 + 1 and not any(w.done() for w in waiters)
+        gate.release("a", BATCH)  # one job page left: a waiter takes the second of the job's 2
+        await asyncio.sleep(0)
+        assert sum(w.done() for w in waiters) == 1
+        gate.release("b", INTERACTIVE)  # the interactive page finished: the hold starts
+        now[0] += 0.1
+        gate.release("a", BATCH)
+        await asyncio.sleep(0)
+        assert sum(w.done() for w in waiters) == 2 and gate.cap(BATCH) == 2  # still within the hold
+        now[0] += 0.2  # the hold is over; the gate's own timer grants (no slot frees meanwhile)
+        await asyncio.wait_for(asyncio.gather(*waiters), 2)
+        assert gate.cap(BATCH) == 6 and gate.held == 6
+
+    asyncio.run(go())
+
+
+def test_a_yield_cap_is_refused_for_the_first_class_and_below_one():
+    with pytest.raises(ValueError, match="class 0 goes first"):
+        FairGate(4, yield_caps={INTERACTIVE: 1})
+    with pytest.raises(ValueError, match="class caps must be >= 1"):
+        FairGate(4, yield_caps={BATCH: 0})
+    with pytest.raises(ValueError, match="yield_hold_s"):
+        FairGate(4, yield_caps={BATCH: 1}, yield_hold_s=-1)
+
+
 # ---- region events and page images --------------------------------------------------------------------------
 def test_a_streamed_run_without_regions_and_page_images(harness):
     """The no-op engine's pages have no regions: a run with a sink gets no event and every row (after

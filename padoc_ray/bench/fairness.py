@@ -33,14 +33,18 @@ class FairnessConfig:
     request_timeout_s: float = 300.0  #: client-side timeout of one request
     #: the service's --max-job-pages-in-flight (job pages at the engine at once); None: its default
     max_job_pages_in_flight: int | None = None
+    #: the service's --max-job-pages-beside-interactive (job pages at the engine while interactive pages
+    #: come); None: its default
+    max_job_pages_beside_interactive: int | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if not 1 <= self.job_pages <= 5000 or self.probes < 5:
             raise ValueError("job_pages must be in 1..5000 (the service's max_job_pages) and probes >= 5")
-        if self.max_job_pages_in_flight is not None and self.max_job_pages_in_flight < 1:
-            raise ValueError("max_job_pages_in_flight must be >= 1")
+        for name in ("max_job_pages_in_flight", "max_job_pages_beside_interactive"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
 
 
 def _job_pdf(examples: str, pages: int) -> bytes:
@@ -86,6 +90,8 @@ def run(cfg: FairnessConfig, root: str, log=print) -> dict:
         flags = ["--engine", cfg.engine, "--tenant-header"]
         if cfg.max_job_pages_in_flight is not None:
             flags += ["--max-job-pages-in-flight", str(cfg.max_job_pages_in_flight)]
+        if cfg.max_job_pages_beside_interactive is not None:
+            flags += ["--max-job-pages-beside-interactive", str(cfg.max_job_pages_beside_interactive)]
         if cfg.engine == "vllm":
             flags += ["--replay", _truth(examples, cfg.job_pages, os.path.join(tmp, "gt.json"))]
         svc = ServeProcess(model, flags)

@@ -27,7 +27,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from padoc_ray.bench.serve_report import add_pairs, format_markdown, legacy_summary, mode_row, plot_report, quantile
+from padoc_ray.bench.serve_report import (
+    STEP_COUNTERS,
+    add_pairs,
+    format_markdown,
+    legacy_summary,
+    mode_row,
+    plot_report,
+    quantile,
+)
 from padoc_ray.groundtruth import GroundTruthError, Truth, parse_truth
 from padoc_ray.protocol import Page, quantized
 
@@ -176,8 +184,11 @@ class DirectTarget:
         self._truth: dict[str, Page] = {}
 
     def counters(self) -> dict[str, float]:
-        get = getattr(self.host.engine, "prefix_cache_counters", None)
-        return get() if get else {}
+        out: dict[str, float] = {}
+        for name in ("prefix_cache_counters", "step_counters"):
+            get = getattr(self.host.engine, name, None)
+            out.update(get() if get else {})
+        return out
 
     def generation_tokens(self) -> float | None:
         get = getattr(self.host.engine, "generation_tokens", None)
@@ -330,8 +341,10 @@ async def run_bench(target, pages: Sequence[BenchPage], cfg: ServeBenchConfig, o
                     after = target.counters()
                     cache = {k: after.get(f"prefix_cache_{k}", 0) - before.get(f"prefix_cache_{k}", 0)
                              for k in ("queries", "hits")} if after else None
+                    steps = {k: after[k] - before.get(k, 0) for k in STEP_COUNTERS if k in after} or None
                     results[(mode, c)] = recs
-                    row = mode_row(recs, wall, mode, c, samples=samples, cache=cache, window_s=cfg.peak_window_s)
+                    row = mode_row(recs, wall, mode, c, samples=samples, cache=cache, window_s=cfg.peak_window_s,
+                                   steps=steps)
                     rows.append(row)
                     for r in recs:
                         pj.write(json.dumps({"concurrency": c, "mode": mode, **r}) + "\n")

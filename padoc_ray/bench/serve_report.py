@@ -84,10 +84,29 @@ def spread_samples(recs: Iterable[dict], step_s: float = 0.2) -> list[tuple[floa
         t = min(end, t + step_s)
 
 
+#: the engine's step counters over a run (``VllmEngine.step_counters``), as deltas
+STEP_COUNTERS = ("engine_steps", "running_seq_steps", "waiting_seq_steps", "preempted_requests", "prefill_tokens")
+
+
+def step_row(steps: dict | None, wall: float) -> dict:
+    """What the engine's own step counters say of a run: its steps, the mean step time (wall / steps:
+    the engine steps back to back while pages are in flight), the mean running and waiting sequences
+    per step, preemptions, prompt tokens computed. Null without counters (the HTTP target)."""
+    n = (steps or {}).get("engine_steps") or 0
+    if not n:
+        return dict.fromkeys(("engine_steps", "mean_step_ms", "mean_running_seqs", "mean_waiting_seqs",
+                              "preempted_requests", "prefill_tokens"))
+    return {"engine_steps": int(n), "mean_step_ms": round(wall / n * 1e3, 3),
+            "mean_running_seqs": round(steps["running_seq_steps"] / n, 2),
+            "mean_waiting_seqs": round(steps["waiting_seq_steps"] / n, 2),
+            "preempted_requests": int(steps["preempted_requests"]), "prefill_tokens": int(steps["prefill_tokens"])}
+
+
 def mode_row(recs: list[dict], wall: float, mode: str, concurrency: int, *, samples=None,
-             cache: dict | None = None, window_s: float = 10.0) -> dict:
+             cache: dict | None = None, window_s: float = 10.0, steps: dict | None = None) -> dict:
     """One report row: the figures of one mode at one concurrency. ``cache``: the engine's
-    prefix-cache counter deltas ({"queries", "hits"}); without it the pages' own token counts."""
+    prefix-cache counter deltas ({"queries", "hits"}); without it the pages' own token counts.
+    ``steps``: the engine's step counter deltas (:data:`STEP_COUNTERS`, see :func:`step_row`)."""
     valid = [r for r in recs if r["valid"]]
     lat = [r["e2e_s"] for r in valid]
     out_tokens = sum(r.get("output_tokens") or 0 for r in recs)
@@ -115,6 +134,7 @@ def mode_row(recs: list[dict], wall: float, mode: str, concurrency: int, *, samp
         "mean_output_tokens_per_s": round(out_tokens / wall, 2) if wall > 0 else None,
         "peak_output_tokens_per_s": _r(peak, 2), "peak_window_s": _r(win, 3), "token_rate_source": src,
         "prefix_cache_hit_rate": _r(hit), "prefix_cache_source": hit_src,
+        **step_row(steps, wall),
     }
 
 
@@ -235,6 +255,15 @@ def format_markdown(report: dict) -> str:
                          f"{_f(r['p99_e2e_s'], 2)} | {_f(r['mean_output_tokens_per_s'], 0)} | "
                          f"{_f(r['peak_output_tokens_per_s'], 0)} ({_f(r['peak_window_s'], 1)}) | "
                          f"{_f(r['prefix_cache_hit_rate'])} | {sp} | {st} |")
+    stepped = [by[(m, c)] for c in cs for m in modes if (m, c) in by and by[(m, c)].get("engine_steps")]
+    if stepped:
+        lines += ["", "## The engine's steps (its scheduler's own counters)", "",
+                  "| C | mode | steps | mean step ms | mean running seqs | mean waiting seqs | preempted | "
+                  "prefill tokens |", "|---|---|---|---|---|---|---|---|"]
+        for r in stepped:
+            lines.append(f"| {r['concurrency']} | {r['mode']} | {r['engine_steps']} | {_f(r['mean_step_ms'], 2)} | "
+                         f"{_f(r['mean_running_seqs'], 1)} | {_f(r['mean_waiting_seqs'], 1)} | "
+                         f"{r['preempted_requests']} | {r['prefill_tokens']} |")
     fork = [by[("fork", c)] for c in cs if ("fork", c) in by]
     if fork:
         lines += ["", "## Table 11 analogue: (a) forward steps (fork run's valid pages), (b) paired speedup", "",

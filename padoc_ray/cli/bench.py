@@ -460,7 +460,8 @@ def register(sub) -> None:
                                  "/v1/parse requests on the idle service, then while tenant A's --job-pages job "
                                  "runs; print P50/P95 of both, the loaded/idle P95 ratio (target: within 2x) and "
                                  "the job's progress during the probes.")
-    add_fields(bf, FairnessConfig, ("engine", "model", "job_pages", "probes", "max_job_pages_in_flight"))
+    add_fields(bf, FairnessConfig, ("engine", "model", "job_pages", "probes", "max_job_pages_in_flight",
+                                    "max_job_pages_beside_interactive"))
     bf.add_argument("--json", required=True, metavar="OUT.json", help="write the report here")
     bf.set_defaults(func=cmd_bench_fairness)
     bh = add_command(bsub, "http", help="the Serve endpoint's overhead: HTTP clients vs the engine host directly",

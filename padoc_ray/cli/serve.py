@@ -53,10 +53,11 @@ def register(sub) -> None:
     add_fields(s, ServeConfig, ("model_id", "request_timeout_s", "max_job_pages", "job_store", "job_lease_s",
                                 "allowed_s3"), base=d, number=positive)
     add_fields(s, ServeConfig, ("job_ttl_s", "max_jobs", "max_jobs_per_tenant", "max_queued_jobs_per_tenant",
-                                "max_job_pages_in_flight",
+                                "max_job_pages_in_flight", "max_job_pages_beside_interactive",
                                 "body_timeout_s", "max_requests_per_tenant", "tenant_header",
                                 "render_workers_per_tenant"), base=d, number=positive,
                numbers=("max_jobs", "max_jobs_per_tenant", "max_queued_jobs_per_tenant", "max_job_pages_in_flight",
+                        "max_job_pages_beside_interactive",
                         "max_requests_per_tenant",
                         "render_workers_per_tenant"))
     add_fields(s, StorageConfig, ("endpoint",), base=d.storage)

@@ -52,6 +52,8 @@ def engine_kwargs(cfg: EngineConfig) -> dict:
         kw["block_size"] = cfg.block_size
     if cfg.kv_cache_memory_bytes is not None:
         kw["kv_cache_memory_bytes"] = cfg.kv_cache_memory_bytes
+    if cfg.mm_processor_cache_gb is not None:
+        kw["mm_processor_cache_gb"] = cfg.mm_processor_cache_gb
     if cfg.attention_backend is not None:
         kw["attention_backend"] = cfg.attention_backend
     if cfg.executor == "uni":
@@ -172,11 +174,16 @@ def _counting_logger(sink: dict):
             pass
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-            if scheduler_stats is not None:
+            if scheduler_stats is not None:  # one per engine step that sent outputs
                 sink["queries"] += scheduler_stats.prefix_cache_stats.queries
                 sink["hits"] += scheduler_stats.prefix_cache_stats.hits
+                sink["steps"] += 1
+                sink["running_seqs"] += scheduler_stats.num_running_reqs
+                sink["waiting_seqs"] += scheduler_stats.num_waiting_reqs
             if iteration_stats is not None:
                 sink["generation_tokens"] += iteration_stats.num_generation_tokens
+                sink["preempted"] += iteration_stats.num_preempted_reqs
+                sink["prefill_tokens"] += iteration_stats.prompt_token_stats.computed
 
         def log_engine_initialized(self):
             pass
@@ -203,7 +210,8 @@ class VllmEngine:
             self.runner = engine_runner(cfg)
             #: this engine's own counters (Prometheus's registry is process-wide: a second engine in
             #: the process unregisters the first one's series, so reading it would read the wrong engine)
-            self._counters = {"generation_tokens": 0.0, "queries": 0.0, "hits": 0.0}
+            self._counters = dict.fromkeys(("generation_tokens", "queries", "hits", "steps", "running_seqs",
+                                            "waiting_seqs", "preempted", "prefill_tokens"), 0.0)
             self.llm = AsyncLLM.from_engine_args(engine_args(cfg, self.runner),
                                                  stat_loggers=[_counting_logger(self._counters)])
         if runner_of(self.llm.vllm_config) != self.runner:  # the same arguments gave another answer
@@ -278,6 +286,16 @@ class VllmEngine:
     def prefix_cache_counters(self) -> dict[str, float]:
         """vLLM's prefix-cache query/hit counts (tokens) of this engine since start."""
         return {"prefix_cache_queries": self._counters["queries"], "prefix_cache_hits": self._counters["hits"]}
+
+    def step_counters(self) -> dict[str, float]:
+        """This engine's steps since start, as its scheduler reported them: ``engine_steps`` (steps that
+        sent outputs), ``running_seq_steps`` / ``waiting_seq_steps`` (the sums over steps of the
+        sequences running and waiting: divided by the steps, the mean batch and queue),
+        ``preempted_requests`` and ``prefill_tokens`` (prompt tokens computed, cache hits left out)."""
+        c = self._counters
+        return {"engine_steps": c["steps"], "running_seq_steps": c["running_seqs"],
+                "waiting_seq_steps": c["waiting_seqs"], "preempted_requests": c["preempted"],
+                "prefill_tokens": c["prefill_tokens"]}
 
     def generation_tokens(self) -> float:
         """Tokens this engine generated since start (monotonic; the serving benchmark samples it)."""

@@ -79,7 +79,9 @@ def make_ingress(cfg: ServeConfig):
             self.pools = {INTERACTIVE: RenderPool(cfg.renderer, cfg.render_workers, cfg.render_workers_per_tenant),
                           BATCH: RenderPool(batch_renderer, cfg.render_workers, cfg.render_workers_per_tenant)}
             capacity = max(1, cfg.engine_max_ongoing * cfg.engine_replicas[1] // cfg.ingress_replicas)
-            self.gate = FairGate(capacity, class_caps={BATCH: min(cfg.max_job_pages_in_flight, capacity)})
+            self.gate = FairGate(capacity, class_caps={BATCH: min(cfg.max_job_pages_in_flight, capacity)},
+                                 yield_caps={BATCH: min(cfg.max_job_pages_beside_interactive, capacity)},
+                                 yield_hold_s=cfg.interactive_hold_s)
             self.runner = DocumentRunner(cfg, self.engine, self.pools, self.gate, max_waiting=cfg.engine_max_queued)
             store = JobStore(cfg.job_store or default_job_store(instance), cfg.storage)
             self.replica_id = uuid.uuid4().hex[:8]

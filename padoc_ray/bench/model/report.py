@@ -98,7 +98,11 @@ def run_model(traces: Sequence[PageTrace], vocab, scheduler_cfg, step_time, env:
                        engine_utilization=round(res.engine_utilization, 4), seq_fill=round(res.seq_fill, 4),
                        token_fill=round(res.token_fill, 4), engine_busy_fraction=1.0,
                        engine_seconds_per_page=round(res.wall_s / len(res.pages), 5),
-                       prefill_tokens=res.prefill_tokens)
+                       prefill_tokens=res.prefill_tokens,
+                       # the figures bench serve reads from the engine's own step counters, modeled
+                       engine_steps=res.steps,
+                       mean_step_ms=round(res.wall_s / res.steps * 1e3, 3) if res.steps else None,
+                       mean_running_seqs=round(res.mean_batch, 2), preempted_requests=0)
             vps = row["valid_pages_per_s"]
             if gpu_hour_usd is not None:
                 row["usd_per_million_pages"] = round(1e6 / vps / 3600 * gpu_hour_usd, 2) if vps else None
@@ -121,6 +125,11 @@ def _ratio(a, b) -> float | None:
     return round(a / b, 4) if a is not None and b else None
 
 
+#: the step figures a measured bench serve row has (from the engine's counters) beside the model's
+STEP_FIGURES = ("engine_steps", "mean_step_ms", "mean_running_seqs", "mean_waiting_seqs", "preempted_requests",
+                "prefill_tokens")
+
+
 def add_measured(rows: list[dict], bench_serve_dir: str) -> dict:
     """Each row gets the measured run's ``valid_pages_per_s`` and ``p95_e2e_s`` at the same (mode,
     concurrency) and ``measured_over_modeled``; a cell the run lacks is null. Returns what was read."""
@@ -136,6 +145,12 @@ def add_measured(rows: list[dict], bench_serve_dir: str) -> dict:
         row["measured_valid_pages_per_s"] = m.get("valid_pages_per_s")
         row["measured_p95_e2e_s"] = m.get("p95_e2e_s")
         row["measured_over_modeled"] = _ratio(row["measured_valid_pages_per_s"], row["valid_pages_per_s"])
+        # where a shortfall comes from: more steps than the model's (smaller batches: late forks, waits
+        # between steps that leave sequences out) or longer steps (host time, contention, what the fit misses)
+        for k in STEP_FIGURES:
+            row[f"measured_{k}"] = m.get(k)
+        row["measured_steps_over_modeled"] = _ratio(m.get("engine_steps"), row.get("engine_steps"))
+        row["measured_step_ms_over_modeled"] = _ratio(m.get("mean_step_ms"), row.get("mean_step_ms"))
     return {"dir": bench_serve_dir, "cells": len(by), "matched": sum(r["measured_valid_pages_per_s"] is not None
                                                                      for r in rows)}
 
@@ -189,6 +204,23 @@ def format_markdown(report: dict) -> str:
                 f"{_f(r['engine_utilization'], 2)} ({_f(r['seq_fill'], 2)} / {_f(r['token_fill'], 2)}) | "
                 f"{_f(r['prefix_cache_hit_rate'])} | {_f(r.get('usd_per_million_pages'), 2)} | "
                 f"{_f(r.get('measured_over_modeled'))} | {_f(r.get('modeled_over_paper'))} |")
+    compared = [by[(m, c)] for c in cs for m in modes if by.get((m, c), {}).get("measured_engine_steps")]
+    if compared:
+        lines += ["", "## Measured against modeled, step by step", "",
+                  "measured / modeled pages/s = (modeled steps / measured steps) x (modeled step ms / measured "
+                  "step ms): more steps mean smaller batches than the model's (forks that came late, sequences "
+                  "left out of steps), longer steps mean time the fitted step function does not have (host work "
+                  "between steps, contention for the cores).", "",
+                  "| C | mode | measured / modeled | steps: measured (modeled) | mean step ms: measured (modeled) | "
+                  "mean running seqs: measured (modeled) | waiting seqs | preempted | prefill tokens: measured "
+                  "(modeled) |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in compared:
+            lines.append(
+                f"| {r['concurrency']} | {r['mode']} | {_f(r['measured_over_modeled'])} | "
+                f"{r['measured_engine_steps']} ({r['engine_steps']}) | {_f(r['measured_mean_step_ms'], 2)} "
+                f"({_f(r['mean_step_ms'], 2)}) | {_f(r['measured_mean_running_seqs'], 1)} "
+                f"({_f(r['mean_running_seqs'], 1)}) | {_f(r['measured_mean_waiting_seqs'], 1)} | "
+                f"{r['measured_preempted_requests']} | {r['measured_prefill_tokens']} ({r['prefill_tokens']}) |")
     fork = [by[("fork", c)] for c in cs if ("fork", c) in by and by[("fork", c)].get("paired_pages") is not None]
     if fork:
         lines += ["", "## Fork against sequential", "",
