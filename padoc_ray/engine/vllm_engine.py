@@ -290,7 +290,8 @@ class VllmEngine:
     def step_counters(self) -> dict[str, float]:
         """This engine's steps since start, as its scheduler reported them: ``engine_steps`` (steps that
         sent outputs), ``running_seq_steps`` / ``waiting_seq_steps`` (the sums over steps of the
-        sequences running and waiting: divided by the steps, the mean batch and queue),
+        sequences running and waiting after each step, so a request that finished in a step is not
+        counted in it: divided by the steps, the mean batch and queue),
         ``preempted_requests`` and ``prefill_tokens`` (prompt tokens computed, cache hits left out)."""
         c = self._counters
         return {"engine_steps": c["steps"], "running_seq_steps": c["running_seqs"],
