@@ -86,6 +86,9 @@ def spread_samples(recs: Iterable[dict], step_s: float = 0.2) -> list[tuple[floa
 
 #: the engine's step counters over a run (``VllmEngine.step_counters``), as deltas
 STEP_COUNTERS = ("engine_steps", "running_seq_steps", "waiting_seq_steps", "preempted_requests", "prefill_tokens")
+#: the row keys :func:`step_row` makes of them (``bench model`` rows carry the same, modeled)
+STEP_FIGURES = ("engine_steps", "mean_step_ms", "mean_running_seqs", "mean_waiting_seqs", "preempted_requests",
+                "prefill_tokens")
 
 
 def step_row(steps: dict | None, wall: float) -> dict:
@@ -94,8 +97,7 @@ def step_row(steps: dict | None, wall: float) -> dict:
     per step, preemptions, prompt tokens computed. Null without counters (the HTTP target)."""
     n = (steps or {}).get("engine_steps") or 0
     if not n:
-        return dict.fromkeys(("engine_steps", "mean_step_ms", "mean_running_seqs", "mean_waiting_seqs",
-                              "preempted_requests", "prefill_tokens"))
+        return dict.fromkeys(STEP_FIGURES)
     return {"engine_steps": int(n), "mean_step_ms": round(wall / n * 1e3, 3),
             "mean_running_seqs": round(steps["running_seq_steps"] / n, 2),
             "mean_waiting_seqs": round(steps["waiting_seq_steps"] / n, 2),

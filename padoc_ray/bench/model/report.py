@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from padoc_ray.bench.serve_report import _f, add_pairs, mode_row, plot_report, table3_lines
+from padoc_ray.bench.serve_report import STEP_FIGURES, _f, add_pairs, mode_row, plot_report, table3_lines
 
 from .plan import plan_page
 from .sim import Envelope, simulate
@@ -123,11 +123,6 @@ def _describe(d) -> str:
 
 def _ratio(a, b) -> float | None:
     return round(a / b, 4) if a is not None and b else None
-
-
-#: the step figures a measured bench serve row has (from the engine's counters) beside the model's
-STEP_FIGURES = ("engine_steps", "mean_step_ms", "mean_running_seqs", "mean_waiting_seqs", "preempted_requests",
-                "prefill_tokens")
 
 
 def add_measured(rows: list[dict], bench_serve_dir: str) -> dict:
