@@ -143,6 +143,52 @@ def test_prefix_cache_reuses_full_blocks_only():
     assert st.loads[7].prefill_tokens == 38 - 32
 
 
+def test_a_full_kv_cache_keeps_a_request_waiting_until_blocks_free():
+    """Two sequential pages of 7 prompt + 9 and 11 output tokens in 4-token blocks: a needs 4 blocks at its
+    end (7 + 8 tokens in the cache), b 5. With 6 they do not both fit to their ends: the engine never holds
+    more than 6, takes more steps than with an unlimited cache, and loses no page."""
+    pls = plans("sequential", page("a"), page("abc"))
+    free = simulate(pls, 2, Linear(), Envelope(max_num_batched_tokens=100, block_size=4))
+    assert free.steps == 11 and free.preempted_requests == 0
+    tight = simulate(pls, 2, Linear(), Envelope(max_num_batched_tokens=100, block_size=4, kv_blocks=6))
+    assert sorted(r["page"] for r in tight.pages) == ["p0", "p1"] and all(r["valid"] for r in tight.pages)
+    assert tight.peak_kv_blocks <= 6 and tight.steps > free.steps
+
+
+def test_a_running_request_that_cannot_grow_preempts_the_last_admitted():
+    """KV for 5 blocks of 4 tokens, two sequential pages admitted together (2 blocks each for their 7-token
+    prompts): when both need a third block only one fits, so the later one is preempted (vLLM's FCFS
+    recompute), waits, and on readmission prefills its prompt plus what it had generated. Both pages end
+    with every token their traces have."""
+    st = Linear()
+    pls = plans("sequential", page("ab"), page("ab"))
+    res = simulate(pls, 2, st, Envelope(max_num_batched_tokens=100, block_size=4, kv_blocks=5))
+    assert res.preempted_requests >= 1 and res.peak_kv_blocks <= 5
+    assert [r["output_tokens"] for r in res.pages] == [pls[0].requests[0].output_tokens] * 2
+    recompute = [lo.prefill_tokens for lo in st.loads[1:] if lo.prefill_tokens]
+    assert recompute and recompute[0] > 7  # the prompt again, and the tokens generated before the preemption
+    assert res.prefill_tokens == 14 + sum(recompute)
+
+
+def test_a_request_bigger_than_the_kv_cache_is_a_clear_error():
+    (pl,) = plans("sequential", page("abcdefgh"))
+    with pytest.raises(RuntimeError, match="needs more KV blocks than the cache has"):
+        simulate([pl], 1, Linear(), Envelope(max_num_batched_tokens=100, block_size=4, kv_blocks=2))
+
+
+def test_a_branch_shares_its_pages_prefix_blocks_in_the_kv_count():
+    """A fork page's branch finds the page prefix cached: the cache counts those blocks once. At step 8 the
+    layout stream holds 4 blocks (7 prompt + 7 generated tokens) and the branch (prompt 14, 12 cached in
+    3 of those blocks) needs 1 of its own: 5. With 4 blocks the branch waits one step, until the layout
+    stream ends and leaves only the 3 prefix blocks the branch uses."""
+    (pl,) = plans("fork", page("ab"))
+    env = dict(max_num_seqs=8, max_num_batched_tokens=100, block_size=4)
+    res = simulate([pl], 1, Linear(), Envelope(**env, kv_blocks=5))
+    assert res.preempted_requests == 0 and res.steps == 10 and res.peak_kv_blocks == 5
+    tight = simulate([pl], 1, Linear(), Envelope(**env, kv_blocks=4))
+    assert tight.preempted_requests == 0 and tight.steps == 11 and tight.peak_kv_blocks == 4
+
+
 def test_closed_loop_admits_a_page_when_one_ends():
     pls = plans("sequential", page("abc"), page("a"), page("ab"))
     res = simulate(pls, 2, Linear(), Envelope())
@@ -247,7 +293,7 @@ def test_the_command_models_a_ground_truth_file_and_compares_a_measured_run(tmp_
                   "--gpu-hour-usd", "2.5", "--compare", str(measured), "--out", str(out)) == 0
     report = json.loads((out / "report.json").read_text())
     keys = ("max_num_seqs", "max_num_batched_tokens", "block_size")
-    assert report["config"]["envelope"] == {k: engine[k] for k in keys}
+    assert report["config"]["envelope"] == {**{k: engine[k] for k in keys}, "kv_blocks": None}
     assert report["pages"]["used"] == 4 and "page images" in report["pages"]["image_tokens"]
     rows = {(r["mode"], r["concurrency"]): r for r in report["rows"]}
     assert set(rows) == {(m, c) for m in ("fork", "sequential") for c in (2, 4)}
@@ -283,7 +329,16 @@ def test_the_paper_workload_rows_carry_the_paper_s_table(tmp_path, tiny_model_di
     assert _model("--workload", "paper384", "--gpu", "A800-80G", "--model-config", "qwen3-vl-2b", "--model",
                   tiny_model_dir, "--concurrency", "16,48", "--pages", "6", "--out", str(out)) == 0
     report = json.loads((out / "report.json").read_text())
-    assert report["config"]["envelope"] == {"max_num_seqs": 384, "max_num_batched_tokens": 24576, "block_size": 16}
+    from padoc_ray.bench.model.roofline import kv_cache_blocks
+
+    kv = kv_cache_blocks("A800-80G", "qwen3-vl-2b", 16)
+    assert report["config"]["envelope"] == {"max_num_seqs": 384, "max_num_batched_tokens": 24576, "block_size": 16,
+                                            "kv_blocks": kv}
+    # Appendix E.3: Sequential SFT ran in vLLM's standard envelope, PaDoc in the paper's
+    assert report["config"]["envelope_by_mode"] == {
+        "fork": {"max_num_seqs": 384, "max_num_batched_tokens": 24576, "block_size": 16, "kv_blocks": kv},
+        "sequential": {"max_num_seqs": 256, "max_num_batched_tokens": 32768, "block_size": 16, "kv_blocks": kv}}
+    assert any("8,192-token generation limit" in a for a in report["assumptions"])
     rows = {(r["mode"], r["concurrency"]): r for r in report["rows"]}
     t3 = PAPER_TABLE3
     assert rows[("fork", 16)]["paper_valid_pages_per_s"] == t3["fork"]["valid_pages_per_s"][0]
@@ -292,7 +347,24 @@ def test_the_paper_workload_rows_carry_the_paper_s_table(tmp_path, tiny_model_di
     assert rows[("fork", 48)]["paper_valid_pages_per_s"] is None  # the paper has no C=48
     assert report["paper"]["source"].startswith("PaDoc paper, Table 3")
     assert report["pages"]["used"] == 6
-    assert rows[("sequential", 16)]["prefill_tokens"] > 6 * 1500  # the workload's image tokens are in every prompt
+    assert rows[("sequential", 16)]["prefill_tokens"] > 6 * 3600  # A4 / Letter at 200 dpi: 3,657-3,796 image tokens
+
+
+def test_the_paper_workload_takes_its_page_sizes_from_a_ground_truth(tmp_path, tiny_model_dir):
+    gt = tmp_path / "gt.json"
+    gt.write_text(json.dumps([{"page_info": {"image_path": f"p{i}.png", "page_no": i, "width": 729, "height": 516},
+                               "layout_dets": []} for i in range(2)]))
+    out = tmp_path / "sized"
+    assert _model("--workload", "paper384", "--gpu", "A800-80G", "--model-config", "qwen3-vl-2b", "--model",
+                  tiny_model_dir, "--concurrency", "4", "--pages", "4", "--mode", "sequential",
+                  "--page-sizes", str(gt), "--out", str(out)) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert str(gt) in report["pages"]["image_tokens"]
+    from padoc_ray.tokenizer import load_model_protocol
+
+    text = len(load_model_protocol(tiny_model_dir).prompt_ids("sequential")) - 1  # the placeholder expands
+    # one request a page, nothing cached: every page prefills its prompt with a 729 x 516 image
+    assert report["rows"][0]["prefill_tokens"] == 4 * (text + image_tokens(729, 516, PROCESSORS["qwen3-vl-2b"]))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -301,6 +373,8 @@ def test_the_paper_workload_rows_carry_the_paper_s_table(tmp_path, tiny_model_di
     (["--workload", "paper384", "--gpu", "A800-80G", "--model-config", "x", "--mode", "fork,bogus"],
      "--mode takes fork and/or sequential"),
     (["--workload", "paper384", "--gpu", "A800-80G", "--model-config", "x", "--page-priority"], "FCFS scheduler only"),
+    (["--gt", "x.json", "--page-sizes", "y.json", "--gpu", "A800-80G", "--model-config", "x"],
+     "--page-sizes is for --workload paper384"),
     (["--gt", "no-such.json", "--steps", "s.json"], "--gt no-such.json: no such file"),
 ])
 def test_bad_input_is_refused_with_exit_2(argv, message, tmp_path, capsys):
@@ -316,6 +390,38 @@ def test_compare_needs_a_bench_serve_output(tmp_path):
 
     with pytest.raises(ValueError, match="not a bench serve output"):
         add_measured([], str(tmp_path))
+
+
+def test_the_speed_probe_takes_the_machines_drift_out_of_the_comparison(tmp_path):
+    """A cell measured while the machine ran 1.25x slower than during bench steps: its modeled steps are
+    scaled by that before measured / modeled, so the drift is not read as the host's inefficiency."""
+    from padoc_ray.bench.model.report import add_measured
+
+    def rows():
+        return [{"mode": "fork", "concurrency": 16, "valid_pages_per_s": 2.0},
+                {"mode": "sequential", "concurrency": 16, "valid_pages_per_s": 1.0}]
+
+    def measured(cfg):
+        (tmp_path / "report.json").write_text(json.dumps({"config": cfg, "rows": [
+            {"mode": "fork", "concurrency": 16, "valid_pages_per_s": 1.5, "speed_probe_step_ms": 25.0},
+            {"mode": "sequential", "concurrency": 16, "valid_pages_per_s": 0.9}]}))  # no probe: no adjustment
+
+    measured({"speed_probe": True, "speed_probe_tokens": 128})
+    got = rows()
+    info = add_measured(got, str(tmp_path), {"batch": 16, "tokens": 128, "step_ms": 20.0})
+    fork, seq = got
+    assert fork["measured_over_modeled"] == 0.75 and fork["machine_speed_ratio"] == 1.25
+    assert fork["measured_over_modeled_at_cell_speed"] == pytest.approx(0.9375)
+    assert seq["machine_speed_ratio"] is None and seq["measured_over_modeled_at_cell_speed"] is None
+    assert "scaled by its speed probe" in info["speed_probe"]
+    for cfg, steps_probe, why in (({"speed_probe": True, "speed_probe_tokens": 128}, None, "has no speed_probe"),
+                                  ({}, {"tokens": 128, "step_ms": 20.0}, "without bench serve --speed-probe"),
+                                  ({"speed_probe": True, "speed_probe_tokens": 64}, {"tokens": 128, "step_ms": 20.0},
+                                   "the probes differ")):
+        measured(cfg)
+        got = rows()
+        assert why in add_measured(got, str(tmp_path), steps_probe)["speed_probe"]
+        assert got[0]["machine_speed_ratio"] is None and got[0]["measured_over_modeled"] == 0.75
 
 
 def test_the_model_is_pure():

@@ -98,6 +98,9 @@ def test_engine_arguments_per_runner(tiny_model_dir):
     assert v1.mm_processor_cache_gb == 0.25 and v2.mm_processor_cache_gb == 4
     with pytest.raises(ValueError, match="mm_processor_cache_gb"):
         EngineConfig(model=tiny_model_dir, mm_processor_cache_gb=-1)
+    with pytest.raises(ValueError, match="onednn_primitive_cache"):
+        EngineConfig(model=tiny_model_dir, onednn_primitive_cache=-1)
+
     # a user's own processors come after ours, on either runner
     mine = "my_pkg.procs:MyProcessor"
     own = engine_args(EngineConfig(model=tiny_model_dir, extra={"logits_processors": [mine]}), "v2")
@@ -139,3 +142,20 @@ def test_the_engines_own_counters_add_what_vllm_reports_per_step():
     logger.record(None, None, engine_idx=0)  # a batch without stats changes nothing
     assert sink == {"generation_tokens": 6.0, "queries": 64.0, "hits": 48.0, "steps": 3.0, "running_seqs": 6.0,
                     "waiting_seqs": 2.0, "preempted": 1.0, "prefill_tokens": 16.0}
+
+
+def test_the_engine_processes_get_onednns_kernel_cache_cap(tiny_model_dir, monkeypatch):
+    """The CPU preset caps oneDNN's per-shape kernel cache for the processes the engine spawns (it grew the
+    engine core for hours at oneDNN's 1024); the variable is set only while they start, then restored."""
+    import os
+
+    from padoc_ray.engine.vllm_engine import _spawn_env
+
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "1024")
+    cpu = cpu_engine_config(tiny_model_dir)
+    assert cpu.onednn_primitive_cache == 8
+    with _spawn_env(cpu):
+        assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8" and os.environ["OMP_NUM_THREADS"] == "1"
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
+    with _spawn_env(EngineConfig(model=tiny_model_dir)):  # GPU: oneDNN's own
+        assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"

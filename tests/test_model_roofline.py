@@ -107,3 +107,19 @@ def test_bad_names_and_efficiencies_are_refused(tmp_path):
     with pytest.raises(ValueError, match="step_overhead_s"):
         Efficiency(step_overhead_s=-1)
     assert isinstance(GPUS["H200"], Gpu)
+
+
+def test_the_kv_cache_is_what_vllm_leaves_of_the_gpus_memory():
+    """90% of the memory, less the weights (decoder, tied LM head, vision encoder) and the reserve, in blocks
+    of block_size tokens of every layer's K and V."""
+    from padoc_ray.bench.model.roofline import GPU_MEMORY_UTILIZATION, NON_KV_BYTES, kv_cache_blocks
+
+    g, s = GPUS["A800-80G"], SHAPES["qwen3-vl-2b"]
+    weights = 2 * (s.layers * s.layer_params + s.lm_head_params + s.vit_params)
+    assert 4.0e9 < weights < 4.6e9  # a 2.1B model in bf16
+    per_block = 16 * 2 * s.layers * s.kv_heads * s.head_dim * 2
+    want = int((g.memory_bytes * GPU_MEMORY_UTILIZATION - weights - NON_KV_BYTES) // per_block)
+    assert kv_cache_blocks("A800-80G", "qwen3-vl-2b", 16) == want
+    assert kv_cache_blocks("H200", "qwen3-vl-2b", 16) > want > kv_cache_blocks("L40S", "qwen3-vl-2b", 16)
+    with pytest.raises(ValueError, match="does not fit"):
+        kv_cache_blocks("L40S", "qwen3-vl-2b", 16, utilization=0.05)

@@ -7,9 +7,20 @@ import random
 
 import pytest
 
-from padoc_ray.bench.model.workload import PAPER_384, image_tokens, paper384, text_of_tokens, workload_stats
-from padoc_ray.protocol import Page, decode_depth
+from padoc_ray.bench.model.plan import plan_page
+from padoc_ray.bench.model.workload import (
+    PAGE_SIZES,
+    PAPER_384,
+    SEQUENTIAL_RUNAWAY_PAGES,
+    image_tokens,
+    paper384,
+    paper384_traces,
+    text_of_tokens,
+    workload_stats,
+)
+from padoc_ray.protocol import Page, decode_depth, serialize_sequential
 from padoc_ray.protocol.codec import content_tokens, region_layout_tokens
+from padoc_ray.scheduler import SchedulerConfig
 
 #: how close each statistic must come to the paper's: quartiles and medians of F_seq / F_PaDoc (relative),
 #: their means, the step reduction (percentage points) and the tokens a fork page generates (relative)
@@ -54,7 +65,45 @@ def test_pages_are_protocol_pages_with_their_image_tokens(pages):
         assert tokens == image_tokens(page.width, page.height)
         assert all(0 <= r.box.y1 < r.box.y2 <= 1 for r in page.regions)
         assert all((r.content is None) == (r.content_format == "none") for r in page.regions)
-    assert {max(p.width, p.height) for _, p, _ in pages} == {1600}
+    # A4 portrait / landscape and Letter at 200 dpi, in about the stated shares
+    assert {(p.width, p.height) for _, p, _ in pages} == {(w, h) for _, w, h, _ in PAGE_SIZES}
+    a4 = sum(1 for _, p, _ in pages if (p.width, p.height) == (1654, 2339))
+    assert 0.6 < a4 / len(pages) < 0.8
+    assert {t for _, _, t in pages} == {52 * 73, 53 * 69, 73 * 52}  # as Qwen3-VL's processor counts them
+
+
+def test_page_sizes_can_come_from_a_ground_truths_page_info(model_protocol):
+    sizes = [(2000, 1500), (729, 516)]
+    got = paper384(model_protocol, seed=0, pages=16, page_sizes=sizes)
+    assert {(p.width, p.height) for _, p, _ in got} == set(sizes)
+    assert {t for _, _, t in got} == {image_tokens(2000, 1500), image_tokens(729, 516)}
+    # the decode statistics do not depend on the image sizes
+    plain = paper384(model_protocol, seed=0, pages=16)
+    assert [p.regions for _, p, _ in got] == [p.regions for _, p, _ in plain]
+
+
+def test_runaway_pages_run_to_the_limit_in_sequential_mode_only(model_protocol):
+    """The paper's 20-25 Sequential SFT pages that reached the 8,192-token generation limit: the same
+    number (scaled to the pages taken) runs past max_tokens in sequential mode and is invalid, through
+    the real PageState; their fork traces are the page's own and valid."""
+    cfg = SchedulerConfig(max_tokens=1500)  # a lower limit keeps the test fast; the mechanism is the same
+    traces, names = paper384_traces(model_protocol, seed=0, pages=48, max_tokens=cfg.max_tokens)
+    assert len(traces) == 48 and len(names) == round(SEQUENTIAL_RUNAWAY_PAGES * 48 / 384) == 3
+    plain = {n: p for n, p, _ in paper384(model_protocol, seed=0)[:48]}
+    for t in traces:
+        seq = plan_page(t, "sequential", model_protocol.vocab, cfg)
+        fork = plan_page(t, "fork", model_protocol.vocab, cfg)
+        want = serialize_sequential(model_protocol.vocab, model_protocol.tokenizer, plain[t.name])
+        if t.name in names:
+            assert len(t.sequential.main) > cfg.max_tokens
+            assert (seq.status, seq.valid) == ("token_limit", False)
+            assert seq.requests[0].output_tokens == cfg.max_tokens and seq.requests[0].finish_reason == "length"
+            assert list(t.sequential.main[:50]) == list(want[:50])  # the page's own stream, then more prose
+        else:
+            assert list(t.sequential.main) == list(want)
+        assert fork.valid, t.name
+    again, names2 = paper384_traces(model_protocol, seed=0, pages=48, max_tokens=cfg.max_tokens)
+    assert names2 == names and again == traces
 
 
 def test_the_same_seed_gives_the_same_pages(model_protocol):

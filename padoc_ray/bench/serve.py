@@ -53,6 +53,8 @@ __all__ = [
 ]
 
 TARGETS = ("direct", "http")
+SPEED_PROBE_TOKENS = 128  #: tokens each probe request decodes: bench steps' default --tokens, which its probe uses
+_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,8 +72,16 @@ class ServeBenchConfig:
     #: teacher-force every page with its truth (a random-weight model then does a trained model's work);
     #: False: the model generates freely and the truth only picks the page set (a real checkpoint)
     replay: bool = True
+    #: before and after every cell, time bench steps' speed probe (a batch of 16 teacher-forced requests on the
+    #: same engine): rows get speed_probe_step_ms, which bench model --compare uses to cancel this machine's drift
+    #: between the bench steps run and this one (direct target and the vllm engine only)
+    speed_probe: bool = False
+    #: the probe's page image: bench steps' --image (its prompt length must be the same for the probes to compare)
+    speed_probe_image: str = os.path.join(_EXAMPLES, "paper.pdf")
 
     def __post_init__(self) -> None:
+        if self.speed_probe and self.target != "direct":
+            raise ValueError("speed_probe needs the direct target (the probe runs on this process's engine)")
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise ValueError("concurrency levels must be positive integers")
         if self.pages is not None and self.pages < 1:
@@ -193,6 +203,15 @@ class DirectTarget:
     def generation_tokens(self) -> float | None:
         get = getattr(self.host.engine, "generation_tokens", None)
         return get() if get else None
+
+    async def speed_probe(self, image_path: str) -> float:
+        """bench steps' speed probe (ms per decode step) on this host's engine."""
+        from padoc_ray.bench.steps import page_image, speed_probe
+
+        if not hasattr(self, "_probe_image"):
+            self._probe_image = page_image(image_path)
+        return await speed_probe(self.host.engine, self.host.model_protocol, self._probe_image,
+                                 tokens=SPEED_PROBE_TOKENS)
 
     async def run(self, page: BenchPage, mode: str, tag: str, i: int) -> dict:
         from padoc_ray.host import PageRequest
@@ -334,17 +353,23 @@ async def run_bench(target, pages: Sequence[BenchPage], cfg: ServeBenchConfig, o
                 for mode in cfg.modes:
                     if bar is not None:
                         bar.set_postfix_str(f"C={c} {mode}")
+                    probe = [await target.speed_probe(cfg.speed_probe_image)] if cfg.speed_probe else []
                     before = target.counters()
                     recs, wall, samples = await closed_loop(target, pages, mode, c, f"c{c}-{mode}",
                                                             sample_s=cfg.sample_interval_s,
                                                             on_page=bar.update if bar is not None else None)
                     after = target.counters()
+                    if cfg.speed_probe:
+                        probe.append(await target.speed_probe(cfg.speed_probe_image))
                     cache = {k: after.get(f"prefix_cache_{k}", 0) - before.get(f"prefix_cache_{k}", 0)
                              for k in ("queries", "hits")} if after else None
                     steps = {k: after[k] - before.get(k, 0) for k in STEP_COUNTERS if k in after} or None
                     results[(mode, c)] = recs
                     row = mode_row(recs, wall, mode, c, samples=samples, cache=cache, window_s=cfg.peak_window_s,
                                    steps=steps)
+                    if probe:  # the machine's speed around this cell (before, after)
+                        row["speed_probe_step_ms"] = round(sum(probe) / len(probe), 3)
+                        row["speed_probe_runs_ms"] = probe
                     rows.append(row)
                     for r in recs:
                         pj.write(json.dumps({"concurrency": c, "mode": mode, **r}) + "\n")
@@ -358,7 +383,9 @@ async def run_bench(target, pages: Sequence[BenchPage], cfg: ServeBenchConfig, o
     report = {**(header or {}), "config": {**(header or {}).get("config", {}), "target": cfg.target,
                                            "concurrency": list(cfg.concurrency), "modes": list(cfg.modes),
                                            "warmup": cfg.warmup, "peak_window_s": cfg.peak_window_s,
-                                           "replay": cfg.replay},
+                                           "replay": cfg.replay, "speed_probe": cfg.speed_probe,
+                                           "speed_probe_image": cfg.speed_probe_image if cfg.speed_probe else None,
+                                           "speed_probe_tokens": SPEED_PROBE_TOKENS if cfg.speed_probe else None},
               "rows": rows}
     try:
         report["plots"] = plot_report(report, out_dir)

@@ -27,6 +27,10 @@ from .model.fitted import NEEDED_SERIES, fit_steps
 from .steps_series import EXTRA_SERIES, series_fits
 
 DEFAULT_BATCHES = (1, 4, 16, 64, 128, 256)
+#: the speed probe's batch: sequences decoding at once in the probe :func:`speed_probe` runs (``bench steps``
+#: at its start and end, ``bench serve --speed-probe`` around every cell), so that a measured run can be
+#: compared with a step function fitted at another time on a machine whose speed drifts
+PROBE_BATCH = 16
 
 #: forced tokens come from this text (ordinary text tokens: no stop or control token among them)
 _FORCED_TEXT = ("Decoding depth drops from the sum of all region lengths to the longest layout-content "
@@ -154,6 +158,18 @@ async def measure(engine, prompt_ids: Sequence[int], suffix_ids: Sequence[int], 
     return rows
 
 
+async def speed_probe(engine, model_protocol, image, *, tokens: int = 128, repeat: int = 3,
+                      batch: int = PROBE_BATCH) -> float:
+    """This machine's speed now: the median decode step (ms) of ``batch`` requests that share ``image``
+    and the page prompt, each decoding ``tokens`` teacher-forced tokens (``bench steps``' decode row at
+    that batch, run alone)."""
+    tok = model_protocol.tokenizer
+    cfg = StepsConfig(batches=(batch,), tokens=tokens, repeat=repeat, series=())
+    rows = await measure(engine, model_protocol.prompt_ids("fork"), forced_tokens(tok, batch), image,
+                         forced_tokens(tok, tokens), cfg)
+    return rows[0]["step_ms"]
+
+
 def page_image(path: str, longest_side: int | None = None):
     """A page image from an image file or a PDF's first page, rendered as the batch job renders it."""
     from padoc_ray.pdf import RenderConfig, open_document, render_page
@@ -195,6 +211,7 @@ def run(model: str, image_path: str, cfg: StepsConfig, *, engine_overrides: dict
 
         engine = VllmEngine(ecfg)
         try:
+            probes = [await speed_probe(engine, proto, image, tokens=cfg.tokens)]
             rows = await measure(engine, proto.prompt_ids("fork"), suffix, image, forced, cfg, log)
             series: dict = {}
             if "prefill" in cfg.series:
@@ -206,11 +223,12 @@ def run(model: str, image_path: str, cfg: StepsConfig, *, engine_overrides: dict
             if "vision" in cfg.series:
                 series["vision"] = {"rows": await ss.measure_vision(engine, proto.prompt_ids("fork"), text, images,
                                                                     cfg.series_repeat, log)}
-            return rows, series
+            probes.append(await speed_probe(engine, proto, image, tokens=cfg.tokens))
+            return rows, series, probes
         finally:
             engine.shutdown()
 
-    rows, series = asyncio.run(go())
+    rows, series, probes = asyncio.run(go())
     for name, fit in series_fits(series).items():
         series[name]["fit"] = fit
     rep = {
@@ -226,6 +244,9 @@ def run(model: str, image_path: str, cfg: StepsConfig, *, engine_overrides: dict
         "fit": fit_linear(rows),
         "batching_gain_left": batching_gain_left(rows),
         "series": series,
+        # the machine's speed while it measured (start, end): bench model --compare scales by a measured run's own
+        "speed_probe": {"batch": PROBE_BATCH, "tokens": cfg.tokens, "step_ms": round(statistics.fmean(probes), 3),
+                        "runs_ms": probes},
     }
     if not [s for s in NEEDED_SERIES if s not in series]:
         rep["step_model"] = fit_steps(rep)

@@ -201,6 +201,10 @@ def cmd_bench_serve(args) -> int:
     except ValueError as e:
         die(str(e))
     host_cfg = _host_cfg(args, max(cfg.concurrency))
+    if cfg.speed_probe and host_cfg.engine != "vllm":
+        die("--speed-probe times the vllm engine's decode steps: it needs --engine vllm")
+    if cfg.speed_probe and not os.path.isfile(cfg.speed_probe_image):
+        die(f"--speed-probe-image: {cfg.speed_probe_image} is not a file")
     log = lambda m: print(m, file=sys.stderr, flush=True)
     try:
         report = run(list(zip(args.gt, args.images)), os.path.abspath(args.model), cfg, host_cfg, args.out, log=log)
@@ -332,7 +336,7 @@ def register(sub) -> None:
     p.add_argument("--model", required=True, help="checkpoint directory")
     add_fields(p, ServeBenchConfig, ("concurrency", "pages", "target"))
     p.add_argument("--modes", default=",".join(d.modes), help="comma list (default fork,sequential)")
-    add_fields(p, ServeBenchConfig, ("warmup", "replay"))
+    add_fields(p, ServeBenchConfig, ("warmup", "replay", "speed_probe", "speed_probe_image"))
     p.add_argument("--out", required=True, help="output folder")
     add_host_args(p)
     p.set_defaults(func=cmd_bench_serve)

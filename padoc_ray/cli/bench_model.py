@@ -36,25 +36,50 @@ def _step_time(args):
                             max_num_batched_tokens=eng.get("max_num_batched_tokens") or cpu.max_num_batched_tokens,
                             block_size=eng.get("block_size") or cpu.block_size)
             return st, base, image_processor(args.model), f"step time fitted on this machine: {args.steps}"
-        from padoc_ray.bench.model.roofline import RooflineStepTime, model_shape
+        from padoc_ray.bench.model.roofline import RooflineStepTime, kv_cache_blocks, model_shape
 
-        st = RooflineStepTime(args.gpu, model_shape(args.model_config))
-        return st, Envelope(), image_processor(args.model_config), f"{args.gpu} roofline, {args.model_config}"
+        shape = model_shape(args.model_config)
+        st = RooflineStepTime(args.gpu, shape)
+        block = args.block_size or Envelope().block_size
+        base = Envelope(block_size=block, kv_blocks=kv_cache_blocks(args.gpu, shape, block))
+        return st, base, image_processor(args.model_config), f"{args.gpu} roofline, {args.model_config}"
     except (OSError, ValueError, KeyError, TraceError) as e:
         _fail(f"{'--steps' if args.steps else '--gpu/--model-config'}: {e}")
 
 
-def _traces(args, mp, proc, cfg):
+def _steps_probe(path: str | None) -> dict | None:
+    """The ``speed_probe`` of a ``bench steps --json`` file (None without one: --gpu, or an older file)."""
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("speed_probe")
+
+
+def _page_sizes(path: str) -> list[tuple[int, int]]:
+    """(width, height) of every page in an OmniDocBench-format ground truth's page_info."""
+    from padoc_ray.bench.model.trace import TraceError, read_truth
+
+    entries = read_truth(path, "--page-sizes")
+    sizes = [(t.page.width, t.page.height) for t in entries if t.page is not None and t.page.width and t.page.height]
+    if not sizes:
+        raise TraceError(f"--page-sizes {path}: no page with a page_info width and height")
+    return sizes
+
+
+def _traces(args, mp, proc, cfg, sched):
     """(traces, where the pages came from, where their image tokens came from)."""
-    from padoc_ray.bench.model.trace import TraceError, image_tokens_from_run, trace_from_page, traces_from_gt
+    from padoc_ray.bench.model.trace import TraceError, image_tokens_from_run, traces_from_gt
 
     try:
         if args.workload == "paper384":
-            from padoc_ray.bench.model.workload import paper384
+            from padoc_ray.bench.model.workload import paper384_traces
 
-            items = paper384(mp)[:cfg.pages]
-            traces = [trace_from_page(mp, n, p, it) for n, p, it in items]
-            return traces, "paper384 synthetic workload", "the workload's"
+            sizes = _page_sizes(args.page_sizes) if args.page_sizes else None
+            traces, runaway = paper384_traces(mp, pages=cfg.pages, max_tokens=sched.max_tokens, page_sizes=sizes)
+            how = (f"Qwen3-VL's processor on page sizes drawn from {args.page_sizes}'s page_info" if sizes else
+                   "Qwen3-VL's processor on A4 / Letter pages at 200 dpi (the workload's PAGE_SIZES)")
+            return traces, (f"paper384 synthetic workload ({len(runaway)} pages run to the {sched.max_tokens}-token "
+                            f"limit in sequential mode: {', '.join(runaway) or 'none'})"), how
         traces = traces_from_gt(mp, args.gt, proc, images=args.images, limit=cfg.pages,
                                 longest_side=args.longest_side)
         run = args.pages_jsonl
@@ -69,6 +94,16 @@ def _traces(args, mp, proc, cfg):
         _fail(str(e))
 
 
+def _paper_envelopes(cfg, env):
+    """paper384's envelope per mode: PaDoc in the one given, Sequential in vLLM's standard one (256
+    sequences, 32,768 batched tokens: Appendix E.3), each unless --max-num-seqs / --max-num-batched-tokens
+    set it."""
+    from dataclasses import replace
+
+    seq = {k: v for k, v in (("max_num_seqs", 256), ("max_num_batched_tokens", 32768)) if getattr(cfg, k) is None}
+    return {"fork": env, "sequential": replace(env, **seq)}
+
+
 def cmd_bench_model(args) -> int:
     from dataclasses import asdict
 
@@ -81,14 +116,18 @@ def cmd_bench_model(args) -> int:
         run_model,
         write_report,
     )
+    from padoc_ray.bench.model.workload import ASSUMPTIONS as WORKLOAD_ASSUMPTIONS
     from padoc_ray.tokenizer import load_model_protocol
 
     if bool(args.gt) == bool(args.workload):
         _fail("give --gt GT.json or --workload paper384 (one of them)")
+    if args.page_sizes and not args.workload:
+        _fail("--page-sizes is for --workload paper384 (with --gt the pages carry their own sizes)")
     if args.gpu and not args.model_config:
         _fail("--gpu needs --model-config (a checkpoint directory or qwen3-vl-2b)")
     for path, what in ((args.gt, "--gt"), (args.images, "--images"), (args.compare, "--compare"),
-                       (args.pages_jsonl, "--pages-jsonl"), (args.steps, "--steps")):
+                       (args.pages_jsonl, "--pages-jsonl"), (args.steps, "--steps"),
+                       (args.page_sizes, "--page-sizes")):
         if path and not os.path.exists(path):
             _fail(f"{what} {path}: no such file or folder")
     try:
@@ -104,22 +143,24 @@ def cmd_bench_model(args) -> int:
     st, base, proc, target = _step_time(args)
     env = cfg.envelope(base)
     mp = load_model_protocol(os.path.abspath(args.model))
-    traces, source, image_source = _traces(args, mp, proc, cfg)
+    traces, source, image_source = _traces(args, mp, proc, cfg, sched)
+    envs = _paper_envelopes(cfg, env) if args.workload == "paper384" else {m: env for m in cfg.mode}
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.perf_counter()
-    rows = run_model(traces, mp.vocab, sched, st, env, cfg.concurrency, cfg.mode, gpu_hour_usd=cfg.gpu_hour_usd,
+    rows = run_model(traces, mp.vocab, sched, st, envs, cfg.concurrency, cfg.mode, gpu_hour_usd=cfg.gpu_hour_usd,
                      log=log)
     took = time.perf_counter() - t0
     report = {"config": {"target": target, "model": args.model, "step_time": st.describe(), "envelope": asdict(env),
+                         "envelope_by_mode": {m: asdict(e) for m, e in envs.items() if m in cfg.mode},
                          "concurrency": list(cfg.concurrency), "modes": list(cfg.mode),
                          "gpu_hour_usd": cfg.gpu_hour_usd, "max_tokens": sched.max_tokens,
                          "max_branches": sched.max_branches, "model_seconds": round(took, 2)},
               "pages": {"used": len(traces), "source": source, "image_tokens": image_source,
                         "names": [t.name for t in traces]},
-              "assumptions": list(ASSUMPTIONS), "rows": rows}
+              "assumptions": list(ASSUMPTIONS) + (list(WORKLOAD_ASSUMPTIONS) if args.workload else []), "rows": rows}
     if args.compare:
         try:
-            report["compare"] = add_measured(rows, args.compare)
+            report["compare"] = add_measured(rows, args.compare, _steps_probe(args.steps))
         except ValueError as e:
             _fail(str(e))
     if args.workload == "paper384":
@@ -150,6 +191,10 @@ def register_model(bsub) -> None:
     src.add_argument("--workload", choices=WORKLOADS, default=None,
                      help="a built-in page set instead of --gt: paper384, synthetic pages matching the paper's "
                           "384-page serving workload (its rows then carry the paper's Table 3)")
+    p.add_argument("--page-sizes", default=None, metavar="GT.json",
+                   help="with --workload paper384: draw each page's image size from this OmniDocBench-format "
+                        "ground truth's page_info (default: A4 and Letter pages at 200 dpi, OmniDocBench's usual "
+                        "page images, which the paper's setup serves at their own size)")
     p.add_argument("--images", default=None, metavar="DIR",
                    help="folder of the --gt page images: their sizes give the image tokens (default: page_info sizes)")
     p.add_argument("--pages-jsonl", default=None, metavar="PAGES.jsonl",
@@ -168,7 +213,7 @@ def register_model(bsub) -> None:
                    help="checkpoint whose token protocol and tokenizer make the traces (and, with --steps, whose "
                         "image processor counts image tokens)")
     add_fields(p, ModelBenchConfig, ("concurrency", "mode", "pages", "gpu_hour_usd", "max_num_seqs",
-                                     "max_num_batched_tokens", "block_size"))
+                                     "max_num_batched_tokens", "block_size", "kv_blocks"))
     p.add_argument("--compare", default=None, metavar="BENCH_SERVE_OUT",
                    help="a bench serve output folder: its measured valid pages/s beside each modeled cell")
     p.add_argument("--out", required=True, help="output folder")

@@ -25,6 +25,10 @@ class EngineConfig:
     #: to hold the pages in flight, and it fills (it is an LRU, not a leak) up to this size.
     #: None = vLLM's default (4)
     mm_processor_cache_gb: float | None = None
+    #: CPU: oneDNN's cache of compiled matmul kernels, one per input shape, in each engine process
+    #: (ONEDNN_PRIMITIVE_CACHE_CAPACITY; None = oneDNN's 1024). Serving makes a new shape nearly every step
+    #: (the batch's token count), so the cache fills for hours
+    onednn_primitive_cache: int | None = None
     enforce_eager: bool = False
     attention_backend: str | None = None  #: e.g. "FLASHINFER"; None = vLLM picks (FlashInfer on GPU when present)
     scheduling_policy: str = "fcfs"  #: "priority" lets the layout stream run ahead of branches
@@ -51,6 +55,8 @@ class EngineConfig:
             raise ValueError("executor 'uni' runs one worker: it needs tensor_parallel_size 1")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError("cpu_threads must be >= 1 (or None)")
+        if self.onednn_primitive_cache is not None and self.onednn_primitive_cache < 0:
+            raise ValueError("onednn_primitive_cache must be >= 0 (or None)")
         if self.mm_processor_cache_gb is not None and self.mm_processor_cache_gb < 0:
             raise ValueError("mm_processor_cache_gb must be >= 0 (or None)")
 
@@ -67,12 +73,15 @@ def cpu_engine_config(model: str, **overrides: Any) -> EngineConfig:
     A 0.25 GiB processed-image cache instead of vLLM's 4 GiB: it hits only within a page (4.8 s
     against 6.3 s without it for 5 demo pages at 4 in flight); it filled after about 175 pages
     (engine core +325 MB, flat after), while a 4 GiB one grew the engine core by 3.2 GB in a
-    30-minute ``bench soak --engine vllm``.
+    30-minute ``bench soak --engine vllm``. oneDNN's kernel cache capped at 8 shapes: with its default
+    1024 the engine core kept growing under mixed traffic (replayed, free, cancelled pages, rounds of
+    5 pages at 4 in flight: +96 MB from round 100 to 354, still rising), with 8 it was flat from round
+    40 (1,566 -> 1,565 MB over 260 rounds) at the same seconds per round.
     """
     base = EngineConfig(
         model=model, dtype="float32", enforce_eager=True, block_size=32,
         kv_cache_memory_bytes=256 << 20, max_num_batched_tokens=4096, executor="uni", cpu_threads=1,
-        mm_processor_cache_gb=0.25,
+        mm_processor_cache_gb=0.25, onednn_primitive_cache=8,
     )
     return replace(base, **overrides)
 

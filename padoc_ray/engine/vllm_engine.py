@@ -144,10 +144,14 @@ def scoped_env(name: str, value: str | None):
             os.environ[name] = old
 
 
+@contextlib.contextmanager
 def _spawn_env(cfg: EngineConfig):
-    """OMP_NUM_THREADS for the engine processes spawned inside the block (a spawned process reads it
-    when it imports torch)."""
-    return scoped_env("OMP_NUM_THREADS", None if cfg.cpu_threads is None else str(cfg.cpu_threads))
+    """OMP_NUM_THREADS and ONEDNN_PRIMITIVE_CACHE_CAPACITY for the engine processes spawned inside the
+    block (a spawned process reads them when it imports torch)."""
+    cache = None if cfg.onednn_primitive_cache is None else str(cfg.onednn_primitive_cache)
+    with scoped_env("OMP_NUM_THREADS", None if cfg.cpu_threads is None else str(cfg.cpu_threads)), \
+            scoped_env("ONEDNN_PRIMITIVE_CACHE_CAPACITY", cache):
+        yield
 
 
 #: seconds vLLM gives its engine core process to exit after SIGTERM before it kills it, on CPU. The

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from padoc_ray.bench.serve_report import STEP_FIGURES, _f, add_pairs, mode_row, plot_report, table3_lines
@@ -38,7 +38,9 @@ ASSUMPTIONS = (
     "(the engine-bound limit; measured / modeled is the host's and scheduler's efficiency)",
     "vLLM's FCFS scheduler with chunked prefill: running requests first, then waiting ones, within "
     "max_num_seqs and max_num_batched_tokens; no priority scheduling, no preemption",
-    "the KV cache never runs out: no eviction, so a branch always finds its page's prefix (full blocks only)",
+    "the KV cache (envelope kv_blocks) as vLLM's: a waiting request is admitted only when its new blocks fit, a "
+    "running one that cannot grow preempts the last admitted (recomputed on readmission); a page's shared prefix "
+    "stays while any of its requests uses it, and a branch finds it cached (full blocks only); no other eviction",
     "the vision encoder runs once per page, in the step whose prefill chunk reaches the image; no encoder budget",
     "no prefix sharing across pages (each page has its own image and cache salt)",
     "teacher-forced streams: every page generates exactly its trace; the scheduler's decisions (forks, "
@@ -63,6 +65,9 @@ class ModelBenchConfig:
     max_num_batched_tokens: int | None = None
     #: KV block size of the prefix cache (none: the steps JSON's, else the CPU preset's 32; with --gpu vLLM's 16)
     block_size: int | None = None
+    #: KV cache size in blocks (none: with --gpu, 90% of the GPU's memory less the weights and 4 GB, as vLLM sizes
+    #: it; with --steps unlimited: the CPU preset's 256 MB holds far more than the tiny model's pages need)
+    kv_blocks: int | None = None
 
     def __post_init__(self) -> None:
         if not self.concurrency or any(c < 1 for c in self.concurrency):
@@ -73,24 +78,28 @@ class ModelBenchConfig:
             raise ValueError("pages must be >= 1")
         if self.gpu_hour_usd is not None and not self.gpu_hour_usd > 0:
             raise ValueError("gpu_hour_usd must be a positive price")
+        if self.kv_blocks is not None and self.kv_blocks < 1:
+            raise ValueError("kv_blocks must be >= 1")
 
     def envelope(self, base: Envelope) -> Envelope:
         """``base`` with the fields set here."""
-        kw = {k: getattr(self, k) for k in ("max_num_seqs", "max_num_batched_tokens", "block_size")
+        kw = {k: getattr(self, k) for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks")
               if getattr(self, k) is not None}
         return Envelope(**{**base.__dict__, **kw})
 
 
-def run_model(traces: Sequence[PageTrace], vocab, scheduler_cfg, step_time, env: Envelope,
+def run_model(traces: Sequence[PageTrace], vocab, scheduler_cfg, step_time, env: Envelope | Mapping[str, Envelope],
               concurrency: Sequence[int], modes: Sequence[str], *, gpu_hour_usd: float | None = None,
               log: Callable[[str], None] = lambda m: None) -> list[dict]:
-    """One row per (mode, concurrency), concurrency-major like ``bench serve``'s."""
+    """One row per (mode, concurrency), concurrency-major like ``bench serve``'s; ``env`` is one envelope
+    for every mode or one per mode (the paper ran Sequential SFT in vLLM's standard envelope)."""
+    envs = env if isinstance(env, Mapping) else {m: env for m in modes}
     plans = {m: [plan_page(t, m, vocab, scheduler_cfg) for t in traces] for m in modes}
     rows: list[dict] = []
     results: dict[tuple[str, int], list[dict]] = {}
     for c in concurrency:
         for m in modes:
-            res = simulate(plans[m], c, step_time, env)
+            res = simulate(plans[m], c, step_time, envs[m])
             row = mode_row(res.pages, res.wall_s, m, c, samples=res.samples)
             row["token_rate_source"] = "model"
             row.update(tokens_per_s=row["mean_output_tokens_per_s"], steps=res.steps,
@@ -102,7 +111,8 @@ def run_model(traces: Sequence[PageTrace], vocab, scheduler_cfg, step_time, env:
                        # the figures bench serve reads from the engine's own step counters, modeled
                        engine_steps=res.steps,
                        mean_step_ms=round(res.wall_s / res.steps * 1e3, 3) if res.steps else None,
-                       mean_running_seqs=round(res.mean_batch, 2), preempted_requests=0)
+                       mean_running_seqs=round(res.mean_batch, 2), preempted_requests=res.preempted_requests,
+                       peak_kv_blocks=res.peak_kv_blocks if envs[m].kv_blocks is not None else None)
             vps = row["valid_pages_per_s"]
             if gpu_hour_usd is not None:
                 row["usd_per_million_pages"] = round(1e6 / vps / 3600 * gpu_hour_usd, 2) if vps else None
@@ -125,9 +135,16 @@ def _ratio(a, b) -> float | None:
     return round(a / b, 4) if a is not None and b else None
 
 
-def add_measured(rows: list[dict], bench_serve_dir: str) -> dict:
+def add_measured(rows: list[dict], bench_serve_dir: str, steps_probe: dict | None = None) -> dict:
     """Each row gets the measured run's ``valid_pages_per_s`` and ``p95_e2e_s`` at the same (mode,
-    concurrency) and ``measured_over_modeled``; a cell the run lacks is null. Returns what was read."""
+    concurrency) and ``measured_over_modeled``; a cell the run lacks is null. Returns what was read.
+
+    With ``steps_probe`` (the ``speed_probe`` of the ``bench steps`` JSON the step function was fitted
+    on) and a run made with ``bench serve --speed-probe``, each row also gets ``machine_speed_ratio``:
+    the probe's step time around that cell over the probe's in the steps run (above 1: the machine was
+    slower during the cell), and ``measured_over_modeled_at_cell_speed``: ``measured_over_modeled``
+    with every modeled step scaled by that ratio, which takes this machine's drift between the two runs
+    out of the comparison and leaves the host's and the scheduler's efficiency."""
     path = os.path.join(bench_serve_dir, "report.json")
     try:
         with open(path, encoding="utf-8") as f:
@@ -135,6 +152,19 @@ def add_measured(rows: list[dict], bench_serve_dir: str) -> dict:
         by = {(r["mode"], int(r["concurrency"])): r for r in measured["rows"]}
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f"--compare {bench_serve_dir}: not a bench serve output ({path}: {e})") from None
+    mcfg = measured.get("config") or {}
+    probe_ok = bool(steps_probe and mcfg.get("speed_probe") and steps_probe.get("step_ms")
+                    and steps_probe.get("tokens") == mcfg.get("speed_probe_tokens"))
+    if probe_ok:
+        probe_note = (f"each cell's modeled steps scaled by its speed probe ({mcfg['speed_probe_tokens']} tokens x "
+                      f"{steps_probe.get('batch')} requests) over the steps run's ({steps_probe['step_ms']} ms)")
+    elif not steps_probe:
+        probe_note = "none: the step function's steps JSON has no speed_probe (an older bench steps, or --gpu)"
+    elif not mcfg.get("speed_probe"):
+        probe_note = "none: the measured run was made without bench serve --speed-probe"
+    else:
+        probe_note = (f"none: the probes differ (steps run {steps_probe.get('tokens')} tokens, measured run "
+                      f"{mcfg.get('speed_probe_tokens')})")
     for row in rows:
         m = by.get((row["mode"], row["concurrency"]), {})
         row["measured_valid_pages_per_s"] = m.get("valid_pages_per_s")
@@ -146,8 +176,14 @@ def add_measured(rows: list[dict], bench_serve_dir: str) -> dict:
             row[f"measured_{k}"] = m.get(k)
         row["measured_steps_over_modeled"] = _ratio(m.get("engine_steps"), row.get("engine_steps"))
         row["measured_step_ms_over_modeled"] = _ratio(m.get("mean_step_ms"), row.get("mean_step_ms"))
+        speed = (_ratio(m.get("speed_probe_step_ms"), steps_probe.get("step_ms"))
+                 if probe_ok and m.get("speed_probe_step_ms") else None)
+        row["machine_speed_ratio"] = speed
+        row["measured_over_modeled_at_cell_speed"] = (round(row["measured_over_modeled"] * speed, 4)
+                                                      if speed and row["measured_over_modeled"] is not None else None)
     return {"dir": bench_serve_dir, "cells": len(by), "matched": sum(r["measured_valid_pages_per_s"] is not None
-                                                                     for r in rows)}
+                                                                     for r in rows),
+            "speed_probe": probe_note}
 
 
 def add_paper(rows: list[dict], table: dict = PAPER_TABLE3) -> None:
@@ -175,8 +211,10 @@ def format_markdown(report: dict) -> str:
     lines = [f"# Engine model ({cfg['target']})", "",
              f"{report['pages']['used']} pages ({report['pages']['source']}); image tokens: "
              f"{report['pages']['image_tokens']}. Envelope: max_num_seqs {env['max_num_seqs']}, max_num_batched_tokens "
-             f"{env['max_num_batched_tokens']}, KV block {env['block_size']}. "
-             f"Step time: {_describe(cfg['step_time'])}.", "",
+             f"{env['max_num_batched_tokens']}, KV block {env['block_size']}"
+             + "".join(f"; {m}: max_num_seqs {e['max_num_seqs']}, max_num_batched_tokens {e['max_num_batched_tokens']}"
+                       for m, e in (cfg.get("envelope_by_mode") or {}).items() if e != env)
+             + f". Step time: {_describe(cfg['step_time'])}.", "",
              "## Table 3 analogue: valid pages/s and P95 end-to-end latency (s) over valid pages", "",
              "Fork cells: change against sequential at the same concurrency. In brackets: measured / paper, "
              "where given.", "",
@@ -208,14 +246,19 @@ def format_markdown(report: dict) -> str:
                   "between steps, contention for the cores).", "",
                   "| C | mode | measured / modeled | steps: measured (modeled) | mean step ms: measured (modeled) | "
                   "mean running seqs: measured (modeled) | waiting seqs | preempted | prefill tokens: measured "
-                  "(modeled) |", "|---|---|---|---|---|---|---|---|---|"]
+                  "(modeled) | machine speed: cell / steps run | measured / modeled at the cell's speed |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in compared:
             lines.append(
                 f"| {r['concurrency']} | {r['mode']} | {_f(r['measured_over_modeled'])} | "
                 f"{r['measured_engine_steps']} ({r['engine_steps']}) | {_f(r['measured_mean_step_ms'], 2)} "
                 f"({_f(r['mean_step_ms'], 2)}) | {_f(r['measured_mean_running_seqs'], 1)} "
                 f"({_f(r['mean_running_seqs'], 1)}) | {_f(r['measured_mean_waiting_seqs'], 1)} | "
-                f"{r['measured_preempted_requests']} | {r['measured_prefill_tokens']} ({r['prefill_tokens']}) |")
+                f"{r['measured_preempted_requests']} | {r['measured_prefill_tokens']} ({r['prefill_tokens']}) | "
+                f"{_f(r.get('machine_speed_ratio'))} | {_f(r.get('measured_over_modeled_at_cell_speed'))} |")
+        probe = (report.get("compare") or {}).get("speed_probe")
+        if probe:
+            lines += ["", f"Speed probe: {probe}."]
     fork = [by[("fork", c)] for c in cs if ("fork", c) in by and by[("fork", c)].get("paired_pages") is not None]
     if fork:
         lines += ["", "## Fork against sequential", "",

@@ -74,6 +74,28 @@ class Efficiency:
 
 #: bf16: bytes per weight and per KV value
 DTYPE_BYTES = 2
+#: the share of device memory vLLM takes (its default gpu_memory_utilization; the paper's Appendix E.3: 90%)
+GPU_MEMORY_UTILIZATION = 0.9
+#: what vLLM keeps of that besides the weights and the KV cache: the profiled activation peak (a 2B model's
+#: MLP over 24,576 batched tokens is ~0.6 GB, the sampler's float32 logits for 384 sequences ~0.2 GB and its
+#: sorting copies more), CUDA graph pools and the CUDA context's allocations: a few GB for a 2B model
+NON_KV_BYTES = 4e9
+
+
+def kv_cache_blocks(gpu_: Gpu | str, shape: ModelShape | str, block_size: int, *,
+                    utilization: float = GPU_MEMORY_UTILIZATION, reserve_bytes: float = NON_KV_BYTES,
+                    dtype_bytes: int = DTYPE_BYTES) -> int:
+    """KV blocks one engine gets on ``gpu_``: its memory x ``utilization``, less the weights (decoder, LM head
+    tied to the embedding, vision encoder) and ``reserve_bytes``, in blocks of ``block_size`` tokens."""
+    g = gpu(gpu_) if isinstance(gpu_, str) else gpu_
+    s = model_shape(shape) if isinstance(shape, str) else shape
+    weights = (s.layers * s.layer_params + s.lm_head_params + s.vit_params) * dtype_bytes
+    free = g.memory_bytes * utilization - weights - reserve_bytes
+    per_block = block_size * s.kv_values_per_token * dtype_bytes
+    if free < per_block:
+        raise ValueError(f"{s.name} does not fit on {g.name}: {weights / 1e9:.1f} GB of weights and "
+                         f"{reserve_bytes / 1e9:.1f} GB reserved leave no KV cache")
+    return int(free // per_block)
 
 
 class RooflineStepTime:

@@ -34,21 +34,29 @@ class Envelope:
     max_num_seqs: int = 384  #: sequences one step may run (vLLM max_num_seqs)
     max_num_batched_tokens: int = 24576  #: tokens one step may schedule: decodes plus prefill chunks
     block_size: int = 16  #: KV block size; the prefix cache serves full blocks only
+    #: KV blocks the cache holds (vLLM's num_gpu_blocks); None: it never runs out
+    kv_blocks: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.max_num_seqs, self.max_num_batched_tokens, self.block_size) < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens and block_size must be >= 1")
+        if self.kv_blocks is not None and self.kv_blocks < 1:
+            raise ValueError("kv_blocks must be >= 1 (or None: the KV cache never runs out)")
 
 
 class _Req:
     __slots__ = ("page", "i", "prompt", "shared", "computed", "generated", "out", "next_at", "kids", "ki",
-                 "stop_at", "img_at", "img_end", "done")
+                 "stop_at", "img_at", "img_end", "done", "need", "kv", "pin", "own", "admitted")
 
     def __init__(self, page: "_Page", i: int):
         p = page.plan.requests[i]
         self.page, self.i = page, i
         self.prompt, self.shared, self.out = p.prompt_tokens, p.shared_tokens, p.output_tokens
         self.computed = self.generated = self.ki = 0
+        #: KV: tokens that must be computed before it decodes (its prompt; after a preemption, prompt + output so
+        #: far), tokens in the cache, of them the prefix it found cached (the page's blocks), its own blocks
+        self.need, self.kv, self.pin, self.own = self.prompt, 0, 0, 0
+        self.admitted = False
         self.kids = page.kids[i]
         sp = page.plan.stop_page
         self.stop_at = sp[1] if sp is not None and sp[0] == i else None
@@ -69,7 +77,7 @@ class _Req:
 
 
 class _Page:
-    __slots__ = ("plan", "kids", "end_kids", "t_start", "reqs", "live", "prompt", "cached", "stopped")
+    __slots__ = ("plan", "kids", "end_kids", "t_start", "reqs", "live", "prompt", "cached", "stopped", "hold")
 
     def __init__(self, plan: PagePlan, t_start: float):
         self.plan, self.t_start = plan, t_start
@@ -85,6 +93,9 @@ class _Page:
         self.reqs: list[_Req] = []
         self.live = self.prompt = self.cached = 0
         self.stopped = False
+        #: KV blocks of the page's shared prefix held for requests that found it cached once the request that
+        #: computed it no longer holds them (ended or preempted)
+        self.hold = 0
 
 
 @dataclass
@@ -103,6 +114,8 @@ class SimResult:
     mean_scheduled_tokens: float
     prefill_tokens: int
     samples: list[tuple[float, int]] = field(default_factory=list)  #: (clock, tokens generated so far) per step
+    preempted_requests: int = 0  #: requests preempted for KV blocks (recomputed when readmitted)
+    peak_kv_blocks: int = 0  #: the most KV blocks in use at once
 
 
 def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, env: Envelope = Envelope()
@@ -111,12 +124,46 @@ def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, e
         raise ValueError("concurrency must be >= 1")
     if not plans:
         raise ValueError("no pages to model")
-    S, T, B = env.max_num_seqs, env.max_num_batched_tokens, env.block_size
+    S, T, B, K = env.max_num_seqs, env.max_num_batched_tokens, env.block_size, env.kv_blocks
     waiting: deque[_Req] = deque()
     running: list[_Req] = []
     records: list[dict] = []
     nxt = 0
     clock = 0.0
+    used = peak = preempted = 0  # KV blocks in use (counted only with a finite cache)
+
+    def own_blocks(r: _Req, tokens: int) -> int:
+        return -(-tokens // B) - r.pin // B
+
+    def hold_of(page: _Page, extra_pin: int = 0) -> int:
+        """Blocks of the page's shared prefix that its live requests (and one with ``extra_pin`` tokens
+        cached, about to be admitted) found cached, beyond what its first request (which computed them)
+        still holds itself: counted once for the page."""
+        first = page.reqs[0]
+        pins = max((q.pin // B for q in page.reqs[1:] if q.admitted and not q.done), default=0)
+        pins = max(pins, extra_pin // B)
+        return max(0, pins - (first.own if first.admitted and not first.done else 0))
+
+    def sync_hold(page: _Page) -> None:
+        nonlocal used
+        h = hold_of(page)
+        used += h - page.hold
+        page.hold = h
+
+    def set_own(r: _Req, blocks: int) -> None:
+        nonlocal used
+        used += blocks - r.own
+        r.own = blocks
+        if r.page.hold or (r.i == 0 and len(r.page.reqs) > 1):
+            sync_hold(r.page)
+
+    def release(page: _Page) -> None:
+        if K is None:
+            return
+        for q in page.reqs:
+            if q.own:
+                set_own(q, 0)
+        sync_hold(page)
 
     def start(page: _Page, i: int) -> None:
         r = _Req(page, i)
@@ -142,6 +189,9 @@ def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, e
         r.done = True
         page = r.page
         page.live -= 1
+        if K is not None:
+            set_own(r, 0)
+            sync_hold(page)
         for j in page.end_kids[r.i]:
             if not page.stopped:
                 start(page, j)
@@ -153,8 +203,22 @@ def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, e
         page.stopped = True
         for q in page.reqs:
             q.done = True
+        release(page)
         page.live = 0
         end_page(page)
+
+    def preempt(r: _Req) -> None:
+        """vLLM's recompute preemption: its blocks go back, it waits at the front of the queue, and on
+        readmission it prefills its prompt and what it generated so far (less the page prefix it finds
+        cached; a page's first request, which has none to find, recomputes it all)."""
+        nonlocal preempted
+        preempted += 1
+        set_own(r, 0)
+        r.admitted = False
+        r.computed = r.kv = r.pin = 0
+        r.need = r.prompt + r.generated
+        sync_hold(r.page)
+        waiting.appendleft(r)
 
     for _ in range(concurrency):
         enter()
@@ -165,47 +229,80 @@ def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, e
         budget, dec, ctx = T, 0, 0
         events: list[_Req] = []
         chunks: list[tuple[_Req, int]] = []  # (request, prefill tokens this step)
-        for r in running:  # admission order: decodes, and prefills a previous step left unfinished
+        scheduled: list[_Req] = []
+        was_preempted = False
+        i = 0
+        while i < len(running):  # admission order: decodes, and prefills a previous step left unfinished
             if budget <= 0:
                 break
-            if r.computed < r.prompt:
-                n = min(r.prompt - r.computed, budget)
+            r = running[i]
+            n = min(r.need - r.computed, budget) if r.computed < r.need else 1
+            if K is not None:
+                want = own_blocks(r, r.kv + n)
+                while want - r.own > K - used and running[-1] is not r:  # preempt from the back (FCFS)
+                    preempt(running.pop())
+                    was_preempted = True
+                if want - r.own > K - used:  # nothing left to preempt but itself
+                    preempt(running.pop())
+                    was_preempted = True
+                    break
+                set_own(r, want)
+            i += 1
+            scheduled.append(r)
+            if r.computed < r.need:
                 chunks.append((r, n))
                 budget -= n
                 continue
             dec += 1
             ctx += r.prompt + r.generated
             r.generated += 1
+            r.kv += 1
             budget -= 1
             if r.generated >= r.next_at:
                 events.append(r)
-        while waiting and budget > 0 and len(running) < S:
-            r = waiting.popleft()
+        while waiting and budget > 0 and len(running) < S and not was_preempted:
+            r = waiting[0]
             if r.done:  # its page ended while it waited
+                waiting.popleft()
                 continue
-            r.computed = min(r.shared, r.prompt - 1) // B * B
-            r.page.prompt += r.prompt
+            pin = min(r.shared, r.need - 1) // B * B
+            n = min(r.need - pin, budget)
+            if K is not None:
+                r.pin = pin
+                grow = own_blocks(r, pin + n) + (hold_of(r.page, pin) - r.page.hold if r.i else 0)
+                if grow > K - used:  # vLLM leaves it waiting until blocks free up
+                    r.pin = 0
+                    break
+            waiting.popleft()
+            r.admitted = True
+            r.computed = r.kv = pin
+            r.page.prompt += r.need
             r.page.cached += r.computed
-            n = min(r.prompt - r.computed, budget)
+            if K is not None:
+                set_own(r, own_blocks(r, pin + n))
+                sync_hold(r.page)
             chunks.append((r, n))
             budget -= n
             running.append(r)
-        pre = imgs = img_tokens = 0
+        pre = imgs = img_tokens = completed = 0
         for r, n in chunks:
             lo, r.computed = r.computed, r.computed + n
+            r.kv = r.computed
             pre += n
             ctx += r.computed
             if r.img_at is not None and lo < r.img_end and r.computed > r.img_at:
                 imgs += 1
                 img_tokens += r.page.plan.image_tokens
                 r.img_at = None
-            if r.computed == r.prompt:  # the prefill's last chunk samples the first token
-                r.generated = 1
-                if r.next_at <= 1:
+            if r.computed == r.need:  # the prefill's last chunk samples the next token
+                completed += 1
+                r.generated += 1
+                if r.generated >= r.next_at:
                     events.append(r)
-        completed = sum(1 for r, _ in chunks if r.computed == r.prompt)
         if not dec and not chunks:
-            raise RuntimeError("the engine model scheduled nothing in a step (a bug)")
+            raise RuntimeError("the engine model scheduled nothing in a step: a request needs more KV blocks than "
+                               f"the cache has ({K}), or a bug")
+        peak = max(peak, used)
         dt = step_time.seconds(StepLoad(dec, pre, ctx, imgs, img_tokens))
         if not dt > 0:
             raise ValueError(f"the step time must be positive seconds, got {dt!r} (from {step_time.describe()})")
@@ -240,4 +337,4 @@ def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, e
             running = [r for r in running if not r.done]
     wall = clock
     return SimResult(records, wall, steps, u_seq / wall, u_tok / wall, u_max / wall, seqs_total / steps,
-                     tokens_total / steps, prefill_total, samples)
+                     tokens_total / steps, prefill_total, samples, preempted, peak)

@@ -176,22 +176,28 @@ def _image_size(path: str) -> tuple[int, int]:
         raise TraceError(f"cannot read the page image {path}: {e}") from None
 
 
+def read_truth(path: str, flag: str) -> list:
+    """The entries of an OmniDocBench-format file; what cannot be read is a :class:`TraceError` naming ``flag``."""
+    from padoc_ray.groundtruth import GroundTruthError, parse_truth
+
+    try:
+        with open(path, "rb") as f:
+            return parse_truth(f.read(), f"{flag} {path}")
+    except OSError as e:
+        raise TraceError(f"{flag} {path}: {e.strerror or e}") from None
+    except GroundTruthError as e:
+        raise TraceError(str(e)) from None
+
+
 def traces_from_gt(model_protocol, gt_path: str, proc: ImageProcessor, *, images: str | None = None,
                    limit: int | None = None, longest_side: int = 1600, max_render_pixels: int | None = None
                    ) -> list[PageTrace]:
     """Traces of the first ``limit`` pages of an OmniDocBench-format file, in its order (as ``bench
     serve`` takes them). Image tokens: of each page image in ``images`` at the host's render size
     (:func:`host_render_size`), else of the page_info size."""
-    from padoc_ray.groundtruth import GroundTruthError, parse_truth
     from padoc_ray.pdf import MAX_RENDER_PIXELS
 
-    try:
-        with open(gt_path, "rb") as f:
-            entries = parse_truth(f.read(), f"--gt {gt_path}")
-    except OSError as e:
-        raise TraceError(f"--gt {gt_path}: {e.strerror or e}") from None
-    except GroundTruthError as e:
-        raise TraceError(str(e)) from None
+    entries = read_truth(gt_path, "--gt")
     out: list[PageTrace] = []
     for t in entries[:limit]:
         if t.page is None:

@@ -22,12 +22,21 @@ tokenizer that runs (here the tiny checkpoint's, about 3 tokens an English word 
 Output lengths (Tables 12-13): mean output tokens/s over valid pages/s is what a page generates. For
 PaDoc (every page valid) that is about 892 tokens (860-901 across C), close to the mean ``F_seq``
 plus a branch's end-of-stream per region, which is what a fork page here generates. Sequential's
-1,124-1,390 per valid page includes its 20-25 pages that ran to the 8,192-token limit; this workload
-does not make pages run away.
+1,124-1,390 per valid page includes its 20-25 pages that ran to the 8,192-token generation limit
+(Appendix E.3, "Validity"); the other 359-364 were valid. :func:`paper384_traces` makes
+:data:`SEQUENTIAL_RUNAWAY_PAGES` of the pages, chosen at random with the workload's seed, run away the
+same way in sequential mode only: their sequential stream goes on past the limit with new prose in
+the last region (no repetition, so no loop detector stops it early; the paper's ran into the limit),
+while their fork traces stay the page's own (every PaDoc page was valid).
 
-Image tokens: the paper does not state its page image size. Pages here are rendered as the batch
-job renders them (longest side :data:`LONGEST_SIDE` px) in the :data:`PAGE_SHAPES` mix, and counted
-as Qwen3-VL's processor counts them (:func:`image_tokens`): about 1,750-1,950 tokens a page.
+Image tokens: the paper serves OmniDocBench's page images, which are images at their source
+resolution, not PDFs rendered by this project (the batch job's 1,600 px longest side does not apply);
+Qwen3-VL's processor keeps anything under 16.7 MP as it is. Its pages are mostly A4 and Letter at
+200 dpi (the demo's page_info: 1654 x 2339, 1655 x 2340, 2339 x 1654, ...), so by default the pages
+here are :data:`PAGE_SIZES` (A4 portrait and landscape, Letter at 200 dpi), counted as Qwen3-VL's
+processor counts them (:func:`image_tokens`): 3,657-3,796 tokens a page. ``page_sizes`` (``bench
+model --page-sizes GT.json``) draws the sizes from a ground truth's page_info instead, e.g.
+OmniDocBench's own.
 
 Pure: imports no ray, vllm or torch.
 """
@@ -37,11 +46,14 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from dataclasses import replace
 from statistics import NormalDist
 
 from padoc_ray.corpus.content import paragraph
-from padoc_ray.protocol import Box, Page, Region, decode_depth
+from padoc_ray.protocol import Box, Page, Region, decode_depth, serialize_sequential
 from padoc_ray.protocol.codec import content_tokens, region_layout_tokens
+
+from .trace import PageTrace, trace_from_page
 
 #: Table 11(a) (376 valid C64 pages of the 384) and the output tokens per page implied by Tables 12-13
 PAPER_384 = {
@@ -52,10 +64,19 @@ PAPER_384 = {
     # Table 13 mean TPS / Table 3 valid pages/s, PaDoc, C=16..256: 859.8, 899.6, 900.8, 901.4, 899.8
     "padoc_output_tokens_per_page": 892.3,
 }
-#: the batch job's default render (padoc_ray.pdf.RenderConfig.longest_side)
-LONGEST_SIDE = 1600
-#: (name, height / width, share of pages): portrait A4 and US Letter, some landscape A4
-PAGE_SHAPES = (("a4", math.sqrt(2), 0.7), ("letter", 11 / 8.5, 0.2), ("a4-landscape", 1 / math.sqrt(2), 0.1))
+#: Sequential SFT pages that ran to the 8,192-token generation limit, per setting: "20-25" of 384 (Appendix
+#: E.3); the midpoint. PaDoc had none
+SEQUENTIAL_RUNAWAY_PAGES = 22
+#: what a paper384 run assumes beyond the engine model's own (report.json's ``assumptions``)
+ASSUMPTIONS = (
+    f"paper384: {SEQUENTIAL_RUNAWAY_PAGES} of the 384 pages (the paper's 20-25) run to the 8,192-token generation "
+    "limit in sequential mode and are invalid, as the paper's Sequential SFT pages did; which ones is chosen at "
+    "random (the paper does not say); their fork traces are the page's own (every PaDoc page was valid)",
+    "paper384: Sequential runs in vLLM's standard envelope (256 sequences, 32,768 batched tokens), PaDoc in the "
+    "paper's (384, 24,576), as Appendix E.3 states",
+)
+#: (name, width px, height px, share of pages): portrait A4 and US Letter, some landscape A4, at 200 dpi
+PAGE_SIZES = (("a4", 1654, 2339, 0.7), ("letter", 1700, 2200, 0.2), ("a4-landscape", 2339, 1654, 0.1))
 #: Qwen3-VL's image processor: 16-px patches merged 2x2, and its pixel budget (preprocessor_config.json
 #: "size": shortest_edge / longest_edge, counted in pixels)
 PATCH, MERGE, MIN_PIXELS, MAX_PIXELS = 16, 2, 65536, 16777216
@@ -184,10 +205,8 @@ def text_of_tokens(tokenizer, n: int, rng: random.Random) -> str:
     raise ValueError(f"could not make text of exactly {n} tokens with this tokenizer")
 
 
-def _page(i: int, lens: list[int], proto, rng: random.Random) -> tuple[str, Page, int]:
-    shape = rng.choices(PAGE_SHAPES, weights=[s[2] for s in PAGE_SHAPES])[0]
-    aspect = shape[1]
-    w, h = (round(LONGEST_SIDE / aspect), LONGEST_SIDE) if aspect >= 1 else (LONGEST_SIDE, round(LONGEST_SIDE * aspect))
+def _page(i: int, lens: list[int], proto, rng: random.Random, size: tuple[int, int]) -> tuple[str, Page, int]:
+    w, h = size
     y, weight = 0.05, sum(max(c, 20) for c in lens)
     regions = []
     for k, c in enumerate(lens):
@@ -202,16 +221,63 @@ def _page(i: int, lens: list[int], proto, rng: random.Random) -> tuple[str, Page
     return f"paper384-{i:03d}", Page(width=w, height=h, regions=tuple(regions), page_no=i), image_tokens(w, h)
 
 
-def paper384(model_protocol, seed: int = 0, pages: int = PAPER_384["pages"]) -> list[tuple[str, Page, int]]:
+def paper384(model_protocol, seed: int = 0, pages: int = PAPER_384["pages"],
+             page_sizes: list[tuple[int, int]] | None = None) -> list[tuple[str, Page, int]]:
     """``pages`` synthetic pages (name, protocol ``Page``, image tokens) matching the paper's workload,
     their token lengths in ``model_protocol``'s tokenizer and layout protocol; the same seed gives the
-    same pages."""
+    same pages. Image sizes: :data:`PAGE_SIZES`, or each drawn from ``page_sizes`` ((width, height))."""
     if pages < 4:
         raise ValueError("paper384 needs at least 4 pages (its statistics are quartiles)")
     rng = random.Random(seed)
     r = len(region_layout_tokens(model_protocol.vocab, Region("text_block", Box(0.1, 0.1, 0.9, 0.2), "x")))
     targets = _targets(pages, rng)
-    return [_page(i, _content_lengths(fs, fp, r, rng), model_protocol, rng) for i, (fs, fp) in enumerate(targets)]
+    size_rng = random.Random(f"sizes-{seed}")  # its own stream: the pages' content does not depend on their sizes
+    if page_sizes:
+        sizes = [size_rng.choice(list(page_sizes)) for _ in targets]
+    else:
+        sizes = [(w, h) for _, w, h, _ in size_rng.choices(PAGE_SIZES, weights=[s[3] for s in PAGE_SIZES],
+                                                            k=len(targets))]
+    return [_page(i, _content_lengths(fs, fp, r, rng), model_protocol, rng, size)
+            for i, ((fs, fp), size) in enumerate(zip(targets, sizes, strict=True))]
+
+
+def runaway_page(page: Page, tokens: int, model_protocol, rng: random.Random) -> Page:
+    """``page`` whose sequential stream is longer than ``tokens``: its last text region's content goes on
+    with new prose (a page that runs away without repeating itself)."""
+    vocab, tok = model_protocol.vocab, model_protocol.tokenizer
+    last = max((i for i, r in enumerate(page.regions) if r.content_format == "text"), default=None)
+    if last is None:
+        raise ValueError("a page with no text region cannot run away in its content")
+    have = len(serialize_sequential(vocab, tok, page))
+    more = text_of_tokens(tok, max(64, tokens - have + 64), rng)
+    regions = list(page.regions)
+    regions[last] = replace(regions[last], content=f"{regions[last].content} {more}")
+    out = replace(page, regions=tuple(regions))
+    if len(serialize_sequential(vocab, tok, out)) <= tokens:
+        raise ValueError(f"could not make a sequential stream of more than {tokens} tokens")
+    return out
+
+
+def paper384_traces(model_protocol, seed: int = 0, pages: int | None = None, *,
+                    runaway: int = SEQUENTIAL_RUNAWAY_PAGES, max_tokens: int = 8192,
+                    page_sizes: list[tuple[int, int]] | None = None) -> tuple[list[PageTrace], list[str]]:
+    """The workload as engine-model traces (:func:`~.trace.trace_from_page`) and the names of the pages
+    whose sequential stream runs past ``max_tokens`` (``runaway`` of the 384, scaled to ``pages`` when
+    fewer are taken, chosen with ``seed``). Their fork traces are the page's own."""
+    items = paper384(model_protocol, seed=seed, page_sizes=page_sizes)
+    n = len(items) if pages is None else min(pages, len(items))
+    rng = random.Random(f"runaway-{seed}")
+    k = round(runaway * n / len(items))
+    chosen = set(rng.sample(range(n), k))
+    traces, names = [], []
+    for i, (name, page, it) in enumerate(items[:n]):
+        t = trace_from_page(model_protocol, name, page, it)
+        if i in chosen:
+            long = trace_from_page(model_protocol, name, runaway_page(page, max_tokens, model_protocol, rng), it)
+            t = replace(t, sequential=long.sequential)
+            names.append(name)
+        traces.append(t)
+    return traces, names
 
 
 def workload_stats(pages: list[tuple[str, Page, int]], model_protocol) -> dict:
