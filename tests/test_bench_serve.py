@@ -134,6 +134,11 @@ def test_bad_input_is_refused_with_exit_2(tmp_path, capsys):
     assert code == 2 and "is in both" in err  # the same page twice: its truth would be ambiguous
     code, err = _bench(capsys, "--gt", str(tmp_path / "none.json"), "--images", images, *base)
     assert code == 2 and "none.json: no such file" in err
+    code, err = _bench(capsys, "--gt", gt, "--images", images, "--speed-probe", "--target", "http", *base)
+    assert code == 2 and "speed_probe needs the direct target" in err
+    code, err = _bench(capsys, "--gt", gt, "--images", images, "--speed-probe", "--speed-probe-image",
+                       str(tmp_path / "no.pdf"), *base)
+    assert code == 2 and "no.pdf is not a file" in err
     assert not (tmp_path / "o").exists()
 
 

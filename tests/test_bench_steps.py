@@ -53,6 +53,17 @@ def test_config_refuses_nonsense(kw, msg):
         StepsConfig(**kw)
 
 
+def test_the_speed_probe_is_a_decode_row_at_its_batch(cpu_engine, model_protocol, loop_thread):
+    """bench steps' and bench serve --speed-probe's probe: PROBE_BATCH requests decoding the forced tokens
+    on the real engine, its median step in ms."""
+    from padoc_ray.bench.steps import PROBE_BATCH, speed_probe
+
+    assert PROBE_BATCH == 16
+    ms = loop_thread.run(speed_probe(cpu_engine, model_protocol, page_image(PAPER_PDF), tokens=4, repeat=1,
+                                     batch=2), timeout=300)
+    assert isinstance(ms, float) and 0 < ms < 60_000
+
+
 def test_a_request_that_stops_short_is_an_error_not_a_fast_step():
     eng = ScriptedEngine(script=lambda req: list(req.forced_tokens)[:3])  # stops after 3 of 8 tokens
     cfg = StepsConfig(batches=(2,), tokens=8, repeat=1)

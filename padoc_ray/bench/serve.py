@@ -74,7 +74,7 @@ class ServeBenchConfig:
     replay: bool = True
     #: before and after every cell, time bench steps' speed probe (a batch of 16 teacher-forced requests on the
     #: same engine): rows get speed_probe_step_ms, which bench model --compare uses to cancel this machine's drift
-    #: between the bench steps run and this one (direct target and the vllm engine only)
+    #: between the bench steps run and this one (direct target only)
     speed_probe: bool = False
     #: the probe's page image: bench steps' --image (its prompt length must be the same for the probes to compare)
     speed_probe_image: str = os.path.join(_EXAMPLES, "paper.pdf")
