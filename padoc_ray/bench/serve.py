@@ -36,6 +36,7 @@ from padoc_ray.bench.serve_report import (
     plot_report,
     quantile,
 )
+from padoc_ray.bench.steps import StepsConfig
 from padoc_ray.groundtruth import GroundTruthError, Truth, parse_truth
 from padoc_ray.protocol import Page, quantized
 
@@ -53,7 +54,8 @@ __all__ = [
 ]
 
 TARGETS = ("direct", "http")
-SPEED_PROBE_TOKENS = 128  #: tokens each probe request decodes: bench steps' default --tokens, which its probe uses
+#: tokens each probe request decodes: bench steps' default --tokens, which its own probe uses
+SPEED_PROBE_TOKENS = StepsConfig.tokens
 _EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
 
 

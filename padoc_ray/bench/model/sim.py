@@ -229,7 +229,6 @@ def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, e
         budget, dec, ctx = T, 0, 0
         events: list[_Req] = []
         chunks: list[tuple[_Req, int]] = []  # (request, prefill tokens this step)
-        scheduled: list[_Req] = []
         was_preempted = False
         i = 0
         while i < len(running):  # admission order: decodes, and prefills a previous step left unfinished
@@ -248,7 +247,6 @@ def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, e
                     break
                 set_own(r, want)
             i += 1
-            scheduled.append(r)
             if r.computed < r.need:
                 chunks.append((r, n))
                 budget -= n
