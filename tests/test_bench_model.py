@@ -69,27 +69,57 @@ def near(a, b):
     return a == pytest.approx(b, abs=1e-9)
 
 
+def L(dec, pre, ctx, images=0, image_tokens=0, *, pairs=None, kv=None, new=0):
+    """A StepLoad whose attention pairs and KV tokens default to its context (decode only, nothing shared)."""
+    return StepLoad(dec, pre, ctx, images, image_tokens, attention_pairs=ctx if pairs is None else pairs,
+                    kv_tokens=ctx if kv is None else kv, new_requests=new)
+
+
 # ---- the discrete-event core, by hand ------------------------------------------------------------------------
 def test_one_page_one_branch():
     """Prompt 4 ids + 4 image tokens = 7; layout 8 tokens (region close at index 6); branch "ab" + EOS.
     Step 1 prefills the page (and encodes its image) and samples layout token 1; steps 2-7 decode up to
     the close; step 8 decodes the layout's end and admits the branch (prompt 4 + 6 + 1 = 11 ids, 14
     tokens, 13 shared: 12 cached in 4-token blocks, 2 to prefill), which samples its first token; steps
-    9-10 decode the branch to its end."""
+    9-10 decode the branch to its end. Attention pairs: the page's prefill 7 * 8 / 2 = 28; at step 8 the
+    layout's 14 plus the branch's 2 tokens after 12 cached (2 * 12 + 2 * 3 / 2 = 27). KV read at step 8:
+    the layout's 14 tokens, of which the branch's 13 shared ones are a prefix, plus its own 1."""
     st = Linear()
     (pl,) = plans("fork", page("ab"))
     assert [(r.key, r.prompt_tokens, r.shared_tokens, r.output_tokens, r.at_token) for r in pl.requests] == \
         [("main", 7, 0, 8, None), ("b0", 14, 13, 3, 7)]
     res = simulate([pl], 1, st, Envelope(max_num_seqs=8, max_num_batched_tokens=100, block_size=4))
     assert res.steps == 10 == pl.f_padoc
-    assert st.loads[0] == StepLoad(0, 7, 7, 1, 4)
-    assert st.loads[1:7] == [StepLoad(1, 0, 7 + k) for k in range(1, 7)]
-    assert st.loads[7] == StepLoad(1, 2, 14 + 14)
-    assert st.loads[8:] == [StepLoad(1, 0, 15), StepLoad(1, 0, 16)]
+    assert st.loads[0] == L(0, 7, 7, 1, 4, pairs=28, new=1)
+    assert st.loads[1:7] == [L(1, 0, 7 + k) for k in range(1, 7)]
+    assert st.loads[7] == L(1, 2, 14 + 14, pairs=14 + 27, kv=14 + 1, new=1)
+    assert st.loads[8:] == [L(1, 0, 15), L(1, 0, 16)]
     (rec,) = res.pages
     assert near(rec["e2e_s"], 1.07 + 6 * 1.1 + 1.12 + 2 * 1.1) and near(res.wall_s, rec["e2e_s"])
     assert (rec["output_tokens"], rec["prompt_tokens"], rec["cached_tokens"]) == (11, 21, 12)
     assert rec["valid"] and rec["status"] == "ok" and rec["n_branches"] == 1
+
+
+def test_a_page_s_shared_prefix_is_read_once_in_a_step_s_kv():
+    """Layout of 15 tokens closing regions at 7 and 14; branch b0 (prompt 14, 13 of it the layout stream's
+    own tokens) decodes beside the layout stream from step 9. At step 9 the layout stream reads its 15
+    tokens and b0 its 15 (14 + its first token): 30 context tokens, 30 pairs, but 17 distinct KV tokens
+    (the layout's 15, and b0's branch-start token and first output). At step 15 b1 (prompt 21, 20 shared,
+    20 cached in 4-token blocks) prefills 1 token after 20 while the layout stream reads 21: 42 context
+    tokens, 21 + 21 pairs, 22 distinct."""
+    st = Linear()
+    (pl,) = plans("fork", page("abcd", "ef"))
+    assert [(r.key, r.prompt_tokens, r.shared_tokens, r.at_token) for r in pl.requests] == \
+        [("main", 7, 0, None), ("b0", 14, 13, 7), ("b1", 21, 20, 14)]
+    simulate([pl], 1, st, Envelope(max_num_seqs=8, max_num_batched_tokens=100, block_size=4))
+    assert st.loads[8] == L(2, 0, 30, kv=17)
+    assert st.loads[11] == L(2, 0, 36, kv=18 + 5)  # the layout's 18, b0's branch-start token and 4 outputs
+    assert st.loads[14] == L(1, 1, 42, pairs=21 + 21, kv=22, new=1)
+    assert all(lo.distinct_kv_tokens <= lo.context_tokens for lo in st.loads)
+    (seq,) = plans("sequential", page("abcd", "ef"))
+    st = Linear()
+    simulate([seq], 1, st, Envelope(max_num_seqs=8, max_num_batched_tokens=100, block_size=4))
+    assert all(lo.distinct_kv_tokens == lo.context_tokens for lo in st.loads[1:])  # one stream: nothing shared
 
 
 def test_two_pages_max_num_seqs_binds():
@@ -111,12 +141,13 @@ def test_two_pages_max_num_seqs_binds():
 
 def test_prefill_bound_prompt_takes_several_chunks():
     """A 7-token prompt with 3 tokens per step: chunks of 3, 3, 1; the image (positions 2-5) is encoded
-    in the first chunk, the first token comes with the last."""
+    in the first chunk, the first token comes with the last. Each chunk attends over itself (causal) and the
+    chunks before it: 3 * 4 / 2 = 6, 3 * 3 + 6 = 15, 1 * 6 + 1 = 7 pairs."""
     st = Linear()
     (pl,) = plans("sequential", page("a"))
     res = simulate([pl], 1, st, Envelope(max_num_batched_tokens=3))
-    assert st.loads[:3] == [StepLoad(0, 3, 3, 1, 4), StepLoad(0, 3, 6), StepLoad(0, 1, 7)]
-    assert res.steps == 2 + 9 and st.loads[3] == StepLoad(1, 0, 8)
+    assert st.loads[:3] == [L(0, 3, 3, 1, 4, pairs=6, new=1), L(0, 3, 6, pairs=15), L(0, 1, 7, pairs=7)]
+    assert res.steps == 2 + 9 and st.loads[3] == L(1, 0, 8)
 
 
 def test_token_budget_shared_by_decodes_and_prefill():
@@ -125,9 +156,9 @@ def test_token_budget_shared_by_decodes_and_prefill():
     st = Linear()
     pls = plans("sequential", page("a"), page("abc"))
     res = simulate(pls, 2, st, Envelope(max_num_batched_tokens=8))
-    assert st.loads[0] == StepLoad(0, 8, 7 + 1, 1, 4)
-    assert st.loads[1] == StepLoad(1, 6, 8 + 7, 1, 4)  # b's image is reached by its second chunk
-    assert st.loads[2] == StepLoad(2, 0, 9 + 8)
+    assert st.loads[0] == L(0, 8, 7 + 1, 1, 4, pairs=28 + 1, new=2)
+    assert st.loads[1] == L(1, 6, 8 + 7, 1, 4, pairs=8 + 6 * 1 + 21)  # b's image is reached by its second chunk
+    assert st.loads[2] == L(2, 0, 9 + 8)
     assert res.steps == 12  # b: first token at step 2, 10 more
     assert res.token_fill == pytest.approx(sum((lo.decode_seqs + lo.prefill_tokens) / 8 * st.seconds(lo)
                                                for lo in list(st.loads)) / res.wall_s)

@@ -76,6 +76,8 @@ def test_rss_summary_reports_each_process_and_the_worst():
     assert slopes["worst"] == pytest.approx(100.0)
     assert out["rss_mb"]["ProxyActor 7"]["start"] == 200.0 and out["rss_mb"]["ProxyActor 7"]["end"] > 208
     assert out["rss_mb"]["ServeReplica:padoc:Ingress/children 9"]["max_processes"] == 2
+    assert out["rss_mb"]["ProxyActor 7"]["curve"] == [[0.0, 200.0], [1.67, 202.8], [3.33, 205.6], [5.0, 208.3]]
+    assert out["rss_mb"]["serve 1"]["curve"] == [[m, 300.0] for m in (0.0, 1.67, 3.33, 5.0)]
 
 
 # ---- responses ----

@@ -112,7 +112,7 @@ def test_the_model_series_on_the_real_engine(cpu_engine, model_protocol, loop_th
     """Prefill prompts are new to the cache, context prefixes are served from it, and a new image costs
     more than the same page cached; image tokens are what Qwen's processor makes of the image's size."""
     from padoc_ray.bench.model.workload import image_tokens
-    from padoc_ray.bench.steps_series import measure_context, measure_prefill, measure_vision
+    from padoc_ray.bench.steps_series import measure_admit, measure_context, measure_prefill, measure_vision
 
     text = lambda n: forced_tokens(model_protocol.tokenizer, n)  # noqa: E731
     pre = loop_thread.run(measure_prefill(cpu_engine, text, (64, 512), 2), timeout=300)
@@ -121,6 +121,26 @@ def test_the_model_series_on_the_real_engine(cpu_engine, model_protocol, loop_th
     ctx = loop_thread.run(measure_context(cpu_engine, text, (256,), 2, text(4), 1), timeout=300)
     assert ctx[0]["context_tokens"] == 257 and ctx[0]["batch"] == 2 and ctx[0]["cached_tokens"] >= 256 - 32
     image = page_image(PAPER_PDF, 256)
+    page = (model_protocol.prompt_ids("fork"), image)
+    expanded = len(page[0]) - 1 + image_tokens(*image.size, min_pixels=4096, max_pixels=262144) + 256 + 1
+    for shared in (True, False):  # the page and 256 text tokens: one prefix for both sequences, or one each
+        before = cpu_engine.prefix_cache_counters()
+        (row,) = loop_thread.run(measure_context(cpu_engine, text, (256,), 2, text(4), 1, shared=shared, page=page),
+                                 timeout=300)
+        after = cpu_engine.prefix_cache_counters()
+        computed = ((after["prefix_cache_queries"] - before["prefix_cache_queries"])
+                    - (after["prefix_cache_hits"] - before["prefix_cache_hits"]))
+        assert row["context_tokens"] == expanded and row["image"] and row["text_tokens"] == 256
+        assert row["cached_tokens"] >= expanded - 32  # the timed requests found their prefix cached
+        if shared:  # one prefix computed (the timed requests recompute at most their last partial block)
+            assert expanded <= computed <= expanded + 2 * 32
+        else:  # each sequence computed its own (its own image uuid and salt)
+            assert computed >= 2 * (expanded - 32)
+    admit = loop_thread.run(measure_admit(cpu_engine, text, page, (1, 3), 256, 2), timeout=300)
+    assert [r["requests"] for r in admit] == [1, 3]
+    for r in admit:  # the page and the text prefix cached, the 4 own tokens (and a partial block) computed
+        assert r["prompt_tokens"] == expanded + 3 and r["prompt_tokens"] - 36 <= r["cached_tokens"] < r["prompt_tokens"]
+        assert len(r["runs_ms"]) == 2 and r["wall_ms"] == min(r["runs_ms"]) > 0
     vis = loop_thread.run(measure_vision(cpu_engine, model_protocol.prompt_ids("fork"), text, [(256, image)], 1),
                           timeout=300)
     (row,) = vis
@@ -136,6 +156,11 @@ def test_the_model_series_on_the_real_engine(cpu_engine, model_protocol, loop_th
     (["--context", "40000"], "max_model_len"),
     (["--image-sides", "256,256"], "image_sides sizes must be distinct"),
     (["--series-repeat", "0"], "series_repeat must be >= 1"),
+    (["--distinct", "40000"], "distinct sizes + tokens must fit"),
+    (["--distinct-batch", "0"], "distinct_batch must be >= 1"),
+    (["--series", "distinct", "--distinct", ""], "needs at least one distinct size"),
+    (["--admit", "0,4"], "admit sizes must be distinct positive integers"),
+    (["--admit-prefix", "-1"], "admit_prefix must be >= 0"),
 ])
 def test_cli_refuses_bad_series_before_starting_an_engine(tiny_model_dir, capsys, argv, msg):
     from padoc_ray.cli import main

@@ -142,13 +142,16 @@ class RssSeries:
 
 def rss_summary(series: Iterable[RssSeries], warmup_s: float) -> dict:
     """``rss_slope_mb_per_h``: per process (None: too few samples after the warm-up) and the worst
-    (largest) slope; ``rss_mb``: each process's first and last sample."""
+    (largest) slope; ``rss_mb``: each process's first and last sample, and its whole curve
+    (``curve``: [minutes since the traffic started, MB] per sample), to tell a cache that fills and
+    levels off from a leak that keeps going."""
     slopes, mb = {}, {}
     for s in series:
         slopes[s.name] = _round(rss_slope_mb_per_h(s.samples, warmup_s))
         if s.samples:
             mb[s.name] = {"start": round(s.samples[0][1] / MB, 1), "end": round(s.samples[-1][1] / MB, 1),
-                          "samples": len(s.samples), "max_processes": s.max_processes}
+                          "samples": len(s.samples), "max_processes": s.max_processes,
+                          "curve": [[round(t / 60, 2), round(b / MB, 1)] for t, b in s.samples]}
     known = [v for v in slopes.values() if v is not None]
     return {"rss_slope_mb_per_h": {"worst": max(known) if known else None, "processes": slopes}, "rss_mb": mb}
 

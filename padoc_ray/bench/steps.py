@@ -31,6 +31,9 @@ DEFAULT_BATCHES = (1, 4, 16, 64, 128, 256)
 #: at its start and end, ``bench serve --speed-probe`` around every cell), so that a measured run can be
 #: compared with a step function fitted at another time on a machine whose speed drifts
 PROBE_BATCH = 16
+#: timed runs of the speed probe (their median is its figure): this machine's step time moves by 10% between
+#: runs seconds apart, and three runs left single probes of one cell 10-40% apart (2026-12-03)
+PROBE_REPEAT = 5
 
 #: forced tokens come from this text (ordinary text tokens: no stop or control token among them)
 _FORCED_TEXT = ("Decoding depth drops from the sum of all region lengths to the longest layout-content "
@@ -42,15 +45,22 @@ class StepsConfig:
     batches: tuple[int, ...] = DEFAULT_BATCHES  #: batch sizes n to measure, each <= the engine's max_num_seqs
     tokens: int = 128  #: tokens every request decodes (teacher-forced, so exactly this many)
     repeat: int = 3  #: timed runs per batch size (the median is reported), after one untimed warm-up run
-    #: series measured beside decode vs batch, for the engine model (prefill, context, vision)
+    #: series measured beside decode vs batch, for the engine model (prefill, context, distinct, admit, vision)
     series: tuple[str, ...] = EXTRA_SERIES
     prefill: tuple[int, ...] = (256, 1024, 2048, 4096)  #: prefill series: uncached prompt lengths P, in tokens
     context: tuple[int, ...] = (256, 2048, 8192)  #: context series: cached prefix lengths L per sequence, in tokens
     context_batch: int = 8  #: context series: sequences decoding over each prefix at once
+    #: distinct series: prefix lengths L, each of the distinct_batch sequences over a prefix of its own, in tokens
+    distinct: tuple[int, ...] = (256, 1024, 2048, 4096)
+    distinct_batch: int = 16  #: distinct series: sequences decoding at once, each over its own prefix
+    admit: tuple[int, ...] = (1, 4, 16)  #: admit series: requests that arrive together, one burst size each
+    #: admit series: text tokens after the page prompt that every request of a burst finds cached (a layout prefix)
+    admit_prefix: int = 1024
     #: vision series: the page image's longest side, in pixels (kept within the tiny model's pixel budget, so
     #: the processor does not resize: the encoder's cost, not a resize's, grows with the image)
     image_sides: tuple[int, ...] = (256, 384, 576)
-    series_repeat: int = 5  #: timed runs per size in the prefill, context and vision series (the fastest is used)
+    #: timed runs per size in the prefill, context, distinct, admit and vision series (the fastest is used)
+    series_repeat: int = 5
 
     def __post_init__(self) -> None:
         if not self.batches or any(n < 1 for n in self.batches):
@@ -64,7 +74,8 @@ class StepsConfig:
         unknown = [x for x in self.series if x not in EXTRA_SERIES]
         if unknown:
             raise ValueError(f"unknown series {unknown}: choose among {', '.join(EXTRA_SERIES)}")
-        for name, series in (("prefill", "prefill"), ("context", "context"), ("image_sides", "vision")):
+        for name, series in (("prefill", "prefill"), ("context", "context"), ("distinct", "distinct"),
+                             ("admit", "admit"), ("image_sides", "vision")):
             sizes = getattr(self, name)
             if any(n < 1 for n in sizes) or len(set(sizes)) != len(sizes):
                 raise ValueError(f"{name} sizes must be distinct positive integers")
@@ -72,8 +83,10 @@ class StepsConfig:
                 raise ValueError(f"the {series} series needs at least one {name} size")
         if self.series_repeat < 1:
             raise ValueError("series_repeat must be >= 1")
-        if self.context_batch < 1:
-            raise ValueError("context_batch must be >= 1")
+        if self.context_batch < 1 or self.distinct_batch < 1:
+            raise ValueError("context_batch and distinct_batch must be >= 1")
+        if self.admit_prefix < 0:
+            raise ValueError("admit_prefix must be >= 0")
 
 
 def fit_linear(rows: Sequence[dict]) -> dict:
@@ -158,7 +171,7 @@ async def measure(engine, prompt_ids: Sequence[int], suffix_ids: Sequence[int], 
     return rows
 
 
-async def speed_probe(engine, model_protocol, image, *, tokens: int = 128, repeat: int = 3,
+async def speed_probe(engine, model_protocol, image, *, tokens: int = 128, repeat: int = PROBE_REPEAT,
                       batch: int = PROBE_BATCH) -> float:
     """This machine's speed now: the median decode step (ms) of ``batch`` requests that share ``image``
     and the page prompt, each decoding ``tokens`` teacher-forced tokens (``bench steps``' decode row at
@@ -203,6 +216,7 @@ def run(model: str, image_path: str, cfg: StepsConfig, *, engine_overrides: dict
     suffix = forced_tokens(proto.tokenizer, max(cfg.batches))  # any ordinary tokens; they only differ
     text = lambda n: forced_tokens(proto.tokenizer, n)  # noqa: E731 - a text prompt of n ordinary tokens
     images = [(side, page_image(image_path, side)) for side in cfg.image_sides] if "vision" in cfg.series else []
+    page = (proto.prompt_ids("fork"), image)  # the context and distinct series' prefix starts with the page
 
     async def go() -> tuple[list[dict], dict]:
         from padoc_ray.engine.vllm_engine import VllmEngine
@@ -219,7 +233,14 @@ def run(model: str, image_path: str, cfg: StepsConfig, *, engine_overrides: dict
                                                                       log)}
             if "context" in cfg.series:
                 series["context"] = {"rows": await ss.measure_context(engine, text, cfg.context, cfg.context_batch,
-                                                                      forced, cfg.series_repeat, log)}
+                                                                      forced, cfg.series_repeat, log, page=page)}
+            if "distinct" in cfg.series:
+                series["distinct"] = {"rows": await ss.measure_context(engine, text, cfg.distinct, cfg.distinct_batch,
+                                                                       forced, cfg.series_repeat, log, shared=False,
+                                                                       page=page)}
+            if "admit" in cfg.series:
+                series["admit"] = {"rows": await ss.measure_admit(engine, text, page, cfg.admit, cfg.admit_prefix,
+                                                                  cfg.series_repeat, log)}
             if "vision" in cfg.series:
                 series["vision"] = {"rows": await ss.measure_vision(engine, proto.prompt_ids("fork"), text, images,
                                                                     cfg.series_repeat, log)}
@@ -258,8 +279,15 @@ def _check_envelope(cfg: StepsConfig, ecfg) -> None:
     if "prefill" in cfg.series and max(cfg.prefill) > ecfg.max_num_batched_tokens:
         raise ValueError(f"prefill sizes must be <= the engine's max_num_batched_tokens {ecfg.max_num_batched_tokens} "
                          f"(a longer prompt is prefilled in chunks, several steps)")
-    if "context" in cfg.series and max(cfg.context) + 2 + cfg.tokens > ecfg.max_model_len:
-        raise ValueError(f"context sizes + tokens must fit the engine's max_model_len {ecfg.max_model_len}")
+    for name in ("context", "distinct"):
+        if name in cfg.series and max(getattr(cfg, name)) + 2 + cfg.tokens > ecfg.max_model_len:
+            raise ValueError(f"{name} sizes + tokens must fit the engine's max_model_len {ecfg.max_model_len}")
+    if "distinct" in cfg.series and max(cfg.distinct_batch, cfg.context_batch) > ecfg.max_num_seqs:
+        raise ValueError(f"context_batch and distinct_batch must be <= the engine's max_num_seqs {ecfg.max_num_seqs}")
+    if "admit" in cfg.series and max(cfg.admit) > ecfg.max_num_seqs:
+        raise ValueError(f"admit burst sizes must be <= the engine's max_num_seqs {ecfg.max_num_seqs}")
+    if "admit" in cfg.series and cfg.admit_prefix + 8 > ecfg.max_model_len:
+        raise ValueError(f"admit_prefix must fit the engine's max_model_len {ecfg.max_model_len}")
 
 
 def format_report(rep: dict) -> str:

@@ -5,8 +5,20 @@ load, not only of its batch. Each series varies one thing on the real engine, ev
 
 * ``prefill``: one request whose prompt of P text tokens is not cached (a cache salt of its own),
   timed to its first token; that is one prefill step of P tokens.
-* ``context``: ``context_batch`` sequences sharing a cached text prefix of L tokens decode
-  ``tokens`` forced tokens at once; a step is the wall time over ``tokens`` (as in the decode series).
+* ``context``: ``context_batch`` sequences sharing a cached prefix (the page prompt with its image,
+  then L text tokens, as a branch's prompt is the page and its layout) decode ``tokens`` forced
+  tokens at once; a step is the wall time over ``tokens`` (as in the decode series).
+* ``distinct``: the same with ``distinct_batch`` sequences each over a cached prefix of its own (its
+  own image uuid and cache salt), as a sequential stream or another page's branch decodes in
+  serving. Context vs distinct tells the attention's arithmetic (the same in both) from its memory
+  traffic (one prefix read for all, or one each): on a CPU a shared prefix is read from cache after
+  the first sequence. Every request of both carries the image, as every serving request does: a
+  request with an image costs the engine more per step than a text one (the tiny model, batch 16:
+  9.0 ms over a shared 341-token page prompt, 7.3 ms over 16 unshared 257-token text prompts).
+* ``admit``: bursts of n branch-like requests (the page prompt and a text prefix, both served from the
+  prefix cache, then a few tokens of their own) arriving together, each for its first token: the time
+  until the last has it. A fork admits a request per region, and admitting one costs the engine core
+  more than its prefill chunk's arithmetic; the burst's growth with n is that cost.
 * ``vision``: a page image at several sizes, each as a new image (its own uuid and salt), the same
   request again with the image and prefix cached, and a text-only prompt of the same expanded length
   with a salt of its own. New image minus text prompt is the vision encoder (and its preprocessing):
@@ -26,7 +38,7 @@ import uuid
 from collections.abc import Callable, Sequence
 
 #: the series ``bench steps`` can add to decode vs batch (always measured)
-EXTRA_SERIES = ("prefill", "context", "vision")
+EXTRA_SERIES = ("prefill", "context", "distinct", "admit", "vision")
 
 
 async def first_token(engine, req) -> tuple[float, object]:
@@ -89,29 +101,42 @@ async def measure_prefill(engine, text: Callable[[int], list[int]], sizes: Seque
 
 async def measure_context(engine, text: Callable[[int], list[int]], sizes: Sequence[int], batch: int,
                           forced: Sequence[int], repeat: int,
-                          log: Callable[[str], None] = lambda m: None) -> list[dict]:
-    """One row per cached prefix length L: the decode step of ``batch`` sequences over that prefix."""
+                          log: Callable[[str], None] = lambda m: None, *, shared: bool = True,
+                          page: tuple[Sequence[int], object] | None = None) -> list[dict]:
+    """One row per cached prefix length L: the decode step of ``batch`` sequences over that prefix, one
+    prefix they all share (``shared``, the context series) or one each (the distinct series). With
+    ``page`` (the page prompt's ids and its image) the prefix is the page prompt and L text tokens, as a
+    branch's prompt is the page and its layout: every request then carries the image, as every serving
+    request does (its own, under its own uuid, when not shared); ``context_tokens`` is the prompt's
+    length as the engine counts it (the image's tokens expanded)."""
     import asyncio
 
     from padoc_ray.engine.interface import GenRequest
 
     ids = _Ids()
+    what = "context" if shared else "distinct"
     suffix = text(batch + 1)
+    head, image = page if page is not None else ((), None)
     rows = []
     for ln in sizes:
-        prefix = text(ln)
-        salt = ids("context-salt")
-        await first_token(engine, _one_token(ids, "context", [*prefix, suffix[-1]], suffix[0], cache_salt=salt))
+        prefix = [*head, *text(ln)]
+        salts = [ids(f"{what}-salt")] * batch if shared else [ids(f"{what}-salt") for _ in range(batch)]
+        mm = [{"image": image, "image_uuid": salt} if image is not None else {} for salt in salts]
+        expanded = len(prefix) + 1
+        for i in range(1 if shared else batch):  # the prefix (each one's, when not shared) into the cache
+            _, last = await first_token(engine, _one_token(ids, what, [*prefix, suffix[i]], suffix[0],
+                                                           cache_salt=salts[i], **mm[i]))
+            expanded = last.num_prompt_tokens or expanded
 
-        async def one(i: int, prefix: list[int] = prefix, salt: str = salt) -> tuple[int, int]:
-            req = GenRequest(request_id=ids("context"), prompt_ids=[*prefix, suffix[i]], max_tokens=len(forced),
-                             cache_salt=salt, stream=False, forced_tokens=forced)
+        async def one(i: int, prefix: list[int] = prefix, salts: list[str] = salts, mm: list = mm) -> tuple[int, int]:
+            req = GenRequest(request_id=ids(what), prompt_ids=[*prefix, suffix[i]], max_tokens=len(forced),
+                             cache_salt=salts[i], stream=False, forced_tokens=forced, **mm[i])
             n, cached = 0, 0
             async for d in engine.generate(req):
                 n += len(d.token_ids)
                 cached = d.num_cached_tokens or cached
             if n != len(forced):
-                raise RuntimeError(f"a context request decoded {n} tokens, not {len(forced)}")
+                raise RuntimeError(f"a {what} request decoded {n} tokens, not {len(forced)}")
             return n, cached
 
         walls, cached = [], []
@@ -121,10 +146,45 @@ async def measure_context(engine, text: Callable[[int], list[int]], sizes: Seque
             walls.append(time.perf_counter() - t)
             cached.append(min(c for _, c in got))
         wall = min(walls)
-        row = {"context_tokens": ln + 1, "batch": batch, "tokens": len(forced),
-               "step_ms": round(1000 * wall / len(forced), 3), "cached_tokens": min(cached),
+        row = {"context_tokens": expanded, "text_tokens": ln, "image": image is not None, "batch": batch,
+               "tokens": len(forced), "step_ms": round(1000 * wall / len(forced), 3), "cached_tokens": min(cached),
                "runs_s": [round(w, 4) for w in walls]}
-        log(f"context {ln:5d} tokens x {batch} seqs: step {row['step_ms']:8.2f} ms")
+        log(f"{what:8s} {expanded:5d} tokens x {batch} seqs: step {row['step_ms']:8.2f} ms")
+        rows.append(row)
+    return rows
+
+
+async def measure_admit(engine, text: Callable[[int], list[int]], page: tuple[Sequence[int], object],
+                        counts: Sequence[int], prefix_tokens: int, repeat: int,
+                        log: Callable[[str], None] = lambda m: None) -> list[dict]:
+    """One row per burst size n: n requests whose prompts are the page (``page``: its prompt ids and image)
+    and ``prefix_tokens`` text tokens (cached once before, like a branch's page and layout prefix), then 4
+    tokens of their own, sent together for one token each; ``wall_ms`` is the fastest burst's time until
+    the last first token, ``cached_tokens`` the fewest prompt tokens one of its requests found cached."""
+    import asyncio
+
+    ids = _Ids()
+    head, image = page
+    base = [*head, *text(prefix_tokens)]
+    salt = ids("admit-salt")
+    first = text(1)[0]
+    mm = {"image": image, "image_uuid": salt, "cache_salt": salt}
+    _, last = await first_token(engine, _one_token(ids, "admit", [*base, first], first, **mm))
+    expanded = (last.num_prompt_tokens or len(base) + 1) + 3  # the 4 own tokens instead of the one
+    tails = iter(range(1, 1 << 30))
+    rows = []
+    for n in counts:
+        walls, cached = [], []
+        for _ in range(repeat):
+            reqs = [_one_token(ids, "admit", [*base, *text(4 + next(tails))[-4:]], first, **mm) for _ in range(n)]
+            t = time.perf_counter()
+            got = await asyncio.gather(*(first_token(engine, r) for r in reqs))
+            walls.append(time.perf_counter() - t)
+            cached.append(min(d.num_cached_tokens or 0 for _, d in got))
+        row = {"requests": n, "prompt_tokens": expanded, "prefix_tokens": prefix_tokens,
+               "wall_ms": _ms(min(walls)), "cached_tokens": min(cached), "runs_ms": [_ms(w) for w in walls]}
+        log(f"admit    {n:3d} requests at once ({expanded} tokens, {row['cached_tokens']} cached): "
+            f"{row['wall_ms']:8.2f} ms")
         rows.append(row)
     return rows
 
@@ -176,9 +236,13 @@ def series_fits(series: dict) -> dict:
     if "prefill" in series:
         fits["prefill"] = line_fit([(r["prompt_tokens"], r["ttft_ms"]) for r in series["prefill"]["rows"]],
                                    "ttft_ms", "per_prompt_token_ms")
-    if "context" in series:
-        fits["context"] = line_fit([(r["context_tokens"], r["step_ms"]) for r in series["context"]["rows"]],
-                                   "step_ms_at_0", "per_context_token_ms")
+    for name in ("context", "distinct"):
+        if name in series:
+            fits[name] = line_fit([(r["context_tokens"], r["step_ms"]) for r in series[name]["rows"]],
+                                  "step_ms_at_0", "per_context_token_ms")
+    if "admit" in series:
+        fits["admit"] = line_fit([(r["requests"], r["wall_ms"]) for r in series["admit"]["rows"]],
+                                 "wall_ms_at_0", "per_request_ms")
     if "vision" in series:
         fits["vision"] = line_fit([(r["image_tokens"], r["encoder_ms"]) for r in series["vision"]["rows"]],
                                   "per_image_ms", "per_image_token_ms")

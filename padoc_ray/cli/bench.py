@@ -360,14 +360,16 @@ def register(sub) -> None:
                                   "n, the fit step = fixed + per_seq x n, and for each n (read as C pages decoded one "
                                   "stream each) the batching gain left: how much more token throughput a larger "
                                   "batch gets here. With --series it also measures what the engine model "
-                                  "(bench model --steps) fits: prefill tokens, context length and the vision encoder "
-                                  "per image.")
+                                  "(bench model --steps) fits: prefill tokens, context length over one shared "
+                                  "prefix and over prefixes of each sequence's own, bursts of requests admitted "
+                                  "together, and the vision encoder per image.")
     bst.add_argument("--model", default=DEFAULT_MODEL, help=f"checkpoint directory (default {DEFAULT_MODEL})")
     bst.add_argument("--image", default=os.path.join(EXAMPLES_DIR, "paper.pdf"),
                      help="page image, or a PDF whose first page is rendered as the batch job does "
                           "(default examples/paper.pdf)")
     add_fields(bst, StepsConfig, ("batches", "tokens", "repeat", "series", "prefill", "context", "context_batch",
-                                  "image_sides", "series_repeat"))
+                                  "distinct", "distinct_batch", "admit", "admit_prefix", "image_sides",
+                                  "series_repeat"))
     bst.add_argument("--max-num-seqs", type=int, default=None,
                      help="engine max_num_seqs (default: the engine preset's); every batch size must fit")
     _add_json(bst)

@@ -9,6 +9,10 @@ full KV blocks (and never the whole prompt: the last prompt token is always comp
 encoder runs once per page, in the step whose prefill chunk of the page's first request reaches the
 image. A request's first token comes on the step its prefill completes, then one token per step. The
 step's :class:`~.step.StepLoad` goes to the :class:`~.step.StepTime`, whose seconds advance the clock.
+Besides its sequences and tokens, a load counts its attention's query-key pairs (causal within a
+prefill chunk), the distinct KV tokens it reads (a page's shared prefix, its first request's context
+which its branches and retries fork from, once, whatever number of its requests read it) and the
+requests it admits.
 
 Closed loop: ``concurrency`` pages enter at the start; when a page ends (all its requests ended, or a
 status that ends the page aborted them) the next one enters; every page runs once. A request a page's
@@ -24,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .plan import PagePlan
-from .step import StepLoad, StepTime
+from .step import StepLoad, StepTime, prefill_pairs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +100,16 @@ class _Page:
         #: KV blocks of the page's shared prefix held for requests that found it cached once the request that
         #: computed it no longer holds them (ended or preempted)
         self.hold = 0
+
+
+def read_kv(kv: dict, r: "_Req", context: int) -> None:
+    """Count what ``r``'s attention over ``context`` tokens reads into ``kv`` (page -> [shared, own]): the
+    part of it that is its page's shared prefix (a page's first request's whole context: its branches and
+    retries fork from it; a later request's shared prompt tokens) once per page, the rest as its own."""
+    shared = context if r.i == 0 else min(r.shared, context)
+    acc = kv.setdefault(r.page, [0, 0])
+    acc[0] = max(acc[0], shared)
+    acc[1] += context - shared
 
 
 @dataclass
@@ -226,7 +240,8 @@ def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, e
     u_seq = u_tok = u_max = 0.0
     samples: list[tuple[float, int]] = []
     while len(records) < len(plans):
-        budget, dec, ctx = T, 0, 0
+        budget, dec, ctx, pairs, admitted = T, 0, 0, 0, 0
+        kv: dict[_Page, list[int]] = {}  # page -> [its longest shared prefix read this step, its own tokens read]
         events: list[_Req] = []
         chunks: list[tuple[_Req, int]] = []  # (request, prefill tokens this step)
         was_preempted = False
@@ -252,7 +267,10 @@ def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, e
                 budget -= n
                 continue
             dec += 1
-            ctx += r.prompt + r.generated
+            c = r.prompt + r.generated
+            ctx += c
+            pairs += c
+            read_kv(kv, r, c)
             r.generated += 1
             r.kv += 1
             budget -= 1
@@ -272,6 +290,7 @@ def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, e
                     r.pin = 0
                     break
             waiting.popleft()
+            admitted += 1
             r.admitted = True
             r.computed = r.kv = pin
             r.page.prompt += r.need
@@ -288,6 +307,8 @@ def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, e
             r.kv = r.computed
             pre += n
             ctx += r.computed
+            pairs += prefill_pairs(n, lo)
+            read_kv(kv, r, r.computed)
             if r.img_at is not None and lo < r.img_end and r.computed > r.img_at:
                 imgs += 1
                 img_tokens += r.page.plan.image_tokens
@@ -301,7 +322,8 @@ def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, e
             raise RuntimeError("the engine model scheduled nothing in a step: a request needs more KV blocks than "
                                f"the cache has ({K}), or a bug")
         peak = max(peak, used)
-        dt = step_time.seconds(StepLoad(dec, pre, ctx, imgs, img_tokens))
+        dt = step_time.seconds(StepLoad(dec, pre, ctx, imgs, img_tokens, attention_pairs=pairs,
+                                        kv_tokens=sum(t + o for t, o in kv.values()), new_requests=admitted))
         if not dt > 0:
             raise ValueError(f"the step time must be positive seconds, got {dt!r} (from {step_time.describe()})")
         clock += dt
