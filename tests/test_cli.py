@@ -92,6 +92,41 @@ def test_parse_page_replays_a_sample_page_through_the_engine(tiny_model_dir):
 
 
 @pytest.mark.engine
+def test_sigterm_stops_a_command_and_shuts_its_engine_down(tiny_model_dir, tmp_path):
+    """SIGTERM unwinds a command like Ctrl-C: its engine shuts down and no vLLM engine-core process
+    outlives it (with Python's default the core was left running, orphaned)."""
+    import contextlib
+    import signal
+    import time
+
+    import psutil
+
+    log = open(tmp_path / "stderr.txt", "w+")
+    proc = subprocess.Popen([*CLI, "bench", "steps", "--model", tiny_model_dir, "--batch", "1", "--tokens", "4000",
+                             "--series", "prefill", "--prefill", "64"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=log)
+    cores: list = []
+    try:
+        deadline = time.monotonic() + 240
+        while not cores and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            kids = psutil.Process(proc.pid).children(recursive=True)
+            cores = [k for k in kids if "EngineCore" in " ".join(k.cmdline() or [k.name()])]
+        assert cores, f"no engine core started: exit {proc.poll()}, {(tmp_path / 'stderr.txt').read_text()[-2000:]}"
+        while time.monotonic() < deadline and cores[0].cpu_times().user < 8:  # up and decoding
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(cores, timeout=30)
+        assert not alive, f"engine core outlived its command: {alive}"
+    finally:
+        for p in [proc, *cores]:  # nothing left behind when an assertion failed
+            with contextlib.suppress(Exception):
+                p.kill()
+        log.close()
+
+
+@pytest.mark.engine
 def test_parse_page_prints_markdown_of_every_page(tiny_model_dir):
     """Without --page and --format: every page of the PDF as Markdown on stdout (the teacher-forced
     truth, so exactly the truth's Markdown), one status line per page on stderr (report.pdf: 2 pages)."""
