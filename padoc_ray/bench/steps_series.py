@@ -33,6 +33,7 @@ and cached where it should be; the rows keep ``cached_tokens`` so a reader can c
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -171,7 +172,7 @@ async def measure_admit(engine, text: Callable[[int], list[int]], page: tuple[Se
     mm = {"image": image, "image_uuid": salt, "cache_salt": salt}
     _, last = await first_token(engine, _one_token(ids, "admit", [*base, first], first, **mm))
     expanded = (last.num_prompt_tokens or len(base) + 1) + 3  # the 4 own tokens instead of the one
-    tails = iter(range(1, 1 << 30))
+    tails = itertools.count(1)  # each request's own tokens differ from every other's of the series
     rows = []
     for n in counts:
         walls, cached = [], []
