@@ -282,10 +282,10 @@ def _check_envelope(cfg: StepsConfig, ecfg) -> None:
     for name in ("context", "distinct"):
         if name in cfg.series and max(getattr(cfg, name)) + 2 + cfg.tokens > ecfg.max_model_len:
             raise ValueError(f"{name} sizes + tokens must fit the engine's max_model_len {ecfg.max_model_len}")
-    if "distinct" in cfg.series and max(cfg.distinct_batch, cfg.context_batch) > ecfg.max_num_seqs:
-        raise ValueError(f"context_batch and distinct_batch must be <= the engine's max_num_seqs {ecfg.max_num_seqs}")
-    if "admit" in cfg.series and max(cfg.admit) > ecfg.max_num_seqs:
-        raise ValueError(f"admit burst sizes must be <= the engine's max_num_seqs {ecfg.max_num_seqs}")
+    for series, what, n in (("context", "context_batch", cfg.context_batch),
+                            ("distinct", "distinct_batch", cfg.distinct_batch), ("admit", "admit burst sizes", max(cfg.admit))):
+        if series in cfg.series and n > ecfg.max_num_seqs:
+            raise ValueError(f"{what} must be <= the engine's max_num_seqs {ecfg.max_num_seqs}")
     if "admit" in cfg.series and cfg.admit_prefix + 8 > ecfg.max_model_len:
         raise ValueError(f"admit_prefix must fit the engine's max_model_len {ecfg.max_model_len}")
 
