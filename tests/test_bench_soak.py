@@ -26,6 +26,7 @@ from padoc_ray.bench.soak_report import (
     classify,
     job_accounting,
     request_summary,
+    rss_floor_slope_mb_per_h,
     rss_slope_mb_per_h,
     rss_summary,
     warmup_seconds,
@@ -55,6 +56,23 @@ def test_slope_of_a_shrinking_process_is_negative_and_of_too_few_samples_none():
     assert rss_slope_mb_per_h([(0, 1.0), (10, 2.0)], after_s=5) is None
 
 
+def test_the_floor_slope_ignores_swings_of_work_in_flight_and_keeps_a_leak():
+    """Work in flight lifts RSS for a while; where its swings fall moves the all-samples slope (here
+    bursts late in the hour), not the floor. A leak lifts the floor at its rate."""
+    def rss(t, leak_mb_per_h=0.0):
+        burst = 150 if (t // 60) % 7 == 3 and t > 1800 else 0  # one busy minute in seven, the late ones
+        return (1000 + burst + leak_mb_per_h * t / 3600) * MB
+    steady = [(t, rss(t)) for t in range(0, 3600, 10)]
+    assert rss_slope_mb_per_h(steady) > 20  # the swings alone read as a "leak"
+    assert rss_floor_slope_mb_per_h(steady) == pytest.approx(0.0, abs=1e-6)
+    leaking = [(t, rss(t, 40.0)) for t in range(0, 3600, 10)]
+    assert rss_floor_slope_mb_per_h(leaking) == pytest.approx(40.0, rel=0.05)
+    assert rss_floor_slope_mb_per_h(leaking, after_s=3000) is None  # two 5-minute windows: too few
+    # a window must outlast a swing: 2-minute windows each hold a quiet minute, 1-minute ones may not
+    assert rss_floor_slope_mb_per_h(leaking, after_s=2400, window_s=120) == pytest.approx(40.0, rel=0.05)
+    assert rss_floor_slope_mb_per_h(leaking, after_s=2400, window_s=60) != pytest.approx(40.0, rel=0.2)
+
+
 def test_warm_up_is_a_fifth_at_least_a_minute_at_most_half():
     assert warmup_seconds(30 * 60) == pytest.approx(6 * 60)
     assert warmup_seconds(3 * 60) == pytest.approx(60)
@@ -74,6 +92,7 @@ def test_rss_summary_reports_each_process_and_the_worst():
     assert slopes["processes"] == {"ProxyActor 7": pytest.approx(100.0), "serve 1": 0.0,
                                    "ServeReplica:padoc:Ingress/children 9": None}
     assert slopes["worst"] == pytest.approx(100.0)
+    assert out["rss_floor_slope_mb_per_h"]["processes"]["serve 1"] is None  # 5 minutes: one window
     assert out["rss_mb"]["ProxyActor 7"]["start"] == 200.0 and out["rss_mb"]["ProxyActor 7"]["end"] > 208
     assert out["rss_mb"]["ServeReplica:padoc:Ingress/children 9"]["max_processes"] == 2
     assert out["rss_mb"]["ProxyActor 7"]["curve"] == [[0.0, 200.0], [1.67, 202.8], [3.33, 205.6], [5.0, 208.3]]
@@ -134,6 +153,7 @@ def test_report_has_the_contract_keys():
     assert rep["requests"] == 2 and rep["http_5xx"] == 0 and rep["jobs_lost"] == 0
     assert rep["job_pages_duplicated"] == 0
     assert rep["rss_slope_mb_per_h"] == {"worst": pytest.approx(60.0), "processes": {"serve 1": pytest.approx(60.0)}}
+    assert rep["rss_floor_slope_mb_per_h"] == {"worst": None, "processes": {"serve 1": None}}  # under 3 windows
     assert rep["anomalies"] == {"stream_without_result_line": 1}
     assert rep["warmup_min"] == 0 and rep["duration_min"] == 2
 

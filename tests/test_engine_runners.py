@@ -159,3 +159,39 @@ def test_the_engine_processes_get_onednns_kernel_cache_cap(tiny_model_dir, monke
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
     with _spawn_env(EngineConfig(model=tiny_model_dir)):  # GPU: oneDNN's own
         assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
+
+
+def test_the_heap_release_is_on_by_default_and_its_extension_reaches_vllm(tiny_model_dir):
+    from padoc_ray.engine.memory import EXTENSION, FreeHeapExtension, RPC_METHOD
+    from padoc_ray.engine.vllm_engine import engine_kwargs
+
+    assert EngineConfig(model=tiny_model_dir).release_free_heap_s == 60.0
+    assert engine_kwargs(cpu_engine_config(tiny_model_dir))["worker_extension_cls"] == EXTENSION
+    assert "worker_extension_cls" not in engine_kwargs(cpu_engine_config(tiny_model_dir, release_free_heap_s=None))
+    mine = engine_kwargs(EngineConfig(model=tiny_model_dir, extra={"worker_extension_cls": "my.Ext"}))
+    assert mine["worker_extension_cls"] == "my.Ext"  # a user's own wins
+    assert callable(getattr(FreeHeapExtension, RPC_METHOD))
+    for bad in (0, -5):
+        with pytest.raises(ValueError, match="release_free_heap_s"):
+            EngineConfig(model=tiny_model_dir, release_free_heap_s=bad)
+
+
+def test_releasing_free_heap_returns_freed_pages_that_free_alone_keeps():
+    """glibc keeps freed blocks below a live one; malloc_trim hands their pages back (a fresh process,
+    so nothing else allocates meanwhile)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json\n"
+        "from padoc_ray.engine.memory import release_free_heap, _rss_bytes\n"
+        "blocks = [bytearray(100_000) for _ in range(2000)]\n"  # 200 MB of heap blocks (under the mmap threshold)
+        "for b in blocks: b[::4096] = b'x' * len(b[::4096])\n"  # touched: resident
+        "keep = blocks[-1]; del blocks\n"  # the last block pins the heap's top
+        "kept = _rss_bytes()\n"
+        "print(json.dumps({'kept': kept, 'release': release_free_heap()}))\n")
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    rel = out["release"]
+    assert rel["rss_before"] >= out["kept"] - (8 << 20)  # freeing alone gave (almost) nothing back
+    assert rel["rss_before"] - rel["rss_after"] > 150 << 20, rel  # the trim returned the freed 200 MB

@@ -306,3 +306,35 @@ def test_engine_args_name_the_executor_vllm_cannot_rewrite(tiny_model_dir, monke
         assert os.environ.get("OMP_NUM_THREADS") == before
         with _spawn_env(cpu_engine_config(tiny_model_dir, cpu_threads=None)):
             assert os.environ.get("OMP_NUM_THREADS") == before
+
+
+def test_the_engine_returns_free_heap_to_the_os_in_its_core_and_here(bundled, cpu_engine, model_protocol,
+                                                                      loop_thread):
+    """The periodic heap release reaches vLLM's engine core (the CPU preset's worker runs there) through
+    the worker extension, and the loop keeps releasing until it is cancelled."""
+    import os
+
+    import psutil
+
+    from padoc_ray.engine.memory import RPC_METHOD
+
+    mp = model_protocol
+    inp, truth = _one(bundled, "ex-paper.pdf-0")
+    _run(loop_thread, cpu_engine, mp, replay_input(mp, truth, inp, "fork"))  # a page through the engine
+    assert cpu_engine._releaser is not None  # the first request started the periodic release
+
+    outs = loop_thread.run(cpu_engine.llm.collective_rpc(RPC_METHOD), timeout=60)
+    assert len(outs) == 1 and outs[0]["pid"] != os.getpid()
+    core = psutil.Process(outs[0]["pid"])
+    assert core.ppid() == os.getpid() and "EngineCore" in " ".join(core.cmdline())
+    assert outs[0]["rss_after"] <= outs[0]["rss_before"]
+
+    before = dict(cpu_engine.heap_releases)
+
+    async def loop_a_while():
+        task = asyncio.get_running_loop().create_task(cpu_engine._release_loop(0.05))
+        await asyncio.sleep(0.6)
+        task.cancel()
+
+    loop_thread.run(loop_a_while(), timeout=60)
+    assert cpu_engine.heap_releases["releases"] >= before["releases"] + 3

@@ -140,20 +140,44 @@ class RssSeries:
     max_processes: int = 1  #: a group's most processes at one sample
 
 
+def rss_floor_slope_mb_per_h(samples: Sequence[tuple[float, float]], after_s: float = 0.0,
+                             window_s: float = 300.0) -> float | None:
+    """Least-squares slope, in MB per hour, of the RSS floor: each ``window_s`` window's lowest sample
+    (after ``after_s``). The work in flight raises a process's RSS only for a while, and so the
+    all-samples slope of a process whose RSS swings with it depends on where the swings fall; a leak
+    raises the floor. Whole windows only, from the first sample on; None: fewer than three."""
+    pts = [(t, rss) for t, rss in samples if t >= after_s]
+    if not pts:
+        return None
+    t0, lows = pts[0][0], {}
+    whole = int((pts[-1][0] - t0) // window_s)  # a last, shorter window's lowest sample is no floor
+    for t, rss in pts:
+        k = int((t - t0) // window_s)
+        if k < whole and (k not in lows or rss < lows[k][1]):
+            lows[k] = (t, rss)
+    return rss_slope_mb_per_h(list(lows.values())) if len(lows) >= 3 else None
+
+
 def rss_summary(series: Iterable[RssSeries], warmup_s: float) -> dict:
     """``rss_slope_mb_per_h``: per process (None: too few samples after the warm-up) and the worst
-    (largest) slope; ``rss_mb``: each process's first and last sample, and its whole curve
-    (``curve``: [minutes since the traffic started, MB] per sample), to tell a cache that fills and
+    (largest) slope; ``rss_floor_slope_mb_per_h``: the same for the floor
+    (:func:`rss_floor_slope_mb_per_h`); ``rss_mb``: each process's first and last sample, and its
+    whole curve (``curve``: [minutes since the traffic started, MB] per sample), to tell a cache that fills and
     levels off from a leak that keeps going."""
-    slopes, mb = {}, {}
+    slopes, floors, mb = {}, {}, {}
     for s in series:
         slopes[s.name] = _round(rss_slope_mb_per_h(s.samples, warmup_s))
+        floors[s.name] = _round(rss_floor_slope_mb_per_h(s.samples, warmup_s))
         if s.samples:
             mb[s.name] = {"start": round(s.samples[0][1] / MB, 1), "end": round(s.samples[-1][1] / MB, 1),
                           "samples": len(s.samples), "max_processes": s.max_processes,
                           "curve": [[round(t / 60, 2), round(b / MB, 1)] for t, b in s.samples]}
-    known = [v for v in slopes.values() if v is not None]
-    return {"rss_slope_mb_per_h": {"worst": max(known) if known else None, "processes": slopes}, "rss_mb": mb}
+    return {"rss_slope_mb_per_h": _with_worst(slopes), "rss_floor_slope_mb_per_h": _with_worst(floors), "rss_mb": mb}
+
+
+def _with_worst(per_process: dict) -> dict:
+    known = [v for v in per_process.values() if v is not None]
+    return {"worst": max(known) if known else None, "processes": per_process}
 
 
 def _round(x: float | None) -> float | None:
@@ -172,6 +196,7 @@ def build_report(responses: Sequence[Response], jobs: Iterable[JobTrace], series
     rss = rss_summary(series, warmup_s)
     return {"rss_slope_mb_per_h": rss["rss_slope_mb_per_h"], "requests": req["requests"], "http_5xx": req["http_5xx"],
             "jobs_lost": acc["jobs_lost"], "job_pages_duplicated": acc["job_pages_duplicated"],
+            "rss_floor_slope_mb_per_h": rss["rss_floor_slope_mb_per_h"],
             "http_503_retry_after": req["http_503_retry_after"], "http_4xx": req["http_4xx"],
             "no_response": req["no_response"], "duration_min": round(duration_s / 60, 3),
             "warmup_min": round(warmup_s / 60, 3), "status_codes": req["status_codes"],

@@ -231,7 +231,8 @@ def cmd_bench_soak(args) -> int:
 
     report = _service_bench(args, SoakConfig, run)
     keys = ("requests", "http_5xx", "http_503_retry_after", "jobs_lost", "job_pages_duplicated")
-    print(json.dumps({**{k: report[k] for k in keys}, "rss_slope_mb_per_h": report["rss_slope_mb_per_h"]}, indent=2))
+    print(json.dumps({**{k: report[k] for k in keys}, "rss_slope_mb_per_h": report["rss_slope_mb_per_h"],
+                      "rss_floor_slope_mb_per_h": report["rss_floor_slope_mb_per_h"]}, indent=2))
     return 1 if report["http_5xx"] or report["jobs_lost"] or report["job_pages_duplicated"] else 0
 
 
@@ -450,7 +451,9 @@ def register(sub) -> None:
                                   "closed-loop clients for --minutes with a mix of sync parses, NDJSON streams, jobs "
                                   "(some cancelled), chat completions, bad inputs (must get 4xx) and client "
                                   "disconnects, drain the jobs, stop the server with SIGTERM, and write the figures: "
-                                  "RSS slope (MB/h, after the warm-up) of every Serve process, 5xx (503 with "
+                                  "RSS slope (MB/h, after the warm-up) of every Serve process, and the slope of "
+                                  "its floor (each 5-minute window's lowest sample: what a leak raises and work in "
+                                  "flight does not), 5xx (503 with "
                                   "Retry-After apart), lost jobs, duplicated job pages, latency per kind. Exits 1 "
                                   "when there were 5xx, lost jobs or duplicated pages.")
     add_fields(bso, SoakConfig, ("minutes", "clients", "engine", "model", "replay", "warmup_fraction",

@@ -29,6 +29,11 @@ class EngineConfig:
     #: (ONEDNN_PRIMITIVE_CACHE_CAPACITY; None = oneDNN's 1024). Serving makes a new shape nearly every step
     #: (the batch's token count), so the cache fills for hours
     onednn_primitive_cache: int | None = None
+    #: every this many seconds, return the free heap pages of the engine's processes (this one and
+    #: vLLM's worker: the engine core under executor "uni") to the OS with glibc's malloc_trim; glibc
+    #: keeps what a process frees, so without it RSS creeps up under serving (see
+    #: padoc_ray.engine.memory). None = never
+    release_free_heap_s: float | None = 60.0
     enforce_eager: bool = False
     attention_backend: str | None = None  #: e.g. "FLASHINFER"; None = vLLM picks (FlashInfer on GPU when present)
     scheduling_policy: str = "fcfs"  #: "priority" lets the layout stream run ahead of branches
@@ -57,6 +62,8 @@ class EngineConfig:
             raise ValueError("cpu_threads must be >= 1 (or None)")
         if self.onednn_primitive_cache is not None and self.onednn_primitive_cache < 0:
             raise ValueError("onednn_primitive_cache must be >= 0 (or None)")
+        if self.release_free_heap_s is not None and not self.release_free_heap_s > 0:
+            raise ValueError("release_free_heap_s must be > 0 seconds (or None: never)")
         if self.mm_processor_cache_gb is not None and self.mm_processor_cache_gb < 0:
             raise ValueError("mm_processor_cache_gb must be >= 0 (or None)")
 

@@ -17,6 +17,7 @@ teacher forcing. It knows nothing of layouts, branches or pages. vLLM is importe
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -25,6 +26,7 @@ from typing import AsyncIterator, Sequence
 from .config import EngineConfig
 from .faults import EngineFault
 from .interface import EngineDeadError, EngineError, GenDelta, GenRequest
+from .memory import EXTENSION, RPC_METHOD, release_free_heap
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +63,8 @@ def engine_kwargs(cfg: EngineConfig) -> dict:
         kw["distributed_executor_backend"] = UNIPROC_EXECUTOR
     elif cfg.executor == "mp":
         kw["distributed_executor_backend"] = "mp"
+    if cfg.release_free_heap_s is not None:
+        kw["worker_extension_cls"] = EXTENSION  # a user's own, in cfg.extra, wins (then only this process is trimmed)
     kw.update({k: v for k, v in cfg.extra.items() if k != "logits_processors"})
     return kw
 
@@ -208,6 +212,10 @@ class VllmEngine:
         from .runners import runner_of
 
         self.cfg = cfg
+        #: the periodic heap release (cfg.release_free_heap_s): started by the first request, in its loop
+        self._releaser: asyncio.Task | None = None
+        #: what it did: releases, and RSS bytes returned here (frontend) and in vLLM's workers (engine)
+        self.heap_releases = {"releases": 0, "frontend_bytes": 0, "engine_bytes": 0}
         self._fault = EngineFault.from_env()  # test-only (padoc_ray.engine.faults); None normally
         with _spawn_env(cfg):
             #: "v1" | "v2": vLLM's choice for this configuration, read from its own config
@@ -242,8 +250,52 @@ class VllmEngine:
             p["cache_salt"] = req.cache_salt
         return p
 
+    def _start_releaser(self) -> None:
+        if self._releaser is None and self.cfg.release_free_heap_s is not None:
+            self._releaser = asyncio.get_running_loop().create_task(self._release_loop(self.cfg.release_free_heap_s))
+
+    async def _release_loop(self, every_s: float) -> None:
+        """Every ``every_s``: :meth:`release_free_heap`, until shutdown; a failed release is logged and
+        the loop goes on (a user's own ``worker_extension_cls`` lacks our method: then only this
+        process is trimmed)."""
+        engine_rpc = True
+        while self.llm is not None:
+            await asyncio.sleep(every_s)
+            if self.llm is None or self.llm.errored:
+                return
+            try:
+                engine_rpc = await self.release_free_heap(engine=engine_rpc)
+            except Exception as e:  # noqa: BLE001 - memory hygiene must never fail serving
+                logger.warning("releasing free heap memory failed: %s", e)
+
+    async def release_free_heap(self, engine: bool = True) -> bool:
+        """Return the free heap pages of this process and (``engine``) of vLLM's workers to the OS
+        (:mod:`padoc_ray.engine.memory`); adds to :attr:`heap_releases`. Returns whether the workers
+        could be reached (False: their worker class lacks the extension)."""
+        here = await asyncio.to_thread(release_free_heap)
+        c = self.heap_releases
+        c["releases"] += 1
+        if here:
+            c["frontend_bytes"] += max(0, here["rss_before"] - here["rss_after"])
+        if not engine or self.llm is None:
+            return engine
+        try:
+            outs = await self.llm.collective_rpc(RPC_METHOD, timeout=30)
+        except Exception as e:  # vLLM hands a worker's error back as a plain Exception with its message
+            if "not implemented" not in str(e):
+                raise
+            logger.warning("vLLM's worker class lacks %s (another worker_extension_cls is set): only the "
+                           "frontend process releases free heap memory", RPC_METHOD)
+            return False
+        for out in outs or ():
+            if out:
+                c["engine_bytes"] += max(0, out["rss_before"] - out["rss_after"])
+        return True
+
     async def generate(self, req: GenRequest) -> AsyncIterator[GenDelta]:
         from vllm.v1.engine.exceptions import EngineDeadError as VllmDead
+
+        self._start_releaser()
 
         kill_core = False  # test fault "kill_engine_core": SIGKILL the engine core at this request's first output
         try:
@@ -308,6 +360,8 @@ class VllmEngine:
 
     def shutdown(self) -> None:
         llm, self.llm = self.llm, None
+        if self._releaser is not None:
+            self._releaser.cancel()
         if llm is not None:
             from vllm.platforms import current_platform
 
