@@ -53,14 +53,22 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def release_free_heap() -> dict | None:
-    """Return this process's free heap pages to the OS; ``{"pid", "rss_before", "rss_after"}`` (bytes),
-    or None where glibc's ``malloc_trim`` is not available."""
+def trim_heap() -> bool:
+    """glibc's ``malloc_trim(0)`` on this process; False where it is not available (nothing done)."""
     trim = _malloc_trim()
     if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+def release_free_heap() -> dict | None:
+    """:func:`trim_heap`, measured: ``{"pid", "rss_before", "rss_after"}`` (bytes), or None where
+    glibc's ``malloc_trim`` is not available."""
+    if _malloc_trim() is None:
         return None
     before = _rss_bytes()
-    trim(0)
+    trim_heap()
     return {"pid": os.getpid(), "rss_before": before, "rss_after": _rss_bytes()}
 
 

@@ -29,13 +29,10 @@ def small(a: np.ndarray) -> np.ndarray:
 def trim() -> None:
     """Give freed memory back to the system (glibc and Arrow's allocator keep freed blocks, which
     would count in the driver's RSS as if still used)."""
-    pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages too
-    try:
-        import ctypes
+    from padoc_ray.engine.memory import trim_heap
 
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
+    pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages too
+    trim_heap()  # not glibc: nothing to do
 
 
 def as_dict(col):
