@@ -195,3 +195,46 @@ def test_releasing_free_heap_returns_freed_pages_that_free_alone_keeps():
     rel = out["release"]
     assert rel["rss_before"] >= out["kept"] - (8 << 20)  # freeing alone gave (almost) nothing back
     assert rel["rss_before"] - rel["rss_after"] > 150 << 20, rel  # the trim returned the freed 200 MB
+
+
+def test_vllms_logging_set_up_leaves_the_processs_memory_handlers_their_targets(tmp_path):
+    """vLLM's dictConfig closes every handler of the process; a MemoryHandler closed keeps each record
+    from then on (Ray Serve's replica logger is one). Around the engine's set-up they get their targets
+    back, and a file target reopens. A fresh process: dictConfig would close pytest's handlers too."""
+    import json
+    import subprocess
+    import sys
+
+    log = tmp_path / "replica.log"
+    code = f"""
+import json, logging, logging.handlers
+from vllm.config.logging import LoggingConfig
+from vllm.logger import configure_logging
+from padoc_ray.engine.vllm_engine import _kept_memory_handlers
+
+def buffered(name, target):
+    lg = logging.getLogger(name)
+    lg.propagate = False
+    lg.setLevel(logging.INFO)
+    mh = logging.handlers.MemoryHandler(capacity=1, target=target)
+    lg.addHandler(mh)
+    return lg, mh
+
+bare, bare_mh = buffered("bare", logging.NullHandler())
+configure_logging(LoggingConfig(configure_logging=True))
+for i in range(3):
+    bare.info("lost %d", i)
+kept, kept_mh = buffered("kept", logging.handlers.RotatingFileHandler({str(log)!r}, maxBytes=1 << 20))
+with _kept_memory_handlers():
+    configure_logging(LoggingConfig(configure_logging=True))
+for i in range(3):
+    kept.info("kept %d", i)
+print(json.dumps({{"bare_target": repr(bare_mh.target), "bare_buffer": len(bare_mh.buffer),
+                  "kept_buffer": len(kept_mh.buffer)}}))
+"""
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                    check=True).stdout.splitlines()[-1])
+    # why: without the guard vLLM's set-up leaves the handler without a target, keeping every record
+    assert out["bare_target"] == "None" and out["bare_buffer"] == 3, out
+    assert out["kept_buffer"] == 0, out
+    assert log.read_text().split() == ["kept", "0", "kept", "1", "kept", "2"]

@@ -771,6 +771,22 @@ def test_serves_metrics_count_each_page_once(svc):
     assert {dict(tags).get("class") for n, tags in scraped if n == "ray_padoc_pages_waiting"} >= {"interactive", "job"}
 
 
+def test_the_engine_replica_keeps_writing_its_serve_log_after_vllm_starts(svc):
+    """Ray Serve logs each replica into logs/serve/replica_*.log through a memory handler; vLLM's
+    logging set-up closed it in the Engine replica, whose log then stopped at the engine's start while
+    every later record stayed in the replica's memory. Each call's access line reaches the file."""
+    import glob
+
+    args = " ".join(svc.session_processes())
+    session = re.search(r"--session-dir=(\S+)", args).group(1)
+    svc.parse(os.path.join(EXAMPLES, "paper.pdf"))
+    svc.wait_engine_idle()
+    logs = glob.glob(os.path.join(session, "logs", "serve", "replica_padoc_Engine_*.log"))
+    assert logs, os.listdir(os.path.join(session, "logs", "serve"))
+    text = "".join(open(p, encoding="utf-8", errors="replace").read() for p in logs)
+    assert re.search(r"CALL parse_page OK", text), text[-2000:]
+
+
 # ---- shutdown ---------------------------------------------------------------------------------------------
 def test_sigterm_stops_the_service_and_leaves_no_process(tight):
     assert any("ServeReplica:padoc:Engine" in p for p in tight.session_processes())
