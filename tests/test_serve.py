@@ -777,12 +777,14 @@ def test_the_engine_replica_keeps_writing_its_serve_log_after_vllm_starts(svc):
     every later record stayed in the replica's memory. Each call's access line reaches the file."""
     import glob
 
-    args = " ".join(svc.session_processes())
-    session = re.search(r"--session-dir=(\S+)", args).group(1)
+    engine = [p.split()[0] for p in svc.session_processes() if "ServeReplica:padoc:Engine" in p]
+    assert engine, svc.session_processes()
+    # a Ray worker's stdout is a file in its session's logs folder
+    logs_dir = os.path.dirname(os.readlink(f"/proc/{engine[0]}/fd/1"))
     svc.parse(os.path.join(EXAMPLES, "paper.pdf"))
     svc.wait_engine_idle()
-    logs = glob.glob(os.path.join(session, "logs", "serve", "replica_padoc_Engine_*.log"))
-    assert logs, os.listdir(os.path.join(session, "logs", "serve"))
+    logs = glob.glob(os.path.join(logs_dir, "serve", "replica_padoc_Engine_*.log"))
+    assert logs, os.listdir(logs_dir)
     text = "".join(open(p, encoding="utf-8", errors="replace").read() for p in logs)
     assert re.search(r"CALL parse_page OK", text), text[-2000:]
 
