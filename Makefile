@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.padoc-installed
 MODEL   ?= models/tiny
 PYTEST_ARGS ?=
 
-.PHONY: install browser demo test test-fast model clean-model check-gpu-profile help
+.PHONY: install browser tcmalloc demo test test-fast model clean-model check-gpu-profile help
 
 help:
 	@echo "make demo   - set up .venv (CPU profile), build the tiny model, parse examples/ and print a summary"
@@ -52,7 +52,15 @@ browser:
 	-@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
-test: install browser
+# The engine's tcmalloc paths (EngineConfig.allocator="tcmalloc", the heap release under tcmalloc) are
+# tested against Debian's libtcmalloc-minimal4. Idempotent and best-effort like the browser: without it
+# those tests skip, saying why.
+TCMALLOC := /usr/lib/$(shell uname -m)-linux-gnu/libtcmalloc_minimal.so.4
+tcmalloc:
+	-@[ -e $(TCMALLOC) ] || ! command -v apt-get >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4; }
+
+test: install browser tcmalloc
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: install

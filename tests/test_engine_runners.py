@@ -6,6 +6,8 @@ engine tests."""
 
 from __future__ import annotations
 
+import logging
+import os
 import types
 
 import pytest
@@ -147,7 +149,6 @@ def test_the_engines_own_counters_add_what_vllm_reports_per_step():
 def test_the_engine_processes_get_onednns_kernel_cache_cap(tiny_model_dir, monkeypatch):
     """The CPU preset caps oneDNN's per-shape kernel cache for the processes the engine spawns (it grew the
     engine core for hours at oneDNN's 1024); the variable is set only while they start, then restored."""
-    import os
 
     from padoc_ray.engine.vllm_engine import _spawn_env
 
@@ -176,13 +177,24 @@ def test_the_heap_release_is_on_by_default_and_its_extension_reaches_vllm(tiny_m
             EngineConfig(model=tiny_model_dir, release_free_heap_s=bad)
 
 
-def test_releasing_free_heap_returns_freed_pages_that_free_alone_keeps():
-    """glibc keeps freed blocks below a live one; malloc_trim hands their pages back (a fresh process,
-    so nothing else allocates meanwhile)."""
+@pytest.mark.parametrize("allocator", ["glibc", "tcmalloc"])
+def test_releasing_free_heap_returns_freed_pages_that_free_alone_keeps(allocator):
+    """Both allocators keep freed blocks below a live one; the release hands their pages back (glibc's
+    malloc_trim, tcmalloc's ReleaseFreeMemory when it is preloaded). A fresh process, so nothing else
+    allocates meanwhile."""
     import json
     import subprocess
     import sys
 
+    from padoc_ray.engine.memory import find_tcmalloc
+
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    if allocator == "tcmalloc":
+        library = find_tcmalloc()
+        if library is None:
+            pytest.skip("no tcmalloc on this machine (make test installs Debian's libtcmalloc-minimal4)")
+        env["LD_PRELOAD"] = library
     code = (
         "import json\n"
         "from padoc_ray.engine.memory import release_free_heap, _rss_bytes\n"
@@ -191,10 +203,52 @@ def test_releasing_free_heap_returns_freed_pages_that_free_alone_keeps():
         "keep = blocks[-1]; del blocks\n"  # the last block pins the heap's top
         "kept = _rss_bytes()\n"
         "print(json.dumps({'kept': kept, 'release': release_free_heap()}))\n")
-    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    out = json.loads(run.stdout)
     rel = out["release"]
+    assert rel["allocator"] == allocator
     assert rel["rss_before"] >= out["kept"] - (8 << 20)  # freeing alone gave (almost) nothing back
-    assert rel["rss_before"] - rel["rss_after"] > 150 << 20, rel  # the trim returned the freed 200 MB
+    assert rel["rss_before"] - rel["rss_after"] > 150 << 20, rel  # the release returned the freed 200 MB
+
+
+def test_the_allocator_setting_preloads_its_library_for_the_engine_processes_only(tiny_model_dir, monkeypatch,
+                                                                                tmp_path, caplog):
+    """``allocator`` becomes LD_PRELOAD inside the engine's spawn block and is restored after it; a
+    tcmalloc the user preloads already stands; a missing library is an error, a missing tcmalloc a
+    warning (the engine then runs on glibc)."""
+    from padoc_ray.engine import memory
+    from padoc_ray.engine.interface import EngineError
+    from padoc_ray.engine.vllm_engine import _spawn_env
+
+    assert memory.preload_value("/x/libtc.so", None) == "/x/libtc.so"
+    assert memory.preload_value("/x/libtc.so", "/a/liba.so /b/libb.so") == "/x/libtc.so:/a/liba.so:/b/libb.so"
+    tc = "/x/libtcmalloc_minimal.so.4"
+    assert memory.preload_value(tc, "/y/libtcmalloc.so.4:/a/liba.so") is None  # the user's tcmalloc stands
+    assert memory.preload_value("/x/libtc.so", "/y/libtcmalloc.so.4") == "/x/libtc.so:/y/libtcmalloc.so.4"
+    assert memory.preload_value("/x/libtc.so", "/x/libtc.so") is None
+    with pytest.raises(ValueError, match="allocator"):
+        EngineConfig(model=tiny_model_dir, allocator="jemalloc")  # neither "tcmalloc" nor a path
+    assert cpu_engine_config(tiny_model_dir).allocator is None  # measured and kept off (glibc)
+
+    lib = tmp_path / "liballoc.so"
+    lib.write_bytes(b"")
+    monkeypatch.setenv("LD_PRELOAD", "/a/liba.so")
+    with _spawn_env(EngineConfig(model=tiny_model_dir, allocator=str(lib))):
+        assert os.environ["LD_PRELOAD"] == f"{lib}:/a/liba.so"
+    assert os.environ["LD_PRELOAD"] == "/a/liba.so"
+    with pytest.raises(EngineError, match="no such library file"):
+        with _spawn_env(EngineConfig(model=tiny_model_dir, allocator=str(tmp_path / "missing.so"))):
+            pass
+
+    found = memory.find_tcmalloc()
+    if found is not None:  # make test installs Debian's libtcmalloc-minimal4
+        with _spawn_env(EngineConfig(model=tiny_model_dir, allocator="tcmalloc")) as preload:
+            assert preload == os.environ["LD_PRELOAD"] == f"{found}:/a/liba.so" and os.path.isfile(found)
+    monkeypatch.setattr(memory, "find_tcmalloc", lambda: None)
+    with caplog.at_level(logging.WARNING, logger="padoc_ray.engine.vllm_engine"):
+        with _spawn_env(EngineConfig(model=tiny_model_dir, allocator="tcmalloc")):
+            assert os.environ["LD_PRELOAD"] == "/a/liba.so"  # no tcmalloc here: unchanged
+    assert "libtcmalloc-minimal4" in caplog.text
 
 
 def test_vllms_logging_set_up_leaves_the_processs_memory_handlers_their_targets(tmp_path):

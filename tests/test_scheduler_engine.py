@@ -312,11 +312,10 @@ def test_the_engine_returns_free_heap_to_the_os_in_its_core_and_here(bundled, cp
                                                                       loop_thread):
     """The periodic heap release reaches vLLM's engine core (the CPU preset's worker runs there) through
     the worker extension, and the loop keeps releasing until it is cancelled."""
-    import os
-
     import psutil
+    import vllm
 
-    from padoc_ray.engine.memory import RPC_METHOD
+    from padoc_ray.engine.memory import RPC_METHOD, allocator
 
     mp = model_protocol
     inp, truth = _one(bundled, "ex-paper.pdf-0")
@@ -328,6 +327,9 @@ def test_the_engine_returns_free_heap_to_the_os_in_its_core_and_here(bundled, cp
     core = psutil.Process(outs[0]["pid"])
     assert core.ppid() == os.getpid() and "EngineCore" in " ".join(core.cmdline())
     assert outs[0]["rss_after"] <= outs[0]["rss_before"]
+    # the CPU preset's allocator: glibc's, unless vLLM preloads the tcmalloc its own CPU wheels bundle
+    vllms_tcmalloc = glob.glob(os.path.join(os.path.dirname(vllm.__file__), "libs", "libtcmalloc*.so*"))
+    assert outs[0]["allocator"] == ("tcmalloc" if vllms_tcmalloc else "glibc") and allocator() == "glibc"
 
     before = dict(cpu_engine.heap_releases)
 

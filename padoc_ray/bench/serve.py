@@ -423,7 +423,8 @@ async def _run_direct(model: str, pages, cfg, host_cfg, out_dir, header, log) ->
         ec = getattr(host.engine, "cfg", None)
         if ec is not None:
             header["engine"] = (f"max_num_seqs {ec.max_num_seqs}, max_num_batched_tokens {ec.max_num_batched_tokens}, "
-                                f"dtype {ec.dtype}, scheduling {ec.scheduling_policy}")
+                                f"dtype {ec.dtype}, scheduling {ec.scheduling_policy}, "
+                                f"allocator {getattr(host.engine, 'allocator_library', None) or 'unchanged'}")
         return await run_bench(DirectTarget(host), pages, cfg, out_dir, header=header, log=log)
     finally:
         host.shutdown()

@@ -24,6 +24,7 @@ import logging.handlers
 import os
 from typing import AsyncIterator, Sequence
 
+from . import memory
 from .config import EngineConfig
 from .faults import EngineFault
 from .interface import EngineDeadError, EngineError, GenDelta, GenRequest
@@ -151,12 +152,32 @@ def scoped_env(name: str, value: str | None):
 
 @contextlib.contextmanager
 def _spawn_env(cfg: EngineConfig):
-    """OMP_NUM_THREADS and ONEDNN_PRIMITIVE_CACHE_CAPACITY for the engine processes spawned inside the
-    block (a spawned process reads them when it imports torch)."""
+    """OMP_NUM_THREADS, ONEDNN_PRIMITIVE_CACHE_CAPACITY and LD_PRELOAD (``cfg.allocator``) for the
+    engine processes spawned inside the block (a spawned process reads them when it starts). Yields
+    the LD_PRELOAD they get (None: this process's, unchanged)."""
     cache = None if cfg.onednn_primitive_cache is None else str(cfg.onednn_primitive_cache)
+    preload = _preload(cfg.allocator)
     with scoped_env("OMP_NUM_THREADS", None if cfg.cpu_threads is None else str(cfg.cpu_threads)), \
-            scoped_env("ONEDNN_PRIMITIVE_CACHE_CAPACITY", cache):
-        yield
+            scoped_env("ONEDNN_PRIMITIVE_CACHE_CAPACITY", cache), \
+            scoped_env("LD_PRELOAD", preload):
+        yield preload
+
+
+def _preload(allocator: str | None) -> str | None:
+    """The LD_PRELOAD that gives the engine processes ``allocator``; None: leave it as it is."""
+    if allocator is None:
+        return None
+    if allocator == "tcmalloc":
+        library = memory.find_tcmalloc()
+        if library is None:
+            logger.warning("allocator 'tcmalloc': no %s on this machine (Debian/Ubuntu: apt install "
+                           "libtcmalloc-minimal4); the engine runs on glibc's malloc", memory.TCMALLOC_SONAME)
+            return None
+    else:
+        library = allocator
+        if not os.path.isfile(library):
+            raise EngineError(f"allocator {library!r}: no such library file")
+    return memory.preload_value(library, os.environ.get("LD_PRELOAD"))
 
 
 def _memory_handlers() -> list[logging.handlers.MemoryHandler]:
@@ -247,7 +268,7 @@ class VllmEngine:
         #: what it did: releases, and RSS bytes returned here (frontend) and in vLLM's workers (engine)
         self.heap_releases = {"releases": 0, "frontend_bytes": 0, "engine_bytes": 0}
         self._fault = EngineFault.from_env()  # test-only (padoc_ray.engine.faults); None normally
-        with _spawn_env(cfg), _kept_memory_handlers():
+        with _spawn_env(cfg) as preload, _kept_memory_handlers():
             #: "v1" | "v2": vLLM's choice for this configuration, read from its own config
             self.runner = engine_runner(cfg)
             #: this engine's own counters (Prometheus's registry is process-wide: a second engine in
@@ -260,9 +281,13 @@ class VllmEngine:
             got = runner_of(self.llm.vllm_config)
             self.shutdown()
             raise RuntimeError(f"vLLM chose model runner {got} after reporting {self.runner}")
+        #: the library this engine preloaded into vLLM's engine processes (cfg.allocator); None: none
+        #: added (glibc's malloc, or what LD_PRELOAD already held)
+        self.allocator_library = preload.split(":")[0] if preload else None
         #: speculative decoding: several logits rows per request, which the layout grammar cannot mask
         self._speculative = self.llm.vllm_config.speculative_config is not None
-        logger.info("vLLM engine up: model=%s runner=%s max_num_seqs=%d", cfg.model, self.runner, cfg.max_num_seqs)
+        logger.info("vLLM engine up: model=%s runner=%s max_num_seqs=%d allocator=%s", cfg.model, self.runner,
+                    cfg.max_num_seqs, self.allocator_library or "unchanged")
 
     def _sampling_params(self, req: GenRequest):
         if req.constrain_layout_regions is not None and self._speculative:
