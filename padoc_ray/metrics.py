@@ -3,7 +3,8 @@ that records them through ``ray.util.metrics``.
 
 Recorded by the engine host (:class:`padoc_ray.host.PageHost`, so by the batch job's engine actors
 and by the Serve engine replicas alike), from the :class:`~padoc_ray.scheduler.PageRecord` each page
-returns, and by the batch job's render stage (:func:`padoc_ray.pipeline.stages.rasterize`). Ray's
+returns, and for the batch job's render stage (its error rows and render times) by the engine actor
+that receives the stage's rows (:func:`padoc_ray.pipeline.stages.record_render`). Ray's
 metrics agent on each node exports them to Prometheus with its ``ray_`` prefix (a counter also gets
 ``_total``, a histogram ``_bucket``/``_sum``/``_count``); :func:`exported_names` lists the series.
 ``cluster/METRICS.md`` documents them; ``cluster/grafana/padoc-ray.json`` charts them.
@@ -136,7 +137,8 @@ class Recorder:
         """A page rendered in ``render_s`` seconds."""
 
     def document_error(self, status: str) -> None:
-        """A document that got one error row (``page_index`` -1) in the render stage."""
+        """A document that got one error row (``page_index`` -1) in the render stage (the batch job
+        records it when the row reaches an engine actor)."""
 
     def page_unrun(self, status: str) -> None:
         """A page the online service answered without an engine finishing it."""

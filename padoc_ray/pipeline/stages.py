@@ -9,8 +9,9 @@
   layout-fork scheduler per actor, many pages in flight; a page error becomes its row's status,
   an engine death ends the actor process so Ray restarts it and retries its pages.
 
-Metrics (:mod:`padoc_ray.metrics`): the render stage counts its error rows and times rendered pages;
-the engine host counts the pages it runs.
+Metrics (:mod:`padoc_ray.metrics`): the engine actors record both stages: the render stage's error
+rows and render times once a batch of rows is parsed (:func:`record_render`: a raster task's worker can exit
+before its counts are exported), and the pages their engine host runs.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ RASTER_SCHEMA = rows.PAGE_SCHEMA.append(pa.field("image_bytes", pa.binary()))
 
 def _doc_error(base: dict, doc_id: str | None, code: str, message: str, page_count: int | None = None) -> pa.Table:
     """The one row of a document that cannot be parsed at all (``page_index = -1``)."""
-    metrics.get().document_error(code)
     row = document_error_row({**base, "doc_id": doc_id}, code, message, page_count)
     return pa.Table.from_pylist([{**row, "image_bytes": None}], schema=RASTER_SCHEMA)
 
@@ -103,10 +103,7 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
                         len(item.selected), len(item.selected) - len(item.pages))
             continue
         if item.rendered:
-            metrics.get().rendered(item.row.get("render_s"))
             pending_bytes += len(item.image)
-        else:
-            metrics.get().render_failed(item.row["error_code"])
         pending.append({**item.row, "image_bytes": item.image})
         if len(pending) >= cfg.raster.pages_per_block or pending_bytes >= cfg.raster.block_mb << 20:
             yield pa.Table.from_pylist(pending, schema=RASTER_SCHEMA)
@@ -125,6 +122,24 @@ def missing_engine_resources(cfg: BatchConfig, cluster: dict[str, float]) -> str
     have = ", ".join(f"{k}={cluster.get(k, 0.0):g}" for k in short)
     return (f"--engine-resources asks {dict(short)} per engine actor, but the cluster has {have}: engine actors "
             f"wait until a node with these resources joins (ray start --resources '{{...}}')")
+
+
+def record_render(row: dict) -> None:
+    """The render stage's metrics of one raster row (a document error, a page whose rendering failed,
+    or a rendered page and its render time), recorded by the engine actor that receives the row, not
+    by the raster task that made it. A raster task's worker may exit soon after its task (Ray ends
+    idle workers after a second), and what a worker recorded since its last periodic push (every few
+    seconds) reaches the metrics agent only if the flush at its exit, which Ray bounds at 0.5 s, gets
+    through; under load some did not, and the count was lost for good. An engine actor lives for the
+    whole run, and it receives every row of the stage. :class:`EngineStage` records a batch's rows
+    when their output is ready, so a batch that Ray retries after an engine death counts once."""
+    m = metrics.get()
+    if row["page_index"] < 0:
+        m.document_error(row["status"])
+    elif row.get("status") is not None:
+        m.render_failed(row["status"])
+    else:
+        m.rendered(row.get("render_s"))
 
 
 class EngineStage:
@@ -160,10 +175,13 @@ class EngineStage:
             # One table per batch, in input order: a batch retried after an actor death yields exactly
             # the same output, so Ray's retry can neither duplicate nor drop rows. Pages of a batch run
             # concurrently; several batches are in flight per actor (see job._pipeline).
-            yield rows.to_table([await t for t in tasks])
+            out = [await t for t in tasks]
         except EngineDeadError:
             logger.exception("engine died in actor pid %d: exiting so Ray restarts the actor", os.getpid())
             os._exit(1)
+        for r in metas:  # once the batch's output exists: a batch retried after an engine death counts once
+            record_render(r)
+        yield rows.to_table(out)
 
     async def _one(self, row: dict, image: pa.BinaryScalar) -> dict:
         from padoc_ray.host import parse_row
