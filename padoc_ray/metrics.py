@@ -138,7 +138,7 @@ class Recorder:
 
     def document_error(self, status: str) -> None:
         """A document that got one error row (``page_index`` -1) in the render stage (the batch job
-        records it when the row reaches an engine actor)."""
+        records it once an engine actor has run the row's batch)."""
 
     def page_unrun(self, status: str) -> None:
         """A page the online service answered without an engine finishing it."""
