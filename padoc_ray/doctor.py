@@ -89,23 +89,85 @@ def _attention_backend(vllm_config) -> str:
 
 
 def _protocol_report(model: str) -> tuple[dict, list[str]]:
+    """The checkpoint's family (how it was recognized, its tokens) and what would stop or spoil it."""
+    from padoc_ray.protocol import ProtocolError
+    from padoc_ray.protocol.family import recognize
     from padoc_ray.protocol.spec import SPEC_FILENAME
     from padoc_ray.tokenizer import ModelProtocol
 
     path = os.path.join(model, SPEC_FILENAME)
-    if not os.path.exists(path):
-        return {"path": path}, [f"{model} has no {SPEC_FILENAME}: not a PaDoc checkpoint "
-                                f"(padoc-ray init-model turns a Qwen3-VL checkpoint into one)"]
+    try:
+        found = recognize(model)
+    except ProtocolError as e:
+        return {"path": path, "family": None}, [str(e)]
+    out: dict[str, Any] = {"path": path, "family": found.family, "recognized_by": found.how}
+    problems = checkpoint_problems(model, found.family)
     try:
         mp = ModelProtocol(model)
     except Exception as e:  # noqa: BLE001 - the checkpoint's own error is the report
-        return {"path": path}, [f"the protocol of {model} does not load: {type(e).__name__}: {e}"]
+        return out, problems + [f"the protocol of {model} ({found.family}) does not load: {type(e).__name__}: {e}"]
     s = mp.spec
-    return {"path": path, "version": s.version, "categories": len(s.categories), "bins": s.coordinates.bins,
-            "region_fields": list(s.coordinates.region_fields),
-            "control_tokens": {k: getattr(s.tokens, k) for k in ("region_open", "region_close", "branch_start",
-                                                                    "end_of_stream")},
-            "prompt_ids": {m: len(mp.prompt_ids(m)) for m in s.prompt_text}}, []
+    out["prompt_ids"] = {m: len(mp.prompt_ids(m)) for m in mp.modes}
+    if found.family == "hpd":
+        out.update(tokens={t: mp.tokenizer.token_to_id(t) for t in s.all_added_tokens()}, box_space=s.box_space,
+                   categories=len(s.categories), modes=list(mp.modes))
+        problems += placeholder_problems(mp)
+        return out, problems
+    out.update(version=s.version, categories=len(s.categories), bins=s.coordinates.bins,
+               region_fields=list(s.coordinates.region_fields),
+               control_tokens={k: getattr(s.tokens, k) for k in ("region_open", "region_close", "branch_start",
+                                                                 "end_of_stream")})
+    return out, problems
+
+
+def placeholder_problems(mp) -> list[str]:
+    """vLLM's InternVL processor finds the image placeholder by its own tokenization: it must be one token,
+    and stay that token inside the prompt's text (else a text prompt, e.g. another client's, misses it)."""
+    ph = mp.spec.image_placeholder
+    ids = mp.tokenizer.encode(ph)
+    text_ids = mp.tokenizer.encode(mp.spec.prompt("fork"))
+    if len(ids) != 1:
+        return [f"the image placeholder {ph} is {len(ids)} tokens in this tokenizer, not one: vLLM's InternVL "
+                f"processor matches that token sequence, which BPE may merge differently in context; add {ph} to "
+                f"the tokenizer as a special token"]
+    if text_ids.count(ids[0]) != 1:
+        return [f"the image placeholder {ph} (id {ids[0]}) occurs {text_ids.count(ids[0])} times in the tokenized "
+                f"page prompt, not once: it does not stay one token in context"]
+    return []
+
+
+def checkpoint_problems(model: str, family: str) -> list[str]:
+    """Tensors in the main weights that stock vLLM will not load, and what to do (hpd: HPD-Parsing's P-MTP
+    head, ``language_model.mtp.*``, which only its authors' patched vLLM serves, as Medusa heads)."""
+    if family != "hpd":
+        return []
+    names = safetensors_names(model)
+    mtp = sorted(n for n in names if n.startswith("language_model.mtp.") or ".mtp." in n)
+    if not mtp:
+        return []
+    return [f"the main weights hold {len(mtp)} P-MTP head tensor(s) ({mtp[0]}, ...) that stock vLLM's InternVL "
+            f"loader does not expect: serve a copy without them (padoc-ray decodes without speculation; the P-MTP "
+            f"head cannot run as stock vLLM's Medusa). For example: load each *.safetensors with "
+            f"safetensors.torch.load_file, drop the keys under language_model.mtp., save_file into a new folder, and "
+            f"copy the other files beside them"]
+
+
+def safetensors_names(model: str) -> list[str]:
+    """Every tensor name in the checkpoint's safetensors files, read from their headers (no torch)."""
+    import json
+    import struct
+
+    names: list[str] = []
+    for fn in sorted(os.listdir(model)):
+        if not fn.endswith(".safetensors"):
+            continue
+        with open(os.path.join(model, fn), "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > 100 << 20:
+                continue
+            header = json.loads(f.read(n))
+        names += [k for k in header if k != "__metadata__"]
+    return names
 
 
 def smoke_page(model_protocol):
@@ -115,7 +177,10 @@ def smoke_page(model_protocol):
     from padoc_ray.protocol import Box, Page, Region, quantized
 
     w, h = 612, 792
-    text = next((c.name for c in model_protocol.spec.categories if c.content_format == "text"), None)
+    if getattr(model_protocol, "family", "padoc") != "padoc":
+        text = "text_block"
+    else:
+        text = next((c.name for c in model_protocol.spec.categories if c.content_format == "text"), None)
     regions = (Region(category=text, box=Box(50, 40, 560, 90), content="padoc-ray doctor"),
                Region(category=text, box=Box(50, 120, 560, 400), content="one page, forked and teacher-forced"))
     truth = Page(width=w, height=h, regions=regions if text else ())
@@ -177,8 +242,9 @@ def diagnose(cfg: DoctorConfig) -> dict:
         if cfg.model is not None:
             report["model"], more = _protocol_report(cfg.model)
             problems += more
+            report["family"] = report["model"].get("family")
         else:
-            report["model"] = None
+            report["model"], report["family"] = None, "padoc"  # the tiny PaDoc checkpoint built for the check
         report["start"] = None
         if cfg.start and not problems:
             try:
@@ -205,10 +271,11 @@ def diagnose(cfg: DoctorConfig) -> dict:
 
 def _engine_checks(cfg: DoctorConfig, model: str, report: dict, problems: list[str], notes: list[str]) -> None:
     """vLLM's own runner choice and attention backend for this machine's engine preset."""
-    from padoc_ray.engine.config import engine_preset
     from padoc_ray.engine.runners import runner_of
 
-    ecfg = engine_preset(model, "auto")
+    from padoc_ray.host import HostConfig
+
+    ecfg = HostConfig(preset="auto").engine_config(model)  # the family's needs too (hpd: trust_remote_code)
     report["engine_preset"] = "gpu" if report["cuda"]["available"] else "cpu"
     vllm_runner, vllm_config = None, None
     try:
@@ -267,7 +334,12 @@ def summary_lines(report: dict) -> Sequence[str]:
                f"{report['runner']} loader): " + ", ".join(report["logits_processors"]))
     out.append(f"  teacher forcing: {report['teacher_forcing']}")
     m = report.get("model")
-    if m:
+    if m and m.get("family") == "hpd":
+        toks = ", ".join(f"{t} {i}" for t, i in m.get("tokens", {}).items())
+        out.append(f"  model family: hpd ({m['recognized_by']}); tokens: {toks or 'unread'}; boxes "
+                   f"{m.get('box_space', '?')}; modes: {', '.join(m.get('modes', []))}")
+    elif m:
+        out.append(f"  model family: {m.get('family')} ({m.get('recognized_by', 'unrecognized')})")
         out.append(f"  model protocol: {m['path']}" + (f" (version {m['version']}, {m['categories']} categories, "
                                                        f"{m['bins']} coordinate bins)" if "version" in m else ""))
     s = report.get("start")

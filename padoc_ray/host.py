@@ -47,7 +47,7 @@ from padoc_ray.scheduler.meter import EngineMeter
 from padoc_ray.scheduler.replay import inject_loops
 from padoc_ray.scheduler.runner import branch_admission
 from padoc_ray.scheduler.state import DECODE_MODES
-from padoc_ray.status import IMAGE_UNREADABLE, INTERNAL_ERROR
+from padoc_ray.status import IMAGE_UNREADABLE, INTERNAL_ERROR, UNSUPPORTED_MODE
 
 logger = logging.getLogger(__name__)
 
@@ -88,12 +88,20 @@ class HostConfig:
             raise ValueError(f"inject_loops is a fraction of branches in [0, 1], got {self.inject_loops!r}")
 
     def engine_config(self, model_dir: str):
+        """The engine's settings for the checkpoint in ``model_dir``: the preset, the family's needs
+        (:func:`family_engine_overrides`), then ``engine_overrides``."""
         from padoc_ray.engine.config import engine_preset
 
-        over = dict(self.engine_overrides)
+        over = {**family_engine_overrides(model_dir), **self.engine_overrides}
         if self.scheduler.layout_priority or self.scheduler.page_priority:  # request priorities need it
             over.setdefault("scheduling_policy", "priority")
-        return engine_preset(model_dir, self.preset, **over)
+        cfg = engine_preset(model_dir, self.preset, **over)
+        if cfg.extra.get("speculative_config") and family_of(model_dir) == "hpd":
+            from padoc_ray.protocol import ProtocolError
+
+            raise ProtocolError("no speculative decoding for an HPD-Parsing checkpoint: its P-MTP head feeds the "
+                                "token embedding back in, which stock vLLM's Medusa heads cannot do")
+        return cfg
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,6 +188,8 @@ class PageHost:
             from padoc_ray.tokenizer import ModelProtocol
 
             self.model_protocol = ModelProtocol(self.model_dir)
+        check_family(self.model_protocol, self.cfg)
+        self.cfg = family_host_config(self.cfg, getattr(self.model_protocol, "family", "padoc"))
         self.sem = PrioritySlots(self.cfg.pages_in_flight)
         self.admission = branch_admission(self.cfg.max_live_branches)
         if self.engine is None:
@@ -278,6 +288,14 @@ class PageHost:
         try:
             if mode not in DECODE_MODES:
                 raise ValueError(f"mode must be fork or sequential, got {mode!r}")
+            if mode not in getattr(self.model_protocol, "modes", DECODE_MODES):
+                from padoc_ray.protocol.family import check_mode
+
+                try:
+                    check_mode(self.model_protocol.family, mode)
+                except ValueError as e:
+                    return error_record(page_id, mode, UNSUPPORTED_MODE, str(e), page.width or 0, page.height or 0,
+                                        page.page_index)
             inp = self._input(page, page_id, cache_salt)
         except _Unreadable as e:
             return error_record(page_id, mode, IMAGE_UNREADABLE, str(e), page.width or 0, page.height or 0,
@@ -341,6 +359,61 @@ class PageHost:
 
 class _Unreadable(Exception):
     pass
+
+
+#: the generation limit of an hpd checkpoint's streams (its authors' max_tokens), where --max-tokens is left
+#: at the padoc default
+HPD_MAX_TOKENS = 8000
+#: the context an hpd checkpoint needs at least (its authors' max_model_len)
+HPD_MIN_MODEL_LEN = 16384
+
+
+def family_of(model_dir: str) -> str | None:
+    """The checkpoint family of ``model_dir`` (None: none padoc-ray knows, or not a local folder yet)."""
+    from padoc_ray.protocol import ProtocolError
+    from padoc_ray.protocol.family import recognize
+
+    try:
+        return recognize(model_dir).family
+    except (ProtocolError, OSError):
+        return None
+
+
+def family_engine_overrides(model_dir: str) -> dict:
+    """Engine settings a checkpoint's family needs: hpd loads InternVL's remote-code config
+    (``trust_remote_code``) and runs with at least a 16,384-token context."""
+    if family_of(model_dir) != "hpd":
+        return {}
+    from padoc_ray.engine.config import EngineConfig
+
+    return {"trust_remote_code": True, "max_model_len": max(EngineConfig.max_model_len, HPD_MIN_MODEL_LEN)}
+
+
+def family_host_config(cfg: HostConfig, family: str) -> HostConfig:
+    """``cfg`` with the family's scheduler defaults where the flags left the padoc ones: an hpd stream's
+    generation limit is its authors' 8,000 tokens."""
+    from padoc_ray.scheduler import SchedulerConfig
+
+    if family == "hpd" and cfg.scheduler.max_tokens == SchedulerConfig.max_tokens:
+        return replace(cfg, scheduler=replace(cfg.scheduler, max_tokens=HPD_MAX_TOKENS))
+    return cfg
+
+
+def check_family(model_protocol, cfg: HostConfig) -> None:
+    """Refuse, before any page runs, host settings the checkpoint's family cannot honour: a default mode it
+    lacks (hpd has no sequential stream) and the layout grammar (``constrain_layout`` masks the padoc
+    family's layout tokens; an hpd layout is text)."""
+    family = getattr(model_protocol, "family", "padoc")
+    if family == "padoc":
+        return
+    from padoc_ray.protocol.family import check_mode
+
+    check_mode(family, cfg.mode)
+    if cfg.scheduler.constrain_layout:
+        from padoc_ray.protocol import ProtocolError
+
+        raise ProtocolError(f"--constrain-layout masks the padoc family's layout tokens; a {family} checkpoint "
+                            f"writes its layout as text, which the grammar does not cover: leave it off")
 
 
 def event_json(ev: RegionEvent, page_index: int) -> dict:

@@ -81,6 +81,8 @@ INTERNAL_ERROR = _code("internal_error", PAGE, "an unexpected exception while th
 IMAGE_UNREADABLE = _code("image_unreadable", PAGE, "the page's image could not be decoded")
 OVERLOADED = _code("overloaded", PAGE, "every engine replica was at capacity (retry later)", http=503)
 ENGINE_UNAVAILABLE = _code("engine_unavailable", PAGE, "the engine failed while parsing this page", http=500)
+UNSUPPORTED_MODE = _code("unsupported_mode", PAGE, "the page asked for a decoding mode the checkpoint's family "
+                                                   "does not have (hpd: fork only)")
 REQUEST_TIMEOUT = _code("request_timeout", PAGE, "the request's deadline passed before this page finished (a "
                                                  "streamed /v1/parse)", http=504)
 # ---- page codes: rendering ---------------------------------------------------------------------------

@@ -1,17 +1,20 @@
-"""A checkpoint's token protocol: its spec bound to its Hugging Face tokenizer (:class:`ModelProtocol`).
+"""A checkpoint's token protocol: its family's spec bound to its Hugging Face tokenizer (:class:`ModelProtocol`).
 
 Binds a Hugging Face tokenizer to the protocol's :class:`~padoc_ray.protocol.spec.TextTokenizer`.
 
-Loads the tokenizer of a checkpoint directory and exposes what the codec and the scheduler need:
-content text <-> ids (no special tokens added), protocol-token lookup, and the page prompt ids.
+Loads the tokenizer of a checkpoint directory, recognizes the checkpoint's family
+(:mod:`padoc_ray.protocol.family`: ``padoc`` or ``hpd``) and exposes what the codec and the scheduler
+need: content text <-> ids (no special tokens added), protocol-token lookup, the page prompt ids, and
+the page image as the family sends it (:meth:`ModelProtocol.prepare_image`).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Sequence
+from typing import Any, Sequence
 
-from padoc_ray.protocol import ProtocolError, ProtocolSpec, Vocab
+from padoc_ray.protocol import ProtocolError, Vocab
+from padoc_ray.protocol.family import HPD, check_mode, modes, recognize
 
 
 class HFTextTokenizer:
@@ -36,16 +39,34 @@ class HFTextTokenizer:
 
 
 class ModelProtocol:
-    """Everything protocol-related a checkpoint directory defines: spec, tokenizer, resolved vocab."""
+    """Everything protocol-related a checkpoint directory defines: family, spec, tokenizer, resolved vocab."""
 
     def __init__(self, model_dir: str):
         self.model_dir = model_dir
-        self.spec = ProtocolSpec.load(model_dir)
+        found = recognize(model_dir)
+        #: "padoc" | "hpd", and what it was recognized from (doctor reports both)
+        self.family, self.recognized_by, self.config = found.family, found.how, found.config
+        self.spec = found.spec
         self.tokenizer = HFTextTokenizer.from_pretrained(model_dir)
-        self.vocab = Vocab.from_spec(self.spec, self.tokenizer)
-        self._prompts = {m: self._prompt_ids(m) for m in self.spec.prompt_text}
+        if self.family == HPD:
+            from padoc_ray.protocol.hpd import HpdVocab, check_config_ids
+
+            self.vocab = HpdVocab.from_spec(self.spec, self.tokenizer)
+            mismatch = check_config_ids(self.vocab, self.config)
+            if mismatch:
+                raise ProtocolError("; ".join(mismatch))
+        else:
+            self.vocab = Vocab.from_spec(self.spec, self.tokenizer)
+        self.modes = modes(self.family)
+        self._prompts = {m: self._prompt_ids(m) for m in self.modes}
 
     def _prompt_ids(self, mode: str) -> tuple[int, ...]:
+        if self.family == HPD:
+            # the placeholder as vLLM's InternVL processor looks for it: its own tokenization, whatever BPE
+            # would make of it in context (doctor says when the two differ)
+            before, after = self.spec.prompt(mode).split(self.spec.image_placeholder, 1)
+            enc = self.tokenizer.encode
+            return tuple(enc(before) + enc(self.spec.image_placeholder) + enc(after))
         ids = self.tokenizer.encode(self.spec.prompt(mode))
         pad = self.tokenizer.token_to_id("<|image_pad|>")
         if pad is not None and ids.count(pad) != 1:
@@ -57,7 +78,26 @@ class ModelProtocol:
         try:
             return self._prompts[mode]
         except KeyError:
+            check_mode(self.family, mode)
             raise ProtocolError(f"unknown mode {mode!r}; expected one of {sorted(self._prompts)}") from None
+
+    def prepare_image(self, image: Any, page_id: str) -> tuple[Any, dict | None, str]:
+        """The page image as this family sends it, the request's ``mm_processor_kwargs``, and the
+        multimodal uuid that names the image as sent. padoc: the image as it is. hpd: resized to
+        ``cols*448 x rows*448`` of HPD's tile grid, with ``max_dynamic_patch = cols*rows`` (stock vLLM's
+        InternVL processor then cuts exactly those tiles and the thumbnail)."""
+        if self.family != HPD:
+            return image, None, page_id
+        from PIL import Image
+
+        from padoc_ray.protocol.hpd_image import hpd_image_request
+
+        (w, h), kwargs = hpd_image_request(image.width, image.height, tile=self.spec.tile)
+        if image.mode != "RGB":
+            image = image.convert("RGB")
+        if image.size != (w, h):
+            image = image.resize((w, h), Image.BICUBIC)
+        return image, kwargs, f"{page_id}@{w}x{h}"
 
 
 @lru_cache(maxsize=4)

@@ -17,3 +17,25 @@ class ByteProtocol:
 
     def prompt_ids(self, mode):
         return self._p[mode]
+
+
+class ByteHpdProtocol:
+    """The hpd family (HPD-Parsing's text blocks) on the byte tokenizer: what ModelProtocol gives an
+    HPD checkpoint, without one. Prompts are 4 ids, the image placeholder third."""
+
+    family = "hpd"
+    modes = ("fork",)
+
+    def __init__(self, **spec):
+        from padoc_ray.protocol import HpdSpec, HpdVocab
+
+        self.spec = HpdSpec(**spec)
+        self.tokenizer = ByteTokenizer(self.spec)
+        self.vocab = HpdVocab.from_spec(self.spec, self.tokenizer)
+        self._p = {"fork": (1, 2, self.tokenizer.token_to_id("<image>"), 3)}
+
+    def prompt_ids(self, mode):
+        from padoc_ray.protocol.family import check_mode
+
+        check_mode("hpd", mode)
+        return self._p[mode]

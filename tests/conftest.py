@@ -66,6 +66,15 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_hpd_dir(tmp_path_factory):
+    """The tiny HPD-Parsing-format checkpoint (family hpd: InternVL, <BLOCK>/<FORK>/<CHILD>)."""
+    from padoc_ray.checkpoint.tiny_hpd import build_tiny_hpd_model
+
+    out = tmp_path_factory.mktemp("models") / "tiny-hpd"
+    return build_tiny_hpd_model(str(out))
+
+
+@pytest.fixture(scope="session")
 def model_protocol(tiny_model_dir):
     from padoc_ray.tokenizer import ModelProtocol
 

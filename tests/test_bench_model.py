@@ -277,6 +277,27 @@ def test_image_tokens_follow_the_processor_s_resize():
         image_tokens(0, 10, tiny)
 
 
+def test_hpd_1b_counts_256_tokens_a_tile_of_hpds_grid_and_its_thumbnail():
+    """hpd-1b's processor is HPD's own rule (protocol.hpd_image): the grid's tiles plus a thumbnail when there
+    is more than one, 256 tokens each."""
+    from padoc_ray.bench.model.trace import TiledImageProcessor, image_processor
+    from padoc_ray.protocol.hpd_image import hpd_tile_grid
+
+    proc = image_processor("hpd-1b")
+    assert isinstance(proc, TiledImageProcessor) and proc.kind == "tiles" and proc.tile == 448
+    assert PROCESSORS["qwen3-vl-2b"].kind == "resize"
+    for (w, h), grid in (((1224, 1584), (3, 4)), ((1654, 2339), (4, 6)), ((1700, 2200), (4, 5)),
+                         ((2339, 1654), (4, 3)), ((448, 448), (1, 1)), ((1000, 300), (7, 2))):
+        assert hpd_tile_grid(w, h) == grid
+        cols, rows = grid
+        n = cols * rows
+        assert image_tokens(w, h, proc) == 256 * (n + (1 if n > 1 else 0)), (w, h)
+    assert image_tokens(1224, 1584, proc) == 256 * 13  # an A4-ish page: 3 x 4 tiles and the thumbnail
+    assert image_tokens(1654, 2339, proc) == 256 * 25  # A4 at 200 dpi: the 24-tile cap and the thumbnail
+    with pytest.raises(TraceError, match="positive"):
+        image_tokens(0, 10, proc)
+
+
 def test_the_tiny_model_s_processor_is_read_from_its_config(tiny_model_dir):
     from padoc_ray.bench.model.trace import image_processor
 
@@ -396,6 +417,44 @@ def test_the_paper_workload_takes_its_page_sizes_from_a_ground_truth(tmp_path, t
     text = len(load_model_protocol(tiny_model_dir).prompt_ids("sequential")) - 1  # the placeholder expands
     # one request a page, nothing cached: every page prefills its prompt with a 729 x 516 image
     assert report["rows"][0]["prefill_tokens"] == 4 * (text + image_tokens(729, 516, PROCESSORS["qwen3-vl-2b"]))
+
+
+def test_the_command_models_hpd_1b_on_an_h200_with_pages_per_s_and_dollars(tmp_path, tiny_model_dir):
+    """--model-config hpd-1b: HPD-Parsing's shape in the roofline and its tiles in the image tokens, the
+    report with pages/s and $ per million pages beside the same run of qwen3-vl-2b."""
+    gt = tmp_path / "gt.json"
+    gt.write_text(json.dumps([{"page_info": {"image_path": f"p{i}.png", "page_no": i, "width": 1224, "height": 1584},
+                               "layout_dets": []} for i in range(2)]))
+    argv = ("--workload", "paper384", "--gpu", "H200", "--model", tiny_model_dir, "--concurrency", "4",
+            "--pages", "4", "--page-sizes", str(gt), "--gpu-hour-usd", "1.5")
+    reports = {}
+    for name in ("hpd-1b", "qwen3-vl-2b"):
+        out = tmp_path / name
+        assert _model(*argv, "--model-config", name, "--out", str(out)) == 0
+        reports[name] = json.loads((out / "report.json").read_text())
+    report = reports["hpd-1b"]
+    st = report["config"]["step_time"]
+    assert st["gpu"] == "H200" and st["model"] == "hpd-1b" and "oar-ocr's config.rs" in st["model_source"]
+    assert "hpd-1b's processor" in report["pages"]["image_tokens"] and "448-px tiles" in report["pages"]["image_tokens"]
+    from padoc_ray.tokenizer import load_model_protocol
+
+    text = len(load_model_protocol(tiny_model_dir).prompt_ids("sequential")) - 1
+    rows = {(r["mode"], r["concurrency"]): r for r in report["rows"]}
+    # sequential: one request a page, nothing cached: each prefills its prompt with 3 x 4 tiles and the thumbnail
+    assert rows[("sequential", 4)]["prefill_tokens"] == 4 * (text + 256 * 13)
+    qwen = {(r["mode"], r["concurrency"]): r for r in reports["qwen3-vl-2b"]["rows"]}
+    assert qwen[("sequential", 4)]["prefill_tokens"] == 4 * (text + image_tokens(1224, 1584,
+                                                                                 PROCESSORS["qwen3-vl-2b"]))
+    md = (tmp_path / "hpd-1b" / "report.md").read_text()
+    assert "# Engine model (H200 roofline, hpd-1b)" in md and "$ / M pages" in md
+    for m in ("fork", "sequential"):
+        r = rows[(m, 4)]
+        assert r["pages"] == 4 and r["valid_pages_per_s"] > 0
+        assert r["usd_per_million_pages"] == round(1e6 / r["valid_pages_per_s"] / 3600 * 1.5, 2)
+        assert f"| 4 | {m} | {r['valid_pages']} / 4 | {r['valid_pages_per_s']:.3f} |" in md
+        assert f"| {r['usd_per_million_pages']:.2f} |" in md
+        # fewer weight bytes a step, and a ViT that attends within 448-px tiles: more pages/s for the same pages
+        assert r["valid_pages_per_s"] > qwen[(m, 4)]["valid_pages_per_s"]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -17,7 +17,7 @@ PREFILL = StepLoad(decode_seqs=0, prefill_tokens=16384, context_tokens=16384)  #
 
 
 def test_every_gpu_row_is_sourced_and_the_shape_counts_its_parameters():
-    assert set(GPUS) == {"A800-80G", "H100-80G", "H200", "L40S"}
+    assert set(GPUS) == {"A800-80G", "H100-80G", "H200", "L40S"} and set(SHAPES) == {"qwen3-vl-2b", "hpd-1b"}
     for g in GPUS.values():
         assert "datasheet" in g.source and g.hbm_bytes_per_s > 0 and g.bf16_flops_per_s > 0
     s = SHAPES["qwen3-vl-2b"]
@@ -26,6 +26,50 @@ def test_every_gpu_row_is_sourced_and_the_shape_counts_its_parameters():
     lm = s.layers * s.layer_params + s.lm_head_params
     assert 1.6e9 < lm < 1.8e9 and 2.9e8 < s.vit_params < 4.5e8  # a "2B" model: ~1.7B LM + ~0.4B ViT
     assert s.kv_values_per_token == 2 * 28 * 8 * 128
+
+
+def test_the_hpd_1b_shape_is_hpd_parsings_config():
+    """HPD-Parsing (InternVL3.5-1B-based): InternViT-300M on 448-px tiles, pixel shuffle 0.5, mlp1 to a
+    Qwen3 decoder of hidden 1024; sourced like the Qwen entry."""
+    s = model_shape("hpd-1b")
+    assert s is SHAPES["hpd-1b"] and "oar-ocr's config.rs" in s.source and "InternVL3.5-1B" in s.source
+    text = (s.layers, s.hidden, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.vocab)
+    vision = (s.vit_depth, s.vit_hidden, s.vit_intermediate, s.patch, s.merge, s.vit_out_hidden)
+    assert text == (28, 1024, 16, 8, 128, 3072, 151681) and vision == (24, 1024, 4096, 14, 2, 1024)
+    assert s.vit_window == (448 // 14) ** 2 == 1024 and s.deepstack_mergers == 0 and not s.tied_embeddings
+    assert s.layer_params == 1024 * 128 * (16 + 8 + 8 + 16) + 3 * 1024 * 3072
+    assert s.merger_params == 4096 * 1024 + 1024 * 1024  # mlp1: Linear 4096 -> 1024, Linear 1024 -> 1024
+    assert 2.95e8 < s.vit_params < 3.1e8  # InternViT-300M and its projector
+    lm = s.layers * s.layer_params + s.lm_head_params
+    assert 5.8e8 < lm < 6.1e8 and s.resident_params == lm + 151681 * 1024 + s.vit_params  # untied: a 2nd table
+    assert 1.0e9 < s.resident_params < 1.1e9  # a "1B" model
+    assert s.kv_values_per_token == SHAPES["qwen3-vl-2b"].kv_values_per_token  # same layers, KV heads, head_dim
+
+
+def test_hpd_1b_steps_are_cheaper_than_qwen3_vl_2bs_for_the_same_load():
+    hpd, qwen = RooflineStepTime("H200", "hpd-1b"), RooflineStepTime("H200", "qwen3-vl-2b")
+    image = StepLoad(0, 3328, 3328, images=1, image_tokens=3328)  # a 1224 x 1584 page: 12 tiles + the thumbnail
+    for load in (DECODE, PREFILL, image, StepLoad(decode_seqs=1, prefill_tokens=0, context_tokens=2000)):
+        assert hpd.seconds(load) < qwen.seconds(load), load
+    # the weights read per step: decoder layers and LM head, fewer bytes in the same proportion
+    h, q = SHAPES["hpd-1b"], SHAPES["qwen3-vl-2b"]
+    ratio = (h.layers * h.layer_params + h.lm_head_params) / (q.layers * q.layer_params + q.lm_head_params)
+    assert hpd.terms(DECODE)["weights"] == pytest.approx(ratio * qwen.terms(DECODE)["weights"])
+    assert hpd.terms(DECODE)["kv"] == pytest.approx(qwen.terms(DECODE)["kv"])  # the same KV per token
+
+
+def test_internvit_attends_within_a_tile_so_its_work_is_per_tile():
+    """ViT FLOPs over (448/14)^2 = 1,024 patches a tile (the thumbnail is one more), attention within the tile:
+    the encoder's seconds are the tiles' count times one tile's, however the tiles are split into images."""
+    rt = RooflineStepTime("H200", "hpd-1b")
+    s, g, e = SHAPES["hpd-1b"], GPUS["H200"], Efficiency()
+    tile = (2 * s.vit_depth * s.vit_layer_params * 1024 + 4 * s.vit_depth * s.vit_hidden * 1024 * 1024
+            + 2 * s.merger_params * 256)
+    for tiles in (1, 13, 25):
+        got = rt.terms(StepLoad(0, 256 * tiles, 256 * tiles, images=1, image_tokens=256 * tiles))["vit"]
+        assert got == pytest.approx(tiles * tile / (g.bf16_flops_per_s * e.vit))  # compute-bound from one tile
+    two = rt.terms(StepLoad(0, 6400, 6400, images=2, image_tokens=6400))["vit"]
+    assert two == pytest.approx(rt.terms(StepLoad(0, 6400, 6400, images=1, image_tokens=6400))["vit"])
 
 
 def test_the_terms_are_the_table_numbers_over_the_efficiencies():
@@ -89,6 +133,7 @@ def test_model_shape_reads_a_checkpoints_config(tiny_model_dir):
     vision = (s.vit_depth, s.vit_hidden, s.vit_intermediate, s.patch, s.merge, s.vit_out_hidden)
     assert text == (2, 128, 4, 2, 32, 256, 9216) and vision == (2, 64, 128, 16, 2, 128)
     assert s.deepstack_mergers == 2 and s.source.endswith("config.json")
+    assert not s.tied_embeddings and s.vit_window == 0  # its tie_word_embeddings (false); a Qwen-VL encoder
     d = RooflineStepTime("L40S", tiny_model_dir).describe()
     assert d["kind"] == "roofline" and d["gpu"] == "L40S" and d["model"] == os.path.basename(tiny_model_dir)
     assert set(d["efficiency"]) == {"weights", "kv", "matmul", "attention", "vit", "step_overhead_s"}
@@ -121,5 +166,11 @@ def test_the_kv_cache_is_what_vllm_leaves_of_the_gpus_memory():
     want = int((g.memory_bytes * GPU_MEMORY_UTILIZATION - weights - NON_KV_BYTES) // per_block)
     assert kv_cache_blocks("A800-80G", "qwen3-vl-2b", 16) == want
     assert kv_cache_blocks("H200", "qwen3-vl-2b", 16) > want > kv_cache_blocks("L40S", "qwen3-vl-2b", 16)
+    # hpd-1b: its untied embedding table is in memory too; fewer weights leave more KV blocks
+    h = SHAPES["hpd-1b"]
+    hpd_weights = 2 * (h.layers * h.layer_params + 2 * h.lm_head_params + h.vit_params)
+    hpd_block = 16 * h.kv_values_per_token * 2
+    assert kv_cache_blocks("A800-80G", "hpd-1b", 16) == int(
+        (g.memory_bytes * GPU_MEMORY_UTILIZATION - hpd_weights - NON_KV_BYTES) // hpd_block) > want
     with pytest.raises(ValueError, match="does not fit"):
         kv_cache_blocks("L40S", "qwen3-vl-2b", 16, utilization=0.05)

@@ -82,6 +82,20 @@ def test_page_sizes_can_come_from_a_ground_truths_page_info(model_protocol):
     assert [p.regions for _, p, _ in got] == [p.regions for _, p, _ in plain]
 
 
+def test_another_models_processor_counts_the_image_tokens(model_protocol):
+    """bench model --gpu G --model-config hpd-1b: the same pages, their image tokens HPD-Parsing's tiles."""
+    from padoc_ray.bench.model.trace import PROCESSORS
+
+    got = paper384(model_protocol, seed=0, pages=16, proc=PROCESSORS["hpd-1b"])
+    plain = paper384(model_protocol, seed=0, pages=16)
+    assert [(n, p) for n, p, _ in got] == [(n, p) for n, p, _ in plain]
+    # A4 (4 x 6 tiles), Letter (4 x 5) and landscape A4 (4 x 3) at 200 dpi, each with the thumbnail
+    want = {(1654, 2339): 256 * 25, (1700, 2200): 256 * 21, (2339, 1654): 256 * 13}
+    assert all(t == want[(p.width, p.height)] for _, p, t in got)
+    traces, _ = paper384_traces(model_protocol, seed=0, pages=4, max_tokens=1500, proc=PROCESSORS["hpd-1b"])
+    assert len(traces) == 4 and {t.image_tokens for t in traces} <= set(want.values())
+
+
 def test_runaway_pages_run_to_the_limit_in_sequential_mode_only(model_protocol):
     """The paper's 20-25 Sequential SFT pages that reached the 8,192-token generation limit: the same
     number (scaled to the pages taken) runs past max_tokens in sequential mode and is invalid, through

@@ -75,9 +75,13 @@ def _traces(args, mp, proc, cfg, sched):
             from padoc_ray.bench.model.workload import paper384_traces
 
             sizes = _page_sizes(args.page_sizes) if args.page_sizes else None
-            traces, runaway = paper384_traces(mp, pages=cfg.pages, max_tokens=sched.max_tokens, page_sizes=sizes)
-            how = (f"Qwen3-VL's processor on page sizes drawn from {args.page_sizes}'s page_info" if sizes else
-                   "Qwen3-VL's processor on A4 / Letter pages at 200 dpi (the workload's PAGE_SIZES)")
+            # the modeled model's processor with --gpu/--model-config; with --steps the paper's (Qwen3-VL's)
+            modeled = proc if args.gpu else None
+            traces, runaway = paper384_traces(mp, pages=cfg.pages, max_tokens=sched.max_tokens, page_sizes=sizes,
+                                              proc=modeled)
+            who = f"{args.model_config}'s processor ({modeled.source})" if modeled else "Qwen3-VL's processor"
+            how = (f"{who} on page sizes drawn from {args.page_sizes}'s page_info" if sizes else
+                   f"{who} on A4 / Letter pages at 200 dpi (the workload's PAGE_SIZES)")
             return traces, (f"paper384 synthetic workload ({len(runaway)} pages run to the {sched.max_tokens}-token "
                             f"limit in sequential mode: {', '.join(runaway) or 'none'})"), how
         traces = traces_from_gt(mp, args.gt, proc, images=args.images, limit=cfg.pages,
@@ -89,7 +93,7 @@ def _traces(args, mp, proc, cfg, sched):
         if run:
             return image_tokens_from_run(traces, run), args.gt, f"as the engine counted them in {run}"
         how = f"page images in {args.images}" if args.images else "page_info sizes"
-        return traces, args.gt, f"{proc.source or 'processor'} resize of the {how} at longest side {args.longest_side}"
+        return traces, args.gt, f"{proc.source or 'processor'} on the {how} at longest side {args.longest_side}"
     except TraceError as e:
         _fail(str(e))
 
@@ -124,7 +128,7 @@ def cmd_bench_model(args) -> int:
     if args.page_sizes and not args.workload:
         _fail("--page-sizes is for --workload paper384 (with --gt the pages carry their own sizes)")
     if args.gpu and not args.model_config:
-        _fail("--gpu needs --model-config (a checkpoint directory or qwen3-vl-2b)")
+        _fail("--gpu needs --model-config (a checkpoint directory, qwen3-vl-2b or hpd-1b)")
     for path, what in ((args.gt, "--gt"), (args.images, "--images"), (args.compare, "--compare"),
                        (args.pages_jsonl, "--pages-jsonl"), (args.steps, "--steps"),
                        (args.page_sizes, "--page-sizes")):
@@ -207,8 +211,9 @@ def register_model(bsub) -> None:
     steps.add_argument("--gpu", default=None, metavar="GPU",
                        help="step times from a roofline of this GPU (A800-80G, H100-80G, H200, L40S)")
     p.add_argument("--model-config", default=None, metavar="DIR|NAME",
-                   help="with --gpu: the modeled model's shape and image processor, a checkpoint directory or "
-                        "qwen3-vl-2b (built in)")
+                   help="with --gpu: the modeled model's shape and image processor, a checkpoint directory or a "
+                        "built-in one: qwen3-vl-2b (Qwen3-VL-2B, PaDoc's base) or hpd-1b (HPD-Parsing, "
+                        "InternVL3.5-1B-based: 448-px tiles plus a thumbnail, 256 tokens each)")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="checkpoint whose token protocol and tokenizer make the traces (and, with --steps, whose "
                         "image processor counts image tokens)")

@@ -388,7 +388,7 @@ def to_field(action) -> Any:
 # ---- the scheduler: every SchedulerConfig knob on every parsing surface -----------------------------------
 SCHEDULER_FIELDS = ("max_tokens", "max_branches", "deadline_s", "constrain_layout", "runaway_window",
                     "runaway_max_period", "layout_stall_tokens", "skip_contentless", "layout_priority",
-                    "page_priority", "stream_branches", "temperature", "loop_detection", "loop_ngram",
+                    "page_priority", "stream_branches", "temperature", "repetition_penalty", "loop_detection", "loop_ngram",
                     "loop_count", "loop_window", "loop_max_period", "branch_retries",
                     "retry_temperatures", "retry_seed", "layout_retries", "retry_token_budget",
                     "branch_stream_interval")

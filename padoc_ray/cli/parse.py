@@ -23,7 +23,7 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
 
 def _run_local(model: str, paths: list[str], args, *, pages=None, truth=None, concurrency: int = 4):
     from padoc_ray.tokenizer import ModelProtocol
-    from padoc_ray.host import HostConfig, PageHost
+    from padoc_ray.host import HostConfig, PageHost, check_family
     from padoc_ray.inputs import load_pages, parse_local
     from padoc_ray.pdf import RenderConfig
     from padoc_ray.protocol import ProtocolError
@@ -32,12 +32,16 @@ def _run_local(model: str, paths: list[str], args, *, pages=None, truth=None, co
         model_protocol = ModelProtocol(model)
     except (ProtocolError, OSError) as e:
         die(f"cannot load model {model}: {e}")
+    cfg = HostConfig(mode=args.mode, scheduler=scheduler_from_args(args), pages_in_flight=concurrency)
+    try:
+        check_family(model_protocol, cfg)  # before any page is rendered: hpd has no --mode sequential
+    except ProtocolError as e:
+        die(f"{model}: {e}")
     render = from_args(RenderConfig, args)
     items = load_pages(paths, render=render, pages=pages)
 
     if not any(it.page is not None for it in items):
         return items, [None] * len(items), model_protocol
-    cfg = HostConfig(mode=args.mode, scheduler=scheduler_from_args(args), pages_in_flight=concurrency)
 
     async def go():
         host = await PageHost(model, cfg, truth=truth, model_protocol=model_protocol).start()
@@ -55,7 +59,7 @@ def _run_local(model: str, paths: list[str], args, *, pages=None, truth=None, co
 
 def cmd_parse_page(args) -> int:
     from padoc_ray.groundtruth import load_truth
-    from padoc_ray.protocol import quantized, to_json, to_markdown
+    from padoc_ray.protocol import markdown_spans, quantized, to_json, to_markdown
 
     if not os.path.exists(args.input):
         die(f"no such file: {args.input}")
@@ -79,10 +83,14 @@ def cmd_parse_page(args) -> int:
         equals = None if t is None else rec.page.regions == quantized(t, model_protocol.vocab).regions
         if args.format == "json":
             obj = json.loads(to_json(rec.page))
+            markdown, spans = markdown_spans(rec.page)
             obj.update(status=rec.status, valid=rec.valid, message=rec.message, e2e_s=round(rec.e2e_s, 4),
                        n_branches=rec.n_branches, f_seq=rec.f_seq, f_padoc=rec.f_padoc, equals_truth=equals,
                        output_tokens=rec.output_tokens, retries=rec.retries,
-                       engine_s=None if rec.engine_s is None else round(rec.engine_s, 4))
+                       engine_s=None if rec.engine_s is None else round(rec.engine_s, 4),
+                       family=getattr(model_protocol, "family", "padoc"), markdown=markdown,
+                       spans=[list(sp) for sp in spans], prompt_tokens=rec.prompt_tokens,
+                       cached_tokens=rec.cached_tokens)
             regions = obj.get("regions")
             if isinstance(regions, list) and len(regions) == len(rec.region_attempts):
                 for r, n, fin in zip(regions, rec.region_attempts, rec.region_finish, strict=True):

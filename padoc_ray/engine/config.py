@@ -40,6 +40,9 @@ class EngineConfig:
     #: none found: a warning, and glibc), or the path of an allocator library. A tcmalloc already in
     #: LD_PRELOAD stands
     allocator: str | None = None
+    #: let transformers run the checkpoint's own Python (its config class): an HPD-Parsing checkpoint needs it
+    #: (InternVL's remote-code config; the host sets it for the hpd family). Only for checkpoints you trust
+    trust_remote_code: bool = False
     enforce_eager: bool = False
     attention_backend: str | None = None  #: e.g. "FLASHINFER"; None = vLLM picks (FlashInfer on GPU when present)
     scheduling_policy: str = "fcfs"  #: "priority" lets the layout stream run ahead of branches

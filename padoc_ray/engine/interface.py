@@ -9,7 +9,7 @@ detokenization and knows nothing of the PaDoc protocol.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Protocol, Sequence
+from typing import Any, AsyncIterator, Mapping, Protocol, Sequence
 
 
 class EngineError(RuntimeError):
@@ -28,6 +28,9 @@ class GenRequest:
     image: Any = None  # a PIL image, or None for text-only prompts
     image_uuid: str | None = None  # same for every request of a page: the image is encoded once
     cache_salt: str | None = None  # same for every request of a document: namespaces its cache
+    #: per-request arguments of the checkpoint's image processor (hpd: ``max_dynamic_patch``, so vLLM's
+    #: InternVL processor cuts the tile grid the checkpoint was trained on); None: the processor's defaults
+    mm_processor_kwargs: Mapping[str, Any] | None = None
     stop_token_ids: Sequence[int] = ()
     #: teacher-forced replay: the request's outputs are exactly these ids (see :func:`forced_token`) and it
     #: ends with them (:attr:`generation_limit`); the engine forces them the way its model runner can
@@ -37,6 +40,7 @@ class GenRequest:
     #: (see engine.layout_constraint; forced tokens still win); None: unconstrained
     constrain_layout_regions: int | None = None
     temperature: float = 0.0
+    repetition_penalty: float = 1.0  #: vLLM's (1.0: none)
     seed: int | None = None
     priority: int = 0  # lower runs first, under the priority scheduling policy
     stream: bool = True  # False: one delta at the end (far less per-token work in the frontend)

@@ -45,6 +45,7 @@ def engine_kwargs(cfg: EngineConfig) -> dict:
         enable_prefix_caching=cfg.enable_prefix_caching,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         enforce_eager=cfg.enforce_eager,
+        trust_remote_code=cfg.trust_remote_code,
         seed=cfg.seed,
         scheduling_policy=cfg.scheduling_policy,
         tensor_parallel_size=cfg.tensor_parallel_size,
@@ -118,6 +119,7 @@ def sampling_params(req: GenRequest, runner: str):
     return SamplingParams(
         max_tokens=req.generation_limit,
         temperature=req.temperature,
+        repetition_penalty=req.repetition_penalty,
         seed=req.seed,
         stop_token_ids=list(req.stop_token_ids),
         output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
@@ -301,6 +303,8 @@ class VllmEngine:
             p["multi_modal_data"] = {"image": req.image}
             if req.image_uuid is not None:
                 p["multi_modal_uuids"] = {"image": [req.image_uuid]}
+            if req.mm_processor_kwargs:
+                p["mm_processor_kwargs"] = dict(req.mm_processor_kwargs)
         if req.cache_salt is not None:
             p["cache_salt"] = req.cache_salt
         return p

@@ -118,6 +118,11 @@ class RawRegion:
     fork_point: int  # tokens of the stream before this region's close
     content_ids: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: the checkpoint's own name for the category where it differs from ``category`` (hpd: HPD's name)
+    label: str | None = None
+    #: whether the stream itself says the region has content (hpd: closed by <FORK>); None: the
+    #: category's content format says (padoc)
+    has_branch: bool | None = None
 
 
 @dataclass
@@ -266,11 +271,10 @@ def parse_branch(vocab: Vocab, ids: Sequence[int], *, has_start: bool = False) -
 
 
 # ---- back to a page -------------------------------------------------------------------------------
-def _region(vocab: Vocab, raw: RawRegion, content: str | None, errors: Iterable[str]) -> Region:
-    bins = vocab.spec.coordinates.bins
-    x1, y1, x2, y2 = (dequantize(b, bins) for b in raw.bins)
-    box = Box(min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2))
-    fmt = vocab.spec.content_format(raw.category)
+def _region(vocab: Vocab, raw: RawRegion, content: str | None, errors: Iterable[str],
+            size: tuple[int, int] | None = None) -> Region:
+    box = vocab.box(raw, *(size or (None, None)))
+    fmt = vocab.region_format(raw)
     if fmt == "none":
         content = None
     return Region(category=raw.category, box=box, content=content, content_format=fmt,
@@ -278,7 +282,7 @@ def _region(vocab: Vocab, raw: RawRegion, content: str | None, errors: Iterable[
 
 
 def assemble_region(vocab: Vocab, tokenizer: TextTokenizer, raw: RawRegion, branch: ParsedBranch | None, *,
-                    sequential: bool = False) -> Region:
+                    sequential: bool = False, size: tuple[int, int] | None = None) -> Region:
     """One region of a page: its layout (``raw``) and content, inline (``sequential``) or from its parsed
     ``branch`` (None: no branch ran, MISSING_BRANCH). The rule :func:`assemble_page` applies to every
     region, and the scheduler to each one as its branch finishes (streamed region events)."""
@@ -291,7 +295,7 @@ def assemble_region(vocab: Vocab, tokenizer: TextTokenizer, raw: RawRegion, bran
     else:
         content = tokenizer.decode(branch.content_ids)
         errs.extend(branch.errors)
-    return _region(vocab, raw, content, errs)
+    return _region(vocab, raw, content, errs, size)
 
 
 def assemble_page(
@@ -311,7 +315,7 @@ def assemble_page(
     out = []
     for raw in regions:
         br = None if branches is None else (branches[raw.index] if raw.index < len(branches) else None)
-        reg = assemble_region(vocab, tokenizer, raw, br, sequential=branches is None)
+        reg = assemble_region(vocab, tokenizer, raw, br, sequential=branches is None, size=(width, height))
         out.append(reg)
         page_errors.extend(e for e in reg.errors if e != INVALID_BOX)
     return Page(width=width, height=height, regions=tuple(out), page_no=page_no, image_path=image_path,
@@ -319,7 +323,7 @@ def assemble_page(
 
 
 def parse_sequential(vocab: Vocab, tokenizer: TextTokenizer, ids: Sequence[int], **page_kw) -> Page:
-    p = StreamParser(vocab, sequential=True)
+    p = vocab.parser(sequential=True)
     p.feed_many(ids)
     regions = p.finish()
     return assemble_page(vocab, tokenizer, regions, p.error_codes, None, **page_kw)
@@ -330,7 +334,7 @@ def parse_padoc(
     *, branches_have_start: bool = False, **page_kw,
 ) -> Page:
     """Parse a layout stream and its branches (``branches[k]`` for the k-th closed region)."""
-    p = StreamParser(vocab)
+    p = vocab.parser()
     p.feed_many(layout)
     regions = p.finish()
     parsed = [None if b is None else parse_branch(vocab, b, has_start=branches_have_start) for b in branches]
@@ -338,7 +342,10 @@ def parse_padoc(
 
 
 def quantized(page: Page, vocab: Vocab) -> Page:
-    """The page as it comes back from tokens: boxes snapped to bin centres, errors cleared."""
+    """The page as it comes back from tokens: boxes snapped to bin centres (another family: its own
+    box space), errors cleared."""
+    if vocab.family != "padoc":
+        return vocab.quantized(page)
     bins = vocab.spec.coordinates.bins
     regs = []
     for r in page.regions:

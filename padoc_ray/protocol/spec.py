@@ -21,7 +21,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import Mapping, Protocol, Sequence
+from typing import ClassVar, Mapping, Protocol, Sequence
 
 SPEC_FILENAME = "padoc_protocol.json"
 SPEC_VERSION = 1
@@ -88,6 +88,7 @@ class CoordinateSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class ProtocolSpec:
+    family: ClassVar[str] = "padoc"  #: the checkpoint family this spec describes (see protocol.family)
     tokens: ControlTokens = field(default_factory=ControlTokens)
     categories: tuple[CategorySpec, ...] = ()
     coordinates: CoordinateSpec = field(default_factory=CoordinateSpec)
@@ -233,8 +234,16 @@ class TextTokenizer(Protocol):
 
 @dataclass(frozen=True)
 class Vocab:
-    """A spec with its token strings resolved to ids of one tokenizer."""
+    """A spec with its token strings resolved to ids of one tokenizer: the ``padoc`` family.
 
+    What the scheduler and the codec ask of a checkpoint family (the ``hpd`` family's
+    :class:`~padoc_ray.protocol.hpd.HpdVocab` answers the same): the control ids (``region_open``,
+    ``region_close`` = the fork trigger, ``branch_start``, ``end_of_stream``, ``control_ids``), a stream
+    parser (:meth:`parser`), whether a closed region gets a branch (:meth:`has_branch`,
+    :meth:`forkable`), its box and content format, and a page in fork form for replay
+    (:meth:`serialize_fork`)."""
+
+    family: ClassVar[str] = "padoc"
     spec: ProtocolSpec
     region_open: int
     region_close: int
@@ -288,3 +297,39 @@ class Vocab:
             + list(self.category_ids.values())
             + list(self.coord_ids)
         )
+
+    # ---- what the scheduler and the codec ask of a family --------------------------------------------
+    def parser(self, *, sequential: bool = False):
+        """A fresh incremental parser of a layout stream (or, ``sequential``, of a sequential stream)."""
+        from .codec import StreamParser
+
+        return StreamParser(self, sequential=sequential)
+
+    def has_branch(self, raw) -> bool:
+        """Whether a closed region has content to decode: its category's content format says."""
+        return self.spec.content_format(raw.category) != "none"
+
+    def forkable(self, raw) -> bool:
+        """Whether a branch may start for it at all (padoc: always; ``skip_contentless`` decides)."""
+        return True
+
+    def region_format(self, raw) -> str:
+        return self.spec.content_format(raw.category)
+
+    def known_category(self, raw) -> bool:
+        return raw.category in self.category_ids
+
+    def box(self, raw, width: int | None = None, height: int | None = None):
+        """The region's normalized box: each bin's centre, corners sorted."""
+        from .codec import dequantize
+        from .page import Box
+
+        bins = self.spec.coordinates.bins
+        x1, y1, x2, y2 = (dequantize(b, bins) for b in raw.bins)
+        return Box(min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2))
+
+    def serialize_fork(self, tokenizer: TextTokenizer, page):
+        """The page in fork form (layout stream, branches, fork points), as a trained model writes it."""
+        from .codec import serialize_padoc
+
+        return serialize_padoc(self, tokenizer, page)

@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from padoc_ray.protocol import RawRegion, StreamParser, Vocab
+from padoc_ray.protocol import RawRegion, Vocab
 
 #: reasons a detector gives for a hit (stable strings: they become stop reasons and row fields)
 TOKEN_LOOP = "token_loop"  # the token stream repeats itself (n-gram recurrence)
@@ -294,7 +294,7 @@ class LayoutLoopDetector:
     closed region. Chunking-independent like :class:`LoopDetector`."""
 
     def __init__(self, vocab: Vocab, cfg: LayoutLoopConfig | None = None, *, sequential: bool = False):
-        self.parser = StreamParser(vocab, sequential=sequential)
+        self.parser = vocab.parser(sequential=sequential)
         self.regions = RegionLoopDetector(cfg)
 
     @property

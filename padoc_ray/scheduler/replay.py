@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 
-from padoc_ray.protocol import Page, serialize_padoc, serialize_sequential
+from padoc_ray.protocol import Page, serialize_sequential
 
 from .runner import PageInput
 
@@ -15,7 +15,7 @@ def replay_input(model_protocol, truth: Page, base: PageInput, mode: str) -> Pag
     """``base`` with forced traces for ``truth`` in ``mode`` (branch-start tokens live in the
     child prompts, so forced branches start at the content)."""
     if mode == "fork":
-        s = serialize_padoc(model_protocol.vocab, model_protocol.tokenizer, truth)
+        s = model_protocol.vocab.serialize_fork(model_protocol.tokenizer, truth)
         return replace(base, forced_main=s.layout, forced_branches=[b[1:] for b in s.branches])
     return replace(base, forced_main=serialize_sequential(model_protocol.vocab, model_protocol.tokenizer, truth),
                    forced_branches=None)

@@ -131,6 +131,13 @@ class _Page:
         self.announced: dict[int, RawRegion] = {}  # region index -> its closed layout, once its event went out
         self.contented: set[int] = set()  # regions whose content event went out
         self.state = PageState(model_protocol.vocab, model_protocol.prompt_ids(mode), cfg, mode)
+        #: the image as the checkpoint's family sends it (hpd: resized to its tile grid, with the processor
+        #: arguments that keep that grid), and the multimodal uuid that names it as sent
+        prepare = getattr(model_protocol, "prepare_image", None)
+        if prepare is not None and inp.image is not None:
+            self.image, self.mm_kwargs, self.image_uuid = prepare(inp.image, inp.page_id)
+        else:
+            self.image, self.mm_kwargs, self.image_uuid = inp.image, None, inp.page_id
         self.run_id = f"{inp.page_id}/{uuid.uuid4().hex[:8]}"
         self.live: set[str] = set()
         self.tasks: list[asyncio.Task] = []
@@ -154,10 +161,11 @@ class _Page:
         stream): the ladder's temperature and its own seed."""
         seed = retry_seed(self.inp.page_id, stream_no, attempt, self.cfg.retry_seed) if attempt else None
         return GenRequest(
-            request_id=rid, prompt_ids=prompt, max_tokens=self.cfg.max_tokens, image=self.inp.image,
-            image_uuid=self.inp.page_id, cache_salt=self.inp.cache_salt,
+            request_id=rid, prompt_ids=prompt, max_tokens=self.cfg.max_tokens, image=self.image,
+            image_uuid=self.image_uuid, cache_salt=self.inp.cache_salt, mm_processor_kwargs=self.mm_kwargs,
             stop_token_ids=(self.model_protocol.vocab.end_of_stream,), forced_tokens=forced,
-            temperature=self.cfg.attempt_temperature(attempt), seed=seed, priority=priority, stream=stream,
+            temperature=self.cfg.attempt_temperature(attempt), repetition_penalty=self.cfg.repetition_penalty,
+            seed=seed, priority=priority, stream=stream,
             stream_interval=stream_interval,
         )
 
@@ -224,10 +232,14 @@ class _Page:
                 for i in sorted(set(self.announced) - self.contented):
                     self._content(i)
             self.announced[raw.index] = raw
-            layout = assemble_region(mp.vocab, mp.tokenizer, raw, None, sequential=True)
+            layout = assemble_region(mp.vocab, mp.tokenizer, raw, None, sequential=True, size=self._size)
             self.on_event(RegionEvent("region", raw.index, dataclasses.replace(layout, content=None)))
             if self.mode == "fork" and raw.index not in st.forks:
                 self._content(raw.index)
+
+    @property
+    def _size(self) -> tuple[int, int]:
+        return (self.inp.width, self.inp.height)
 
     def _content(self, index: int) -> None:
         """Region ``index``'s content event, from its kept branch (as :meth:`_record` will read it)."""
@@ -241,7 +253,7 @@ class _Page:
             seq = False
             branch = (ParsedBranch([], True, []) if index in st.skipped else
                       parse_branch(vocab, st.branches[index].tokens) if index in st.branches else None)
-        reg = assemble_region(vocab, self.model_protocol.tokenizer, raw, branch, sequential=seq)
+        reg = assemble_region(vocab, self.model_protocol.tokenizer, raw, branch, sequential=seq, size=self._size)
         self.contented.add(index)
         self.on_event(RegionEvent("content", index, reg, region_block(reg, index)))
 

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from padoc_ray import status
 from padoc_ray.protocol import Vocab
-from padoc_ray.protocol.codec import RawRegion, StreamParser, child_prompt
+from padoc_ray.protocol.codec import RawRegion, child_prompt
 
 from .loops import LoopConfig, LoopDetector, StreamLoopGuard
 
@@ -81,6 +81,9 @@ class SchedulerConfig:
     #: logits mask per step for each layout stream. Branches and sequential streams are never constrained.
     constrain_layout: bool = False
     temperature: float = 0.0  #: sampling temperature of every stream (0: greedy)
+    #: vLLM's repetition penalty on every stream (1.0: none). HPD-Parsing's authors suggest 1.05 for complex
+    #: layouts; teacher-forced tokens are not affected
+    repetition_penalty: float = 1.0
     #: the loop detector (scheduler.loops: repeated n-grams of any period up to a table row, and for the
     #: layout stream repeated or stalled regions) on every stream, next to the runaway guard; off: the
     #: runaway guard and the layout stall check alone
@@ -121,6 +124,8 @@ class SchedulerConfig:
             raise ValueError("max_branches must be in [0, 100000]")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise ValueError("repetition_penalty must be in (0, 2] (1.0: none)")
         if self.deadline_s is not None and self.deadline_s <= 0:
             raise ValueError("deadline_s must be positive")
         if self.runaway_window is not None and self.runaway_window <= 2 * self.runaway_max_period:
@@ -249,7 +254,7 @@ class PageState:
             raise ValueError(f"mode must be one of {DECODE_MODES}, got {mode!r}")
         self.vocab, self.cfg, self.mode = vocab, cfg, mode
         self.prompt_ids = tuple(prompt_ids)
-        self.parser = StreamParser(vocab, sequential=(mode == "sequential"))
+        self.parser = vocab.parser(sequential=(mode == "sequential"))
         self.main = StreamTrace()
         self.branches: dict[int, StreamTrace] = {}  # region index -> its branch (its current / kept attempt)
         self.forks: dict[int, ForkAction] = {}  # region index -> its first fork (a re-fork repeats its prompt)
@@ -352,7 +357,7 @@ class PageState:
         fresh guards re-read what is kept (no region is forked again)."""
         self.discarded_tokens += len(self.main.tokens) - boundary
         del self.main.tokens[boundary:]
-        self.parser = StreamParser(self.vocab, sequential=(self.mode == "sequential"))
+        self.parser = self.vocab.parser(sequential=(self.mode == "sequential"))
         self._new_main_guards()
         for t in self.main.tokens:
             self.parser.feed(t)
@@ -361,7 +366,8 @@ class PageState:
         self._last_close = boundary
 
     def _fork(self, region: RawRegion) -> ForkAction | None:
-        if self.cfg.skip_contentless and self.vocab.spec.content_format(region.category) == "none":
+        v = self.vocab  # a region without content (hpd: a block the model closed without <FORK>) may get none
+        if not v.has_branch(region) and (self.cfg.skip_contentless or not v.forkable(region)):
             self.skipped.add(region.index)
             return None
         if len(self.branches) >= self.cfg.max_branches:

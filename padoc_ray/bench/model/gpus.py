@@ -4,9 +4,11 @@ Every number :mod:`.roofline` uses comes from here or from a named default there
 its vendor's datasheet states: HBM (or GDDR) bandwidth and *dense* bf16 tensor-core peak (the
 datasheets also print a 2x "with sparsity" figure; dense is what a transformer's matmuls get).
 
-The built-in model shape ``qwen3-vl-2b`` is written from the public ``Qwen/Qwen3-VL-2B-Instruct``
-``config.json`` (no hub is reachable here; see :data:`SHAPES` for where each value was checked).
-:func:`model_shape` reads the same fields from any local checkpoint's ``config.json``.
+The built-in model shapes are written by hand (no hub is reachable here; see :data:`SHAPES` for where
+each value was checked): ``qwen3-vl-2b`` from the public ``Qwen/Qwen3-VL-2B-Instruct`` ``config.json``,
+``hpd-1b`` (HPD-Parsing, an InternVL3.5-1B-based parser) from its ``config.json`` as oar-ocr's
+``config.rs`` quotes it. :func:`model_shape` reads the same fields from any local checkpoint's
+``config.json`` (Qwen-VL style).
 
 Pure: imports no ray, vllm or torch.
 """
@@ -62,6 +64,15 @@ class ModelShape:
     merge: int
     vit_out_hidden: int  #: the merger's output width (the language model's hidden size)
     deepstack_mergers: int = 0  #: extra mergers fed from inner ViT layers (Qwen3-VL's DeepStack)
+    #: patches one ViT attention sees: 0 = every patch of the image (Qwen-VL); InternViT attends within
+    #: a 448-px tile, (448 / 14)^2 = 1024 patches (the thumbnail is one more tile)
+    vit_window: int = 0
+    #: the merger MLP's inner width: 0 = the merged width ``vit_hidden * merge^2`` (Qwen-VL's merger);
+    #: InternVL's mlp1 (LayerNorm, Linear merged -> LM hidden, GELU, Linear) has the LM's hidden size
+    merger_hidden: int = 0
+    #: whether the LM head is the embedding table (else the table is a second vocab x hidden in memory;
+    #: a step reads only the head either way, its lookups are a few rows)
+    tied_embeddings: bool = True
     source: str = ""
 
     @property
@@ -85,13 +96,22 @@ class ModelShape:
 
     @property
     def merger_params(self) -> int:
-        """One patch merger: merge^2 patches concatenated, an MLP to the same width, then to the LM's width."""
+        """One patch merger: merge^2 patches concatenated, an MLP to ``merger_hidden`` (default: the same
+        width), then to the LM's width."""
         wide = self.vit_hidden * self.merge ** 2
-        return wide * wide + wide * self.vit_out_hidden
+        mid = self.merger_hidden or wide
+        return wide * mid + mid * self.vit_out_hidden
 
     @property
     def vit_params(self) -> int:
         return self.vit_depth * self.vit_layer_params + (1 + self.deepstack_mergers) * self.merger_params
+
+    @property
+    def resident_params(self) -> int:
+        """Every weight the engine holds: decoder layers, LM head, the embedding table when it is not the
+        head, vision encoder and mergers."""
+        embed = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return self.layers * self.layer_params + self.lm_head_params + embed + self.vit_params
 
 
 #: sources of the built-in shape (no hub here): layers 28, hidden 2048, 16 heads / 8 KV heads, head_dim 128,
@@ -99,12 +119,31 @@ class ModelShape:
 #: model metadata (an InfiniCore Qwen3-VL port, code search); ViT intermediate 4096, out_hidden 2048,
 #: merge 2 and DeepStack indexes [5, 11, 17] as sgl-jax's Qwen3VLVisionConfig defaults (code search);
 #: intermediate 6144 is the public config's value as recalled (the Qwen3-1.7B text width), not found in
-#: the searchable corpus: the one figure here not checked against a second copy
+#: the searchable corpus: the one figure here not checked against a second copy.
+#:
+#: ``hpd-1b`` (PaddlePaddle/HPD-Parsing): the config.json that oar-ocr's HPD-Parsing port
+#: (oar-ocr-vl/src/hpd_parsing/config.rs, its ``parses_official_config_shape`` test) parses:
+#: vision_config hidden 1024, intermediate 4096, 24 layers, 16 heads, image_size 448, patch 14,
+#: downsample_ratio 0.5 (pixel shuffle: 2 x 2 patches a token, so merge 2 and 256 tokens a tile);
+#: llm_config (Qwen3: QK-norm, SwiGLU, GQA) 28 layers, hidden 1024, 16 heads / 8 KV heads, head_dim 128,
+#: intermediate 3072, vocab 151681 (its last id is <CHILD>, 151680, after InternVL's image tokens), the
+#: decoder as InternVL3.5-1B's public config (a Qwen3-0.6B decoder) has it. mlp1 (LayerNorm(4096), Linear 4096 ->
+#: 1024, GELU, Linear 1024 -> 1024) as InternVL's projector: merger_hidden = vit_out_hidden = 1024.
+#: The LM head is taken as untied (that config, as quoted, sets no tie_word_embeddings, and oar-ocr's
+#: decoder loads a separate lm_head unless it is set; not checked against the checkpoint's weights): it
+#: changes only the memory (one more 151681 x 1024 table), not a step's reads. Left out: InternViT's CLS
+#: token (1025 tokens a tile, not 1024), its qkv bias, and HPD's P-MTP draft head (the model has no
+#: speculative decoding)
 SHAPES: dict[str, ModelShape] = {s.name: s for s in (
     ModelShape("qwen3-vl-2b", layers=28, hidden=2048, heads=16, kv_heads=8, head_dim=128, intermediate=6144,
                vocab=151936, vit_depth=24, vit_hidden=1024, vit_intermediate=4096, patch=16, merge=2,
                vit_out_hidden=2048, deepstack_mergers=3,
                source="Qwen/Qwen3-VL-2B-Instruct config.json (public numbers, written by hand; see gpus.SHAPES)"),
+    ModelShape("hpd-1b", layers=28, hidden=1024, heads=16, kv_heads=8, head_dim=128, intermediate=3072,
+               vocab=151681, vit_depth=24, vit_hidden=1024, vit_intermediate=4096, patch=14, merge=2,
+               vit_out_hidden=1024, vit_window=(448 // 14) ** 2, merger_hidden=1024, tied_embeddings=False,
+               source="HPD-Parsing per oar-ocr's config.rs / InternVL3.5-1B public config, written by hand "
+                      "(InternViT-300M tiles of 448 px, untied LM head; see gpus.SHAPES)"),
 )}
 
 
@@ -138,4 +177,5 @@ def model_shape(name_or_dir: str) -> ModelShape:
         vocab=text["vocab_size"], vit_depth=vit.get("depth", 0), vit_hidden=vit.get("hidden_size", 0),
         vit_intermediate=vit.get("intermediate_size", 0), patch=vit.get("patch_size", 0),
         merge=vit.get("spatial_merge_size", 1), vit_out_hidden=vit.get("out_hidden_size", text["hidden_size"]),
-        deepstack_mergers=len(vit.get("deepstack_visual_indexes") or ()), source=path)
+        deepstack_mergers=len(vit.get("deepstack_visual_indexes") or ()),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", True))), source=path)

@@ -23,8 +23,10 @@ What the terms count (``StepLoad`` fields in brackets):
   sees. ``StepLoad`` does not say whose context is whose, so each sequence is taken at the step's mean
   context: a decoding token sees all of it, a prefill token (the chunk taken as one sequence's) sees it
   less half the chunk (causal). Exact for a decode-only step and for a lone prefill;
-* vision: per image, ``merge^2`` patches per image token [``image_tokens / images``] through the ViT
-  layers (2 FLOPs a weight), full attention over the image's patches, and the patch mergers.
+* vision: ``merge^2`` patches per image token [``image_tokens``] through the ViT layers (2 FLOPs a
+  weight), full attention over each attention window's patches (the shape's ``vit_window``: a whole
+  image [``image_tokens / images``] for Qwen-VL, a 448-px tile of 1,024 patches for InternViT, the
+  thumbnail being one more tile), and the patch mergers.
 
 Pure: imports no ray, vllm or torch.
 """
@@ -85,11 +87,12 @@ NON_KV_BYTES = 4e9
 def kv_cache_blocks(gpu_: Gpu | str, shape: ModelShape | str, block_size: int, *,
                     utilization: float = GPU_MEMORY_UTILIZATION, reserve_bytes: float = NON_KV_BYTES,
                     dtype_bytes: int = DTYPE_BYTES) -> int:
-    """KV blocks one engine gets on ``gpu_``: its memory x ``utilization``, less the weights (decoder, LM head
-    tied to the embedding, vision encoder) and ``reserve_bytes``, in blocks of ``block_size`` tokens."""
+    """KV blocks one engine gets on ``gpu_``: its memory x ``utilization``, less the weights (decoder, LM head,
+    the embedding table when the head is not tied to it, vision encoder) and ``reserve_bytes``, in blocks of
+    ``block_size`` tokens."""
     g = gpu(gpu_) if isinstance(gpu_, str) else gpu_
     s = model_shape(shape) if isinstance(shape, str) else shape
-    weights = (s.layers * s.layer_params + s.lm_head_params + s.vit_params) * dtype_bytes
+    weights = s.resident_params * dtype_bytes
     free = g.memory_bytes * utilization - weights - reserve_bytes
     per_block = block_size * s.kv_values_per_token * dtype_bytes
     if free < per_block:
@@ -135,9 +138,9 @@ class RooflineStepTime:
     def _vit_seconds(self, images: int, image_tokens: int) -> float:
         s, g, e = self.shape, self.gpu, self.eff
         patches = image_tokens * s.merge ** 2
-        per_image = patches / images
+        window = s.vit_window or patches / images  # the patches each one attends to: its tile's, or its image's
         flops = (2 * s.vit_depth * s.vit_layer_params * patches
-                 + 4 * s.vit_depth * s.vit_hidden * per_image * patches  # full attention within each image
+                 + 4 * s.vit_depth * s.vit_hidden * window * patches  # full attention within each window
                  + 2 * (1 + s.deepstack_mergers) * s.merger_params * image_tokens)
         read = s.vit_params * self.dtype_bytes / (g.hbm_bytes_per_s * e.weights)
         return max(read, flops / (g.bf16_flops_per_s * e.vit))

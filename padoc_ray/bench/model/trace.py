@@ -12,9 +12,11 @@ page_info size without them), and from a measured ``bench serve`` run's ``pages.
 tokens, but not the streams (no layout ids, region lengths or fork points), so the streams still come
 from the ground truth, matched by page name.
 
-Image tokens for Qwen3-VL: the processor resizes an image to multiples of ``patch * merge`` pixels
-within its pixel budget (:func:`resized`); each ``patch * merge`` square becomes one language-model
-token. Pure: imports no ray, vllm or torch.
+Image tokens (:func:`image_tokens`) come from one of two kinds of image processor. Qwen-VL's
+(:class:`ImageProcessor`) resizes an image to multiples of ``patch * merge`` pixels within its pixel
+budget (:func:`resized`); each ``patch * merge`` square becomes one language-model token. InternVL's
+(:class:`TiledImageProcessor`, HPD-Parsing's ``hpd-1b``) cuts the image into a grid of square tiles,
+plus a thumbnail, a fixed number of tokens each. Pure: imports no ray, vllm or torch.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, ClassVar, Sequence
 
 from padoc_ray.protocol import Page, serialize_padoc, serialize_sequential
+from padoc_ray.protocol.hpd_image import TILE, hpd_image_tokens, hpd_tile_grid
 
 #: the placeholder the page prompt holds once; the processor expands it to the image's tokens
 IMAGE_PLACEHOLDER = "<|image_pad|>"
@@ -39,6 +42,7 @@ class TraceError(ValueError):
 class ImageProcessor:
     """The image processor's resize rule (Qwen2-VL/Qwen3-VL ``smart_resize``)."""
 
+    kind: ClassVar[str] = "resize"
     patch_size: int
     merge_size: int
     min_pixels: int
@@ -67,16 +71,44 @@ class ImageProcessor:
     def factor(self) -> int:
         return self.patch_size * self.merge_size
 
+    def tokens(self, width: int, height: int) -> int:
+        """(H / patch / merge) * (W / patch / merge) after the resize."""
+        w, h = resized(width, height, self)
+        return (w // self.factor) * (h // self.factor)
 
-#: processors of models no hub serves here, written from their public preprocessor_config.json
-PROCESSORS = {
+
+@dataclass(frozen=True)
+class TiledImageProcessor:
+    """InternVL-style dynamic tiling: the image becomes ``grid(width, height)`` = (cols, rows) square tiles
+    of ``tile`` pixels (and a thumbnail when there is more than one), which ``grid_tokens(cols, rows)``
+    counts as language-model tokens. Both rules are the model's own (HPD: :mod:`padoc_ray.protocol.hpd_image`)."""
+
+    kind: ClassVar[str] = "tiles"
+    tile: int
+    grid: Callable[[int, int], tuple[int, int]]
+    grid_tokens: Callable[[int, int], int]
+    source: str = ""
+
+    def tokens(self, width: int, height: int) -> int:
+        return self.grid_tokens(*self.grid(width, height))
+
+
+#: either kind of processor: what :func:`image_tokens` takes
+AnyImageProcessor = ImageProcessor | TiledImageProcessor
+
+#: processors of models no hub serves here, written from their public preprocessor_config.json (Qwen) or
+#: the project's own copy of the model's rule (HPD)
+PROCESSORS: dict[str, AnyImageProcessor] = {
     "qwen3-vl-2b": ImageProcessor(16, 2, 65536, 16777216,
                                   source="Qwen/Qwen3-VL-2B-Instruct preprocessor_config.json (size.shortest_edge "
                                          "65536, size.longest_edge 16777216, patch_size 16, merge_size 2)"),
+    "hpd-1b": TiledImageProcessor(TILE, hpd_tile_grid, hpd_image_tokens,
+                                  source="HPD-Parsing's tiling (padoc_ray.protocol.hpd_image: 448-px tiles, 1-24 "
+                                         "of them plus a thumbnail when more than one, 256 tokens a tile)"),
 }
 
 
-def image_processor(name_or_dir: str) -> ImageProcessor:
+def image_processor(name_or_dir: str) -> AnyImageProcessor:
     """A built-in processor (:data:`PROCESSORS`) or a checkpoint directory's."""
     if name_or_dir in PROCESSORS:
         return PROCESSORS[name_or_dir]
@@ -101,10 +133,12 @@ def resized(width: int, height: int, proc: ImageProcessor) -> tuple[int, int]:
     return w, h
 
 
-def image_tokens(width: int, height: int, proc: ImageProcessor) -> int:
-    """Language-model tokens of one image: (H / patch / merge) * (W / patch / merge) after the resize."""
-    w, h = resized(width, height, proc)
-    return (w // proc.factor) * (h // proc.factor)
+def image_tokens(width: int, height: int, proc: AnyImageProcessor) -> int:
+    """Language-model tokens of one image, as ``proc`` counts them: Qwen-VL's (H / patch / merge) *
+    (W / patch / merge) after the resize, or a tiled processor's tokens of its grid (thumbnail included)."""
+    if width < 1 or height < 1:
+        raise TraceError(f"image size must be positive, got {width}x{height}")
+    return proc.tokens(width, height)
 
 
 def host_render_size(width: int, height: int, longest_side: int, max_pixels: int) -> tuple[int, int]:
@@ -189,7 +223,7 @@ def read_truth(path: str, flag: str) -> list:
         raise TraceError(str(e)) from None
 
 
-def traces_from_gt(model_protocol, gt_path: str, proc: ImageProcessor, *, images: str | None = None,
+def traces_from_gt(model_protocol, gt_path: str, proc: AnyImageProcessor, *, images: str | None = None,
                    limit: int | None = None, longest_side: int = 1600, max_render_pixels: int | None = None
                    ) -> list[PageTrace]:
     """Traces of the first ``limit`` pages of an OmniDocBench-format file, in its order (as ``bench

@@ -36,7 +36,8 @@ Qwen3-VL's processor keeps anything under 16.7 MP as it is. Its pages are mostly
 here are :data:`PAGE_SIZES` (A4 portrait and landscape, Letter at 200 dpi), counted as Qwen3-VL's
 processor counts them (:func:`image_tokens`): 3,657-3,796 tokens a page. ``page_sizes`` (``bench
 model --page-sizes GT.json``) draws the sizes from a ground truth's page_info instead, e.g.
-OmniDocBench's own.
+OmniDocBench's own. ``proc`` counts them with another model's image processor instead (``bench model
+--gpu G --model-config hpd-1b``: HPD-Parsing's 448-px tiles, 6,400 tokens for an A4 page at 200 dpi).
 
 Pure: imports no ray, vllm or torch.
 """
@@ -53,7 +54,8 @@ from padoc_ray.corpus.content import paragraph
 from padoc_ray.protocol import Box, Page, Region, decode_depth, serialize_sequential
 from padoc_ray.protocol.codec import content_tokens, region_layout_tokens
 
-from .trace import PageTrace, trace_from_page
+from .trace import AnyImageProcessor, PageTrace, trace_from_page
+from .trace import image_tokens as processor_image_tokens
 
 #: Table 11(a) (376 valid C64 pages of the 384) and the output tokens per page implied by Tables 12-13
 PAPER_384 = {
@@ -205,7 +207,8 @@ def text_of_tokens(tokenizer, n: int, rng: random.Random) -> str:
     raise ValueError(f"could not make text of exactly {n} tokens with this tokenizer")
 
 
-def _page(i: int, lens: list[int], proto, rng: random.Random, size: tuple[int, int]) -> tuple[str, Page, int]:
+def _page(i: int, lens: list[int], proto, rng: random.Random, size: tuple[int, int],
+          proc: AnyImageProcessor | None = None) -> tuple[str, Page, int]:
     w, h = size
     y, weight = 0.05, sum(max(c, 20) for c in lens)
     regions = []
@@ -218,14 +221,17 @@ def _page(i: int, lens: list[int], proto, rng: random.Random, size: tuple[int, i
             cat = "title" if k == 0 and len(lens) > 2 and c < 40 else "text_block"
             regions.append(Region(cat, box, text_of_tokens(proto.tokenizer, c, rng), "text"))
         y = y2
-    return f"paper384-{i:03d}", Page(width=w, height=h, regions=tuple(regions), page_no=i), image_tokens(w, h)
+    tokens = image_tokens(w, h) if proc is None else processor_image_tokens(w, h, proc)
+    return f"paper384-{i:03d}", Page(width=w, height=h, regions=tuple(regions), page_no=i), tokens
 
 
 def paper384(model_protocol, seed: int = 0, pages: int = PAPER_384["pages"],
-             page_sizes: list[tuple[int, int]] | None = None) -> list[tuple[str, Page, int]]:
+             page_sizes: list[tuple[int, int]] | None = None,
+             proc: AnyImageProcessor | None = None) -> list[tuple[str, Page, int]]:
     """``pages`` synthetic pages (name, protocol ``Page``, image tokens) matching the paper's workload,
     their token lengths in ``model_protocol``'s tokenizer and layout protocol; the same seed gives the
-    same pages. Image sizes: :data:`PAGE_SIZES`, or each drawn from ``page_sizes`` ((width, height))."""
+    same pages. Image sizes: :data:`PAGE_SIZES`, or each drawn from ``page_sizes`` ((width, height));
+    image tokens: Qwen3-VL's processor's (:func:`image_tokens`), or ``proc``'s."""
     if pages < 4:
         raise ValueError("paper384 needs at least 4 pages (its statistics are quartiles)")
     rng = random.Random(seed)
@@ -237,7 +243,7 @@ def paper384(model_protocol, seed: int = 0, pages: int = PAPER_384["pages"],
     else:
         sizes = [(w, h) for _, w, h, _ in size_rng.choices(PAGE_SIZES, weights=[s[3] for s in PAGE_SIZES],
                                                             k=len(targets))]
-    return [_page(i, _content_lengths(fs, fp, r, rng), model_protocol, rng, size)
+    return [_page(i, _content_lengths(fs, fp, r, rng), model_protocol, rng, size, proc)
             for i, ((fs, fp), size) in enumerate(zip(targets, sizes, strict=True))]
 
 
@@ -260,11 +266,13 @@ def runaway_page(page: Page, tokens: int, model_protocol, rng: random.Random) ->
 
 def paper384_traces(model_protocol, seed: int = 0, pages: int | None = None, *,
                     runaway: int = SEQUENTIAL_RUNAWAY_PAGES, max_tokens: int = 8192,
-                    page_sizes: list[tuple[int, int]] | None = None) -> tuple[list[PageTrace], list[str]]:
+                    page_sizes: list[tuple[int, int]] | None = None, proc: AnyImageProcessor | None = None
+                    ) -> tuple[list[PageTrace], list[str]]:
     """The workload as engine-model traces (:func:`~.trace.trace_from_page`) and the names of the pages
     whose sequential stream runs past ``max_tokens`` (``runaway`` of the 384, scaled to ``pages`` when
-    fewer are taken, chosen with ``seed``). Their fork traces are the page's own."""
-    items = paper384(model_protocol, seed=seed, page_sizes=page_sizes)
+    fewer are taken, chosen with ``seed``). Their fork traces are the page's own. ``proc``: as
+    :func:`paper384`'s."""
+    items = paper384(model_protocol, seed=seed, page_sizes=page_sizes, proc=proc)
     n = len(items) if pages is None else min(pages, len(items))
     rng = random.Random(f"runaway-{seed}")
     k = round(runaway * n / len(items))
