@@ -145,9 +145,10 @@ def checkpoint_problems(model: str, family: str) -> list[str]:
     mtp = sorted(n for n in names if n.startswith("language_model.mtp.") or ".mtp." in n)
     if not mtp:
         return []
-    return [f"the main weights hold {len(mtp)} P-MTP head tensor(s) ({mtp[0]}, ...) that stock vLLM's InternVL "
-            f"loader does not expect: serve a copy without them (padoc-ray decodes without speculation; the P-MTP "
-            f"head cannot run as stock vLLM's Medusa). For example: load each *.safetensors with "
+    return [f"the main weights hold {len(mtp)} P-MTP head tensor(s) ({mtp[0]}, ...) that stock vLLM refuses to "
+            f"load (vLLM 0.32: \"There is no module or parameter named 'mtp' in Qwen3ForCausalLM\"): serve a copy "
+            f"without them (padoc-ray decodes without speculation; the P-MTP head cannot run as stock vLLM's "
+            f"Medusa). For example: load each *.safetensors with "
             f"safetensors.torch.load_file, drop the keys under language_model.mtp., save_file into a new folder, and "
             f"copy the other files beside them"]
 

@@ -402,8 +402,8 @@ def family_host_config(cfg: HostConfig, family: str) -> HostConfig:
 def check_family(model_protocol, cfg: HostConfig) -> None:
     """Refuse, before any page runs, host settings the checkpoint's family cannot honour: a default mode it
     lacks (hpd has no sequential stream) and the layout grammar (``constrain_layout`` masks the padoc
-    family's layout tokens; an hpd layout is text)."""
-    family = getattr(model_protocol, "family", "padoc")
+    family's layout tokens; an hpd layout is text). Raises ProtocolError (a ValueError)."""
+    family = model_protocol if isinstance(model_protocol, str) else getattr(model_protocol, "family", "padoc")
     if family == "padoc":
         return
     from padoc_ray.protocol.family import check_mode
@@ -414,6 +414,21 @@ def check_family(model_protocol, cfg: HostConfig) -> None:
 
         raise ProtocolError(f"--constrain-layout masks the padoc family's layout tokens; a {family} checkpoint "
                             f"writes its layout as text, which the grammar does not cover: leave it off")
+
+
+def model_problem(model: str, cfg: HostConfig) -> str | None:
+    """What stops ``cfg`` running on the checkpoint ``model``, said before a job starts (None: nothing seen).
+    Checks local folders (an s3:// checkpoint is checked by its engine hosts once fetched)."""
+    if "://" in model or not os.path.isdir(model):
+        return None
+    from padoc_ray.protocol import ProtocolError
+    from padoc_ray.protocol.family import recognize
+
+    try:
+        check_family(recognize(model).family, cfg)
+    except ProtocolError as e:
+        return f"{model}: {e}"
+    return None
 
 
 def event_json(ev: RegionEvent, page_index: int) -> dict:

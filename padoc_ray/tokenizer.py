@@ -23,10 +23,12 @@ class HFTextTokenizer:
         self._vocab = hf_tokenizer.get_vocab()
 
     @classmethod
-    def from_pretrained(cls, model_dir: str) -> "HFTextTokenizer":
+    def from_pretrained(cls, model_dir: str, *, trust_remote_code: bool = False) -> "HFTextTokenizer":
+        """``trust_remote_code``: the checkpoint's config is its own Python (hpd: InternVL's), which
+        transformers would otherwise ask about on the terminal."""
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(model_dir))
+        return cls(AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code))
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))
@@ -47,7 +49,7 @@ class ModelProtocol:
         #: "padoc" | "hpd", and what it was recognized from (doctor reports both)
         self.family, self.recognized_by, self.config = found.family, found.how, found.config
         self.spec = found.spec
-        self.tokenizer = HFTextTokenizer.from_pretrained(model_dir)
+        self.tokenizer = HFTextTokenizer.from_pretrained(model_dir, trust_remote_code=self.family == HPD)
         if self.family == HPD:
             from padoc_ray.protocol.hpd import HpdVocab, check_config_ids
 

@@ -161,6 +161,52 @@ def _worker(tmp_dir: str) -> dict:
     return res
 
 
+def _internvl_reference(image, grid: tuple[int, int] | None):
+    """InternVL's tiles of ``image`` from Pillow and numpy alone: a bicubic resize to the grid's
+    ``cols*448 x rows*448``, row-major 448 tiles and a 448 thumbnail of the page (or one 448 resize),
+    each made RGB, scaled to [0, 1] and normalized with ImageNet's mean/std in float32."""
+    import numpy as np
+    from PIL import Image
+
+    if grid is None:
+        tiles = [image.resize((448, 448), Image.BICUBIC)]
+    else:
+        cols, rows = grid
+        big = image.resize((cols * 448, rows * 448), Image.BICUBIC)
+        tiles = [big.crop((c * 448, r * 448, (c + 1) * 448, (r + 1) * 448)) for r in range(rows) for c in range(cols)]
+        tiles.append(image.resize((448, 448), Image.BICUBIC))
+    mean = np.asarray((0.485, 0.456, 0.406), np.float32)
+    std = np.asarray((0.229, 0.224, 0.225), np.float32)
+    out = [(np.asarray(t.convert("RGB"), np.float32) / np.float32(255) - mean) / std for t in tiles]
+    return np.stack(out).transpose(0, 3, 1, 2)
+
+
+def _internvl_worker(tmp_dir: str) -> dict:
+    """vLLM's own InternVL image preprocessing (``build_transform``: Compose, Lambda, Resize, ToTensor,
+    Normalize) running on the stand-in, against :func:`_internvl_reference`."""
+    import numpy as np
+    import torchvision
+    from vllm.transformers_utils.processors.internvl import image_to_pixel_values_internvl
+
+    images = _images()
+    cases = {  # name: (image, max_num, the grid InternVL's rule picks (None: a single tile, no thumbnail))
+        "page_896x1344": (images["rgb_200x317"].resize((896, 1344)), 6, (2, 3)),
+        "page_700x1000": (images["rgb_200x317"].resize((700, 1000)), 6, (2, 3)),
+        "gray_123x77": (images["gray_123x77"], 6, (3, 2)),  # aspect 1.6: 3x2 is nearest
+        "strip_1000x64_single": (images["strip_1000x64"], 1, None),
+    }
+    res = {"torchvision_file": torchvision.__file__, "cases": {}}
+    for name, (image, max_num, grid) in cases.items():
+        got = image_to_pixel_values_internvl(image, input_size=448, min_num=1, max_num=max_num,
+                                             use_thumbnail=True).numpy()
+        ref = _internvl_reference(image, grid)
+        same = got.shape == ref.shape
+        res["cases"][name] = {"shape": list(got.shape), "ref_shape": list(ref.shape), "dtype": str(got.dtype),
+                              "exact": same and bool(np.array_equal(got, ref)),
+                              "max_abs_diff": float(np.abs(got - ref).max()) if same else None}
+    return res
+
+
 # --------------------------------------------------------------------------- fixtures
 
 
@@ -171,26 +217,36 @@ def _child_env(**extra: str) -> dict:
     return env
 
 
-@pytest.fixture(scope="module")
-def shim_results(tmp_path_factory) -> dict:
-    """Run ``_worker`` once in a child interpreter whose ``torchvision`` is the stand-in."""
-    tmp_dir = tmp_path_factory.mktemp("tv_shim")
+def _run_in_stand_in_child(fn: str, tmp_dir: Path, timeout: int = 300) -> dict:
+    """Run ``fn(tmp_dir)`` of this module in a child interpreter whose ``torchvision`` is the stand-in."""
     pythonpath = os.pathsep.join(p for p in (tvf.shim_dir(), str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     code = (
         "import json, sys; sys.path.insert(1, sys.argv[2]); import test_torchvision_fallback as t; "
-        "print('@@RESULT@@' + json.dumps(t._worker(sys.argv[1])))"
+        f"print('@@RESULT@@' + json.dumps(t.{fn}(sys.argv[1])))"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, str(tmp_dir), str(Path(__file__).parent)],
         env=_child_env(PYTHONPATH=pythonpath, TOKENIZERS_PARALLELISM="false"),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         cwd=str(tmp_dir),
     )
     marker = [line for line in proc.stdout.splitlines() if line.startswith("@@RESULT@@")]
-    assert proc.returncode == 0 and marker, f"worker failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0 and marker, f"{fn} failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return json.loads(marker[0][len("@@RESULT@@") :])
+
+
+@pytest.fixture(scope="module")
+def shim_results(tmp_path_factory) -> dict:
+    """Run ``_worker`` once in a child interpreter whose ``torchvision`` is the stand-in."""
+    return _run_in_stand_in_child("_worker", tmp_path_factory.mktemp("tv_shim"))
+
+
+@pytest.fixture(scope="module")
+def internvl_results(tmp_path_factory) -> dict:
+    """Run ``_internvl_worker`` once in a child interpreter whose ``torchvision`` is the stand-in."""
+    return _run_in_stand_in_child("_internvl_worker", tmp_path_factory.mktemp("tv_internvl"))
 
 
 def _assert_cases_match(cases: dict) -> None:
@@ -283,6 +339,95 @@ def test_pad_crop_normalize_kernels_follow_torchvision_semantics():
     assert torch.allclose(fn.to_tensor(img), x[0].float() / 255)
     with pytest.raises(AttributeError, match="does not implement"):
         fn.rotate  # noqa: B018 - anything unimplemented fails with a clear message
+
+
+def _shim_package():
+    """The whole stand-in package, loaded under a private name (works next to a real torchvision too)."""
+    name = "_padoc_tv_package_under_test"
+    if name not in sys.modules:
+        init = Path(tvf.shim_dir()) / "torchvision" / "__init__.py"
+        spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(init.parent)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before exec: its relative imports resolve under this name
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _internvl_pipeline(T):
+    """vLLM's InternVL ``build_transform(448)``, with a plain RGB conversion as its Lambda."""
+    return T.Compose([
+        T.Lambda(lambda img: img.convert("RGB")),
+        T.Resize((448, 448), interpolation=T.InterpolationMode.BICUBIC),
+        T.ToTensor(),
+        T.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
+    ])
+
+
+def test_internvl_tile_pipeline_is_pil_and_numpy_exact():
+    """Compose(Lambda, Resize BICUBIC, ToTensor, Normalize) of PIL images: bit-identical to Pillow's
+    bicubic resize (what the real torchvision calls for PIL inputs) and float32 numpy arithmetic."""
+    import numpy as np
+    from PIL import Image
+
+    pipeline = _internvl_pipeline(_shim_package().transforms)
+    images = {**_images(), "rgb_448_same_size": _images()["rgb_200x317"].resize((448, 448))}
+    for name, image in images.items():
+        out = pipeline(image)
+        assert out.dtype.is_floating_point and tuple(out.shape) == (3, 448, 448), name
+        np.testing.assert_array_equal(out.numpy(), _internvl_reference(image, None)[0], err_msg=name)
+        if image.size == (448, 448):  # a tile already 448: Resize leaves its pixels as they are
+            ref = np.asarray(image, np.float32) / np.float32(255)
+            assert np.array_equal(out.numpy(), ((ref - np.float32([0.485, 0.456, 0.406]))
+                                                / np.float32([0.229, 0.224, 0.225])).transpose(2, 0, 1))
+    tensor = _shim_package().transforms.functional.pil_to_tensor(images["rgb_200x317"])
+    resized = _shim_package().transforms.Resize((97, 61), interpolation=Image.BICUBIC)(tensor)  # int code 3
+    expected = np.asarray(images["rgb_200x317"].resize((61, 97), Image.BICUBIC)).transpose(2, 0, 1)
+    assert np.array_equal(resized.numpy(), expected)  # uint8 tensors: Pillow's filter per plane
+
+
+def test_transform_classes_follow_torchvision_semantics():
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    T = _shim_package().transforms
+    image = _images()["rgb_200x317"]  # 200 wide, 317 high
+    assert T.Resize(100)(image).size == (100, int(100 * 317 / 200))  # int: the shorter edge, aspect kept
+    assert T.Resize([100])(image).size == (100, 158)
+    assert T.Resize(100, max_size=120)(image).size == (int(120 * 100 / 158), 120)  # longer edge capped
+    assert np.array_equal(np.asarray(T.Resize((50, 40))(image)), np.asarray(image.resize((40, 50), Image.BILINEAR)))
+    assert T.Resize((8, 8), interpolation=3).interpolation is T.InterpolationMode.BICUBIC
+    with pytest.raises(ValueError, match="1 or 2 values"):
+        T.Resize((1, 2, 3))
+    with pytest.raises(TypeError):
+        T.Resize("448")
+    with pytest.raises(TypeError, match="callable"):
+        T.Lambda(3)
+    assert T.Compose([T.Lambda(lambda x: x + 1), T.Lambda(lambda x: x * 10)])(1) == 20  # in order
+    arr = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)  # HWC ndarray
+    t = T.ToTensor()(arr)
+    assert tuple(t.shape) == (3, 2, 3) and t.dtype == torch.float32
+    assert torch.equal(t, torch.from_numpy(arr.transpose(2, 0, 1).astype(np.float32)) / 255)
+    x = torch.ones(3, 2, 2)
+    assert torch.equal(T.Normalize([1.0, 0.0, 0.5], [1.0, 2.0, 0.5])(x)[:, 0, 0], torch.tensor([0.0, 0.5, 1.0]))
+    assert torch.equal(x, torch.ones(3, 2, 2))  # not in place by default ...
+    T.Normalize([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], inplace=True)(x)
+    assert x.eq(0).all()  # ... in place on request
+    assert isinstance(T.Resize(4), torch.nn.Module) and isinstance(T.Normalize([0], [1]), torch.nn.Module)
+    assert "Resize(size=(448, 448), interpolation=bicubic" in repr(_internvl_pipeline(T))
+    with pytest.raises(AttributeError, match="does not implement torchvision.transforms.RandomCrop"):
+        T.RandomCrop  # noqa: B018 - anything unimplemented fails with a clear message
+
+
+def test_vllm_internvl_preprocessing_runs_on_the_stand_in(internvl_results):
+    """vLLM's InternVL processor code, unchanged, on the stand-in: its tiles and thumbnail are exactly
+    Pillow's bicubic resizes normalized in float32."""
+    assert internvl_results["torchvision_file"].startswith(tvf.shim_dir())
+    for name, case in internvl_results["cases"].items():
+        assert case["shape"] == case["ref_shape"], name
+        assert case["dtype"] == "float32" and case["exact"], f"{name}: max |diff| = {case['max_abs_diff']}"
+    assert internvl_results["cases"]["page_896x1344"]["shape"] == [7, 3, 448, 448]  # 2x3 tiles + thumbnail
+    assert internvl_results["cases"]["strip_1000x64_single"]["shape"] == [1, 3, 448, 448]
 
 
 # --------------------------------------------------------------------------- (c) io

@@ -98,10 +98,15 @@ def run_from_args(args: argparse.Namespace) -> int:
     from padoc_ray.pipeline.job import run_batch
     from padoc_ray.storage import InputError
 
+    from padoc_ray.host import model_problem
+
     try:
         cfg = config_from_args(args)
     except ValueError as e:
         return die(str(e), exit=False)
+    problem = model_problem(cfg.model, cfg.engines.host)
+    if problem:
+        return die(problem, exit=False)
     try:
         summary = run_batch(cfg, start_ray=lambda: _init_ray(args))
     except (InputError, FileNotFoundError) as e:

@@ -11,6 +11,8 @@ from padoc_ray.cli.common import add_command, die
 def cmd_build_tiny_model(args) -> int:
     import time
 
+    if args.family == "hpd":
+        return _build_tiny_hpd(args)
     from padoc_ray.checkpoint.tiny import TinyModelConfig, build_tiny_model
 
     t = time.perf_counter()
@@ -24,6 +26,28 @@ def cmd_build_tiny_model(args) -> int:
     print(f"built tiny {what} in {out} ({n / 1e6:.1f} MB float32, {time.perf_counter() - t:.1f}s)")
     if args.base:
         print(f"make it a PaDoc checkpoint with: padoc-ray init-model --base {out} --out DIR")
+    return 0
+
+
+def _build_tiny_hpd(args) -> int:
+    import time
+
+    if args.base:
+        die("--base applies to --family padoc only: it builds a plain Qwen3-VL base for `padoc-ray init-model`; an "
+            "hpd checkpoint is HPD-Parsing's own InternVL format, with no base form")
+    if args.tie_word_embeddings:
+        die("--tie-word-embeddings applies to --family padoc only: HPD-Parsing's decoder has its own LM head "
+            "(language_model.lm_head)")
+    from padoc_ray.checkpoint.tiny_hpd import TinyHpdConfig, build_tiny_hpd_model
+
+    t = time.perf_counter()
+    try:
+        out = build_tiny_hpd_model(args.out, cfg=TinyHpdConfig(seed=args.seed), force=args.force)
+    except FileExistsError as e:
+        die(str(e))
+    n = os.path.getsize(os.path.join(out, "model.safetensors"))
+    print(f"built tiny HPD-Parsing-format (InternVL) checkpoint in {out} ({n / 1e6:.1f} MB float32, "
+          f"{time.perf_counter() - t:.1f}s); load it with trust_remote_code")
     return 0
 
 
@@ -68,20 +92,30 @@ def register(sub) -> None:
     from padoc_ray.cli.flags import add_fields
     from padoc_ray.storage import StorageConfig
 
-    b = add_command(sub, "build-tiny-model", help="build the tiny random-weight Qwen3-VL checkpoint (offline)",
-                       description="Build, offline and deterministically, a tiny random-weight Qwen3-VL PaDoc "
-                                   "checkpoint (float32) with tokenizer, processor configs, chat template and "
-                                   "padoc_protocol.json. For tests, demos and CPU benchmarks: its outputs are noise "
-                                   "unless teacher-forced. With --base: the same tiny Qwen3-VL without the protocol, "
-                                   "which `padoc-ray init-model` turns into a PaDoc checkpoint.")
+    b = add_command(sub, "build-tiny-model", help="build a tiny random-weight checkpoint (offline): PaDoc Qwen3-VL "
+                                                  "or HPD-Parsing format",
+                       description="Build, offline and deterministically, a tiny random-weight float32 checkpoint for "
+                                   "tests, demos and CPU benchmarks: its outputs are noise unless teacher-forced. "
+                                   "--family padoc (default): a Qwen3-VL PaDoc checkpoint with tokenizer, processor "
+                                   "configs, chat template and padoc_protocol.json; with --base, the same tiny "
+                                   "Qwen3-VL without the protocol, which `padoc-ray init-model` turns into a PaDoc "
+                                   "checkpoint. --family hpd: a checkpoint in HPD-Parsing's format (InternVL: "
+                                   "InternViT, MLP projector, Qwen3 decoder; config.json with fork_token_id / "
+                                   "child_token_id and its remote-code config; HPD's tokens and InternVL's chat "
+                                   "template), which stock vLLM loads with trust_remote_code.")
     b.add_argument("out", help="directory to write (must be empty or missing)")
     b.add_argument("--force", action="store_true", help="overwrite a non-empty OUT")
     b.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    b.add_argument("--family", choices=("padoc", "hpd"), default="padoc",
+                   help="checkpoint family: padoc (a PaDoc Qwen3-VL checkpoint; the default) or hpd (HPD-Parsing's "
+                        "InternVL format)")
     b.add_argument("--base", action="store_true",
                    help="build the tiny Qwen3-VL WITHOUT the protocol (no protocol tokens, no padoc_protocol.json): a "
-                        "stand-in for a real base such as Qwen3-VL-2B-Instruct, for `padoc-ray init-model`")
+                        "stand-in for a real base such as Qwen3-VL-2B-Instruct, for `padoc-ray init-model` (--family "
+                        "padoc only)")
     b.add_argument("--tie-word-embeddings", action="store_true",
-                   help="one matrix for input embeddings and LM head (as Qwen3-VL-2B has; default: separate)")
+                   help="one matrix for input embeddings and LM head (as Qwen3-VL-2B has; default: separate; --family "
+                        "padoc only)")
     b.set_defaults(func=cmd_build_tiny_model)
 
     im = add_command(sub, "init-model", help="make a PaDoc checkpoint from a Hugging Face Qwen3-VL checkpoint",

@@ -112,7 +112,7 @@ def cmd_demo(args) -> int:
     import shutil
 
     from padoc_ray.groundtruth import load_truth
-    from padoc_ray.host import HostConfig
+    from padoc_ray.host import HostConfig, model_problem
     from padoc_ray.output.reader import read_rows
     from padoc_ray.pdf import RenderConfig
     from padoc_ray.pipeline.config import BatchConfig, EnginesConfig, RasterConfig
@@ -126,6 +126,9 @@ def cmd_demo(args) -> int:
         die(f"model directory not found: {args.model} (build it with: padoc-ray build-tiny-model {args.model})")
     gt = os.path.join(args.examples, "ground_truth.json")
     replay = not args.no_replay and os.path.exists(gt)
+    problem = model_problem(args.model, HostConfig(mode=args.mode, scheduler=scheduler_from_args(args)))
+    if problem:
+        die(problem)
     print(f"padoc-ray demo: the batch job on {len(paths)} PDFs from {args.examples} on a local Ray cluster, "
           f"model {args.model}, mode {args.mode}")
     if replay:

@@ -9,11 +9,13 @@ installed (PyPI's wheels are CUDA builds that fail to import next to a CPU
 torch), so the model could not even be loaded.
 
 This package implements only what transformers' Qwen2-VL / Qwen3-VL image and
-video processors touch: ``InterpolationMode``, ``transforms.functional`` /
-``transforms.v2.functional`` (``resize``, ``pad``, ``crop``, ``center_crop``,
-``normalize``, ``pil_to_tensor``, ``to_tensor``, ``to_pil_image``,
-``grayscale_to_rgb``) with torchvision's semantics on ``(..., C, H, W)``
-tensors, and an ``io`` module whose functions raise ``NotImplementedError``.
+video processors and vLLM's InternVL processor touch: ``InterpolationMode``,
+``transforms.functional`` / ``transforms.v2.functional`` (``resize``, ``pad``,
+``crop``, ``center_crop``, ``normalize``, ``pil_to_tensor``, ``to_tensor``,
+``to_pil_image``, ``grayscale_to_rgb``) with torchvision's semantics on
+``(..., C, H, W)`` tensors, the transform classes ``Compose``, ``Lambda``,
+``Resize``, ``ToTensor`` and ``Normalize`` (InternVL's per-tile pipeline), and
+an ``io`` module whose functions raise ``NotImplementedError``.
 ``resize`` of CPU uint8 tensors with antialiased BILINEAR/BICUBIC (what the
 Qwen-VL processors do) runs Pillow's resampler on each channel plane, so the
 "fast" processors are bit-exact with transformers' PIL backend before

@@ -1,9 +1,13 @@
-"""Stand-in for ``torchvision.transforms``: only ``InterpolationMode`` and the ``functional`` / ``v2`` modules."""
+"""Stand-in for ``torchvision.transforms``: ``InterpolationMode``, the ``functional`` / ``v2`` modules,
+and the classes vLLM's InternVL processor composes (``Compose``, ``Lambda``, ``Resize``, ``ToTensor``,
+``Normalize``; :mod:`.transforms`)."""
 
-from . import functional, v2
+from . import functional, transforms, v2
 from .functional import InterpolationMode
+from .transforms import Compose, Lambda, Normalize, Resize, ToTensor
 
-__all__ = ["InterpolationMode", "functional", "v2"]
+__all__ = ["Compose", "InterpolationMode", "Lambda", "Normalize", "Resize", "ToTensor", "functional", "transforms",
+           "v2"]
 
 
 def __getattr__(name: str):
@@ -11,6 +15,6 @@ def __getattr__(name: str):
         raise AttributeError(name)
     raise AttributeError(
         f"torchvision stand-in (padoc-ray CPU profile) does not implement torchvision.transforms.{name}; "
-        "only InterpolationMode and the functional helpers used by transformers' Qwen-VL processors exist. "
-        "Install a working torchvision to use it."
+        f"it only provides {', '.join(__all__)} (what transformers' Qwen-VL processors and vLLM's InternVL "
+        "processor use). Install a working torchvision to use it."
     )
