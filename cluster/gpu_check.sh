@@ -3,6 +3,7 @@
 # vLLM's model runners, and what does the serving benchmark do there? Writes one JSON verdict.
 #
 #   cluster/gpu_check.sh [--out DIR] [--runners v2,v1] [--pages N] [--warmup N] [--concurrency LIST]
+#                        [--model CHECKPOINT]
 #
 #   --out DIR      where the verdict (DIR/verdict.json), the logs and the benchmark go
 #                  (default: gpu-check-<UTC time>)
@@ -11,7 +12,11 @@
 #   --pages N      synthetic pages for the benchmark (default 32)
 #   --warmup N     untimed warm-up pages per mode before the benchmark's timed runs (default 2;
 #                  0 when only the wiring is checked, as the CPU suite does: the figures need them)
-#   --concurrency LIST  pages in flight for the benchmark, comma-separated (default 4,16)
+#   --concurrency LIST  pages in flight for the benchmark, comma-separated (default 4,16; with --model 16,64)
+#   --model DIR    a real checkpoint (PaDoc, or HPD-Parsing: huggingface-cli download PaddlePaddle/HPD-Parsing
+#                  --local-dir DIR) instead of the tiny one: the examples are parsed WITHOUT replay (the
+#                  model reads them), each page's status and Markdown go into the verdict, and the benchmark
+#                  is bench serve --no-replay, fork only, on the synthetic pages (fork pages/s per C)
 #
 # Steps (each one's output goes to DIR/logs/STEP.log, its outcome into the verdict):
 #   1. padoc-ray doctor (the runner vLLM picks here, the processors its loader accepts, trace replay)
@@ -20,6 +25,8 @@
 #      then the same with --constrain-layout
 #   4. bench replay at each --concurrency (fork vs sequential, teacher-forced) on synthetic pages, on
 #      the first runner of --runners; its summary goes into the verdict
+# With --model, steps 2-4 become: per runner, demo --model DIR --no-replay (the batch job on examples/, one
+# engine); then bench serve --no-replay --modes fork on the first runner.
 # Exit 0 when every step passed, 1 otherwise. Needs no network. Meant to take under 10 minutes on one GPU
 # (most of it engine starts: five of them). On a machine without CUDA only --runners v1 can pass.
 set -uo pipefail
@@ -29,17 +36,24 @@ runners="v2,v1"
 pages=32
 warmup=2
 concurrency=4,16
+real_model=""
+concurrency_set=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) out="${2:?--out needs a folder}"; shift 2 ;;
     --runners) runners="${2:?--runners needs a list}"; shift 2 ;;
     --pages) pages="${2:?--pages needs a number}"; shift 2 ;;
     --warmup) warmup="${2:?--warmup needs a number}"; shift 2 ;;
-    --concurrency) concurrency="${2:?--concurrency needs a list}"; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --concurrency) concurrency="${2:?--concurrency needs a list}"; concurrency_set=1; shift 2 ;;
+    --model) real_model="${2:?--model needs a checkpoint folder}"; concurrency_set=${concurrency_set:-}; shift 2 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+if [[ -n "$real_model" ]]; then
+  [[ -d "$real_model" ]] || { echo "gpu_check.sh: --model $real_model is not a folder" >&2; exit 2; }
+  [[ -n "$concurrency_set" ]] || concurrency=16,64
+fi
 for r in ${runners//,/ }; do
   [[ "$r" == v1 || "$r" == v2 ]] || { echo "gpu_check.sh: runner must be v1 or v2, got $r" >&2; exit 2; }
 done
@@ -76,6 +90,20 @@ step() {
   echo "   rc=$rc ($((ms / 1000)) s)" >&2
 }
 
+if [[ -n "$real_model" ]]; then
+  model="$real_model"
+  step doctor "" "$padoc" doctor --model "$model" --json "$out/doctor.json"
+  first=""
+  for r in ${runners//,/ }; do
+    if [[ "$r" == v2 ]]; then envv=1; else envv=0; fi
+    [[ -z "$first" ]] && first="$envv"
+    step "demo-$r" "$envv" "$padoc" demo --model "$model" --no-replay --output "$out/demo-$r"
+  done
+  step corpus "" "$padoc" corpus generate --out "$out/corpus" --pages "$pages" --images --seed 1 --force
+  step bench-serve "$first" "$padoc" bench serve --gt "$out/corpus/gt.json" --images "$out/corpus/images" \
+    --model "$model" --modes fork --no-replay --concurrency "$concurrency" --pages "$pages" --warmup "$warmup" \
+    --out "$out/bench"
+else
 step doctor "" "$padoc" doctor --json "$out/doctor.json"
 step build-tiny-model "" "$padoc" build-tiny-model "$model" --force
 first=""
@@ -89,6 +117,7 @@ done
 step corpus "" "$padoc" corpus generate --out "$out/corpus" --pages "$pages" --images --seed 1 --force
 step bench-replay "$first" "$padoc" bench replay --gt "$out/corpus/gt.json" --images "$out/corpus/images" \
   --model "$model" --concurrency "$concurrency" --warmup "$warmup" --out "$out/bench"
+fi
 
 "$py" - "$out" "$t_start" <<'PY'
 import json
@@ -114,6 +143,33 @@ def page_json(text):
         return None
 
 
+def demo_pages(folder):
+    """Each page row of a demo output: its status, its Markdown and how long it took."""
+    try:
+        import pyarrow.dataset as ds
+    except ImportError:
+        return []
+    pages = os.path.join(folder, "pages")
+    if not os.path.isdir(pages):
+        return []
+    cols = ["source_uri", "page_index", "status", "error_message", "markdown", "n_branches", "e2e_s"]
+    rows = ds.dataset(pages, format="parquet").to_table(columns=cols).to_pylist()
+    rows.sort(key=lambda r: (r["source_uri"], r["page_index"]))
+    return [{"document": os.path.basename(r["source_uri"]), "page": r["page_index"] + 1, "status": r["status"],
+             "message": r["error_message"], "n_branches": r["n_branches"], "e2e_s": r["e2e_s"],
+             "markdown": r["markdown"]} for r in rows if r["page_index"] >= 0]
+
+
+def fork_rates(report_path):
+    """bench serve's fork rows: valid pages/s (and P95) per concurrency."""
+    if not os.path.exists(report_path):
+        return None
+    rows = json.load(open(report_path)).get("rows", [])
+    return {str(r.get("concurrency")): {k: r.get(k) for k in ("valid_pages_per_s", "pages_per_s", "p95_e2e_s",
+                                                                 "valid_pages", "pages")}
+            for r in rows if r.get("mode") == "fork"}
+
+
 for s in steps:
     s["ok"] = s["rc"] == 0
     text = read(s["name"], "log")
@@ -121,6 +177,9 @@ for s in steps:
         page = page_json(read(s["name"], "out")) or {}
         s["page"] = {k: page.get(k) for k in ("status", "valid", "equals_truth", "n_branches", "e2e_s")}
         s["ok"] = s["ok"] and page.get("status") == "ok" and page.get("equals_truth") is True
+    if s["name"].startswith("demo-"):  # --model: every page of the examples, parsed without replay
+        s["pages"] = demo_pages(os.path.join(out, s["name"]))
+        s["ok"] = s["ok"] and bool(s["pages"])
     if not s["ok"]:
         s["log_tail"] = text[-3000:]
 doctor = json.load(open(os.path.join(out, "doctor.json"))) if os.path.exists(os.path.join(out, "doctor.json")) else {}
@@ -134,6 +193,9 @@ verdict = {
     "steps": steps,
     "bench_replay": json.load(open(bench_path)) if os.path.exists(bench_path) else None,
 }
+if any(s["name"] == "bench-serve" for s in steps):  # --model: the free-running benchmark, fork only
+    verdict["model"] = {k: doctor.get(k) for k in ("family", "model")}
+    verdict["bench_serve_fork"] = fork_rates(os.path.join(out, "bench", "report.json"))
 with open(os.path.join(out, "verdict.json"), "w") as f:
     json.dump(verdict, f, indent=2)
 for s in steps:

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 EXPORT_PREFIX = "ray_"  #: what Ray's metrics agent puts before an application metric's name
 
 #: seconds: sub-second engine latencies up to a stuck page
+MAX_CATEGORY_TAGS = 64  #: distinct category names one process tags padoc_unknown_categories with
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 #: branches per page: 0.5 separates pages without a branch (boundaries must be positive)
 BRANCH_BUCKETS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
@@ -90,6 +91,11 @@ BRANCH_RETRIES = MetricSpec(
     "Content branches that needed a re-fork (stopped as a loop or at the token limit), by outcome: recovered "
     "(a later attempt ended normally), exhausted (every attempt failed: branch_retries), budget (the page's "
     "retry_token_budget was spent first).", ("outcome",))
+UNKNOWN_CATEGORIES = MetricSpec(
+    "padoc_unknown_categories", "counter",
+    "Regions whose category name the checkpoint's family does not map onto the rows' categories (hpd: a name "
+    "outside its category map), kept as they are and rendered as text; by family and name (after "
+    f"{MAX_CATEGORY_TAGS} distinct names in a process, the rest count as 'other').", ("family", "category"))
 RENDER_SECONDS = MetricSpec(
     "padoc_render_seconds", "histogram", "Per rendered page: seconds the renderer took (render_s).",
     boundaries=LATENCY_BUCKETS)
@@ -106,7 +112,7 @@ JOBS = MetricSpec(
 
 METRICS: tuple[MetricSpec, ...] = (PAGES, DOCUMENT_ERRORS, BRANCHES, FORK_LATENCY, TTFT, PAGE_SECONDS,
                                    OUTPUT_TOKENS, PROMPT_TOKENS, CACHED_TOKENS, IN_FLIGHT, RENDER_SECONDS,
-                                   BRANCH_RETRIES, HTTP_REQUESTS, PAGES_WAITING, JOBS)
+                                   BRANCH_RETRIES, UNKNOWN_CATEGORIES, HTTP_REQUESTS, PAGES_WAITING, JOBS)
 
 
 def exported_names() -> dict[str, MetricSpec]:
@@ -200,6 +206,15 @@ class RayRecorder(Recorder):
         self._inc(CACHED_TOKENS, rec.cached_tokens)
         for outcome in getattr(rec, "retry_outcomes", ()):
             self._inc(BRANCH_RETRIES, 1, {"outcome": outcome})
+        for name in getattr(rec, "unknown_categories", ()):
+            self._inc(UNKNOWN_CATEGORIES, 1, {"family": rec.family, "category": self._category_tag(name)})
+
+    def _category_tag(self, name: str) -> str:
+        seen = self.__dict__.setdefault("_category_tags", set())
+        if name in seen or len(seen) < MAX_CATEGORY_TAGS:
+            seen.add(name)
+            return name
+        return "other"
 
     def pages_in_flight(self, n: int) -> None:
         self._do(self._m[IN_FLIGHT.name].set, float(n), {"host": self._host})

@@ -255,3 +255,34 @@ def test_the_hpd_form_round_trips_through_the_parser():
 def _branches_by_region(truth: Page, s) -> list:
     """One branch per region, as the scheduler records them (a contentless region's is never run: empty)."""
     return [list(b)[1:] for b in s.branches]
+
+
+def test_an_unknown_category_name_is_kept_rendered_as_text_and_counted():
+    from padoc_ray import metrics
+
+    class Counter:
+        def __init__(self):
+            self.calls = []
+
+        def inc(self, value, tags=None):
+            self.calls.append((value, tags))
+
+        observe = set = inc
+
+    inp = base()
+    main = layout("marginalia [100,100,900,200]|", "text [100,300,900,400]|", "stamp [0,0,10,10]")
+    branches = [tok.encode("A side note.") + [HV.end_of_stream], tok.encode("Body.") + [HV.end_of_stream],
+                [HV.end_of_stream]]
+    inp = inp.__class__(**{**inp.__dict__, "forced_main": main, "forced_branches": branches})
+    rec = run(ScriptedEngine(chunk=3), inp)
+    assert rec.status == "ok" and rec.valid, rec.message
+    assert [(r.category, r.content_format, r.content) for r in rec.page.regions] == [
+        ("marginalia", "text", "A side note."), ("text_block", "text", "Body."), ("stamp", "text", "")]
+    assert to_markdown(rec.page).startswith("A side note.\n\nBody.")
+    assert rec.family == "hpd" and rec.unknown_categories == ["marginalia", "stamp"]
+    r = object.__new__(metrics.RayRecorder)
+    r._m = {m.name: Counter() for m in metrics.METRICS}
+    r._warned, r._host = False, "h"
+    r.page(rec)
+    assert r._m["padoc_unknown_categories"].calls == [(1.0, {"family": "hpd", "category": "marginalia"}),
+                                                     (1.0, {"family": "hpd", "category": "stamp"})]

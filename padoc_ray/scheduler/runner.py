@@ -112,6 +112,10 @@ class PageRecord:
     fork_latency_s: list[float] = field(default_factory=list)
     #: branches whose first attempt was forced to loop (PageInput.forced_first_attempt; benchmarks)
     injected_loops: int = 0
+    #: the checkpoint family that parsed the page, and its region names that family does not map (kept as
+    #: they are; metrics count them)
+    family: str = "padoc"
+    unknown_categories: list[str] = field(default_factory=list)
     #: the engine time the page used: the sum over its requests (retries and discarded attempts too) of each
     #: one's share of the engine's busy time (see :mod:`padoc_ray.scheduler.meter`); None: it never ran
     engine_s: float | None = None
@@ -425,6 +429,8 @@ class _Page:
             layout_retries=st.main_attempt, retry_outcomes=[st.outcomes[i] for i in sorted(st.outcomes)],
             fork_latency_s=[self.fork_latency[i] for i in sorted(self.fork_latency)],
             injected_loops=len(inp.forced_first_attempt or ()), engine_s=self.engine_s,
+            family=vocab.family,
+            unknown_categories=[r.label or r.category for r in regions if not vocab.known_category(r)],
         )
 
 
