@@ -18,6 +18,8 @@ from PIL import Image
 
 from padoc_ray.protocol import Box, Page, Region, hpd_tile_grid, quantized, to_markdown
 
+from .test_scheduler_engine import Recording
+
 pytestmark = pytest.mark.engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,26 +37,6 @@ def truth_page(w=612, h=792) -> Page:
         Region(category="page_number", box=Box(0.45, 0.95, 0.55, 0.98), content="3"),
     )
     return Page(width=w, height=h, regions=regs)
-
-
-class Recording:
-    """An engine that passes every request on and keeps it."""
-
-    def __init__(self, engine):
-        self.engine, self.requests = engine, []
-
-    def generate(self, req):
-        self.requests.append(req)
-        return self.engine.generate(req)
-
-    async def abort(self, ids):
-        await self.engine.abort(ids)
-
-    def num_unfinished_requests(self):
-        return self.engine.num_unfinished_requests()
-
-    def shutdown(self):
-        pass
 
 
 @pytest.fixture(scope="module")

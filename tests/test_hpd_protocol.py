@@ -258,16 +258,7 @@ def _branches_by_region(truth: Page, s) -> list:
 
 
 def test_an_unknown_category_name_is_kept_rendered_as_text_and_counted():
-    from padoc_ray import metrics
-
-    class Counter:
-        def __init__(self):
-            self.calls = []
-
-        def inc(self, value, tags=None):
-            self.calls.append((value, tags))
-
-        observe = set = inc
+    from .test_refork import recording_recorder
 
     inp = base()
     main = layout("marginalia [100,100,900,200]|", "text [100,300,900,400]|", "stamp [0,0,10,10]")
@@ -280,9 +271,72 @@ def test_an_unknown_category_name_is_kept_rendered_as_text_and_counted():
         ("marginalia", "text", "A side note."), ("text_block", "text", "Body."), ("stamp", "text", "")]
     assert to_markdown(rec.page).startswith("A side note.\n\nBody.")
     assert rec.family == "hpd" and rec.unknown_categories == ["marginalia", "stamp"]
-    r = object.__new__(metrics.RayRecorder)
-    r._m = {m.name: Counter() for m in metrics.METRICS}
-    r._warned, r._host = False, "h"
+    r = recording_recorder()
     r.page(rec)
     assert r._m["padoc_unknown_categories"].calls == [(1.0, {"family": "hpd", "category": "marginalia"}),
                                                      (1.0, {"family": "hpd", "category": "stamp"})]
+
+
+# ---- recognizing the family, and what it asks of the engine ---------------------------------------------------
+def _checkpoint(tmp_path, config: dict, spec: dict | None = None) -> str:
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if spec is not None:
+        (tmp_path / "padoc_protocol.json").write_text(json.dumps(spec))
+    return str(tmp_path)
+
+
+HPD_CONFIG = {"architectures": ["InternVLChatModel"], "fork_token_id": 151679, "child_token_id": 151680}
+
+
+def test_the_family_is_recognized_from_the_checkpoint_and_a_spec_file_overrides_it(tmp_path):
+    from padoc_ray.protocol import ProtocolError
+    from padoc_ray.protocol.family import recognize
+
+    (tmp_path / "a").mkdir()
+    found = recognize(_checkpoint(tmp_path / "a", HPD_CONFIG))
+    assert found.family == "hpd" and found.spec.box_space == "norm1000" and "fork_token_id 151679" in found.how
+    (tmp_path / "b").mkdir()
+    found = recognize(_checkpoint(tmp_path / "b", HPD_CONFIG, {"family": "hpd", "box_space": "pixels",
+                                                                "categories": {"marginalia": "abandon"}}))
+    assert found.family == "hpd" and found.spec.box_space == "pixels" and found.how.startswith("padoc_protocol.json")
+    assert found.spec.category("marginalia") == "abandon" and found.spec.category("text") == "text_block"
+    (tmp_path / "c").mkdir()  # an InternVL checkpoint without the fork tokens is not HPD-Parsing
+    with pytest.raises(ProtocolError, match="not a checkpoint padoc-ray knows.*InternVLChatModel"):
+        recognize(_checkpoint(tmp_path / "c", {"architectures": ["InternVLChatModel"]}))
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ProtocolError, match="unknown family 'dots'"):
+        recognize(_checkpoint(tmp_path / "d", {}, {"family": "dots"}))
+
+
+def test_the_family_sets_its_engine_and_scheduler_needs_and_refuses_what_it_cannot_do(tmp_path):
+    from padoc_ray.host import HostConfig, check_family, family_host_config, model_problem
+    from padoc_ray.protocol import ProtocolError
+    from padoc_ray.scheduler import SchedulerConfig
+
+    model = _checkpoint(tmp_path, HPD_CONFIG)
+    cfg = HostConfig(preset="cpu").engine_config(model)
+    assert cfg.trust_remote_code and cfg.max_model_len >= 16384 and cfg.enable_prefix_caching
+    assert HostConfig(preset="cpu", engine_overrides={"max_model_len": 20000}).engine_config(model).max_model_len == 20000
+    with pytest.raises(ProtocolError, match="no speculative decoding"):
+        HostConfig(preset="cpu", engine_overrides={"extra": {"speculative_config": {"method": "medusa"}}}
+                   ).engine_config(model)
+    assert family_host_config(HostConfig(), "hpd").scheduler.max_tokens == 8000
+    assert family_host_config(HostConfig(scheduler=SchedulerConfig(max_tokens=300)), "hpd").scheduler.max_tokens == 300
+    assert family_host_config(HostConfig(), "padoc").scheduler.max_tokens == SchedulerConfig.max_tokens
+    with pytest.raises(ProtocolError, match="--constrain-layout"):
+        check_family("hpd", HostConfig(scheduler=SchedulerConfig(constrain_layout=True)))
+    assert "no meaning" in model_problem(model, HostConfig(mode="sequential"))
+    assert model_problem(model, HostConfig()) is None and model_problem("s3://b/m", HostConfig(mode="sequential")) is None
+
+
+def test_the_repetition_penalty_reaches_vllms_sampling_params():
+    from padoc_ray.engine.interface import GenRequest
+
+    vllm_engine = pytest.importorskip("padoc_ray.engine.vllm_engine")
+    pytest.importorskip("vllm")
+    req = GenRequest(request_id="r", prompt_ids=[1, 2], max_tokens=4, repetition_penalty=1.05)
+    assert vllm_engine.sampling_params(req, "v1").repetition_penalty == 1.05
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        SchedulerConfig(repetition_penalty=0)

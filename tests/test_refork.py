@@ -252,7 +252,8 @@ def test_the_flags_set_the_retry_fields():
     assert [SchedulerConfig().attempt_temperature(i) for i in range(5)] == [0.0, 0.3, 0.6, 0.6, 0.6]
 
 
-def test_the_metric_counts_branch_retries_by_outcome():
+def recording_recorder():
+    """A RayRecorder whose metrics keep every call (``r._m[name].calls``) instead of reaching Ray."""
     from padoc_ray import metrics
 
     class Counter:
@@ -267,6 +268,11 @@ def test_the_metric_counts_branch_retries_by_outcome():
     r = object.__new__(metrics.RayRecorder)
     r._m = {m.name: Counter() for m in metrics.METRICS}
     r._warned, r._host = False, "h"
+    return r
+
+
+def test_the_metric_counts_branch_retries_by_outcome():
+    r = recording_recorder()
     inp = replay_input(P, page(4), base(), "fork")
     rec = run(ScriptedEngine(looping("b1"), chunk=4), inp)
     r.page(rec)

@@ -132,7 +132,39 @@ class Issue:
     detail: str = ""
 
 
-class StreamParser:
+class ParserBooks:
+    """What every family's stream parser keeps: its regions, its issues and how many tokens it was fed.
+    A parser's ``feed(tok)`` returns the region that token closed (else None)."""
+
+    def __init__(self) -> None:
+        self.regions: list[RawRegion] = []
+        self.issues: list[Issue] = []
+        self.ended = False
+        self.n_fed = 0
+
+    def feed(self, tok: int) -> RawRegion | None:
+        raise NotImplementedError
+
+    def _issue(self, code: str, detail: str = "") -> None:
+        self.issues.append(Issue(code, self.n_fed, detail))
+
+    def _add(self, reg: RawRegion) -> RawRegion:
+        """Record a closed region (corners out of order: ``invalid_box``, kept)."""
+        b = reg.bins
+        if b[2] < b[0] or b[3] < b[1]:
+            reg.errors.append(INVALID_BOX)
+        self.regions.append(reg)
+        return reg
+
+    def feed_many(self, toks: Iterable[int]) -> list[RawRegion]:
+        return [r for r in map(self.feed, toks) if r is not None]
+
+    @property
+    def error_codes(self) -> list[str]:
+        return list(dict.fromkeys(i.code for i in self.issues))
+
+
+class StreamParser(ParserBooks):
     """Incremental, tolerant parser of a layout stream (``sequential=False``) or a sequential stream.
 
     ``feed(tok)`` returns the :class:`RawRegion` whose close token that was, else None.
@@ -143,21 +175,15 @@ class StreamParser:
     _OUTSIDE, _REGION, _CONTENT, _ENDED = range(4)
 
     def __init__(self, vocab: Vocab, *, sequential: bool = False):
+        super().__init__()
         self.vocab = vocab
         self.sequential = sequential
-        self.regions: list[RawRegion] = []
-        self.issues: list[Issue] = []
-        self.ended = False
-        self.n_fed = 0
         self._state = self._OUTSIDE
         self._fields: list[int] = []
         self._field_names = vocab.spec.coordinates.region_fields
         self._control = vocab.control_ids
 
     # -- helpers --
-    def _issue(self, code: str, detail: str = "") -> None:
-        self.issues.append(Issue(code, self.n_fed, detail))
-
     def _field_ok(self, name: str, tok: int) -> bool:
         if name == "category":
             return tok in self.vocab.id_to_category
@@ -170,16 +196,8 @@ class StreamParser:
             return None
         vals = dict(zip(names, self._fields))
         b = [self.vocab.id_to_bin[vals[f]] for f in BOX_FIELDS]
-        reg = RawRegion(
-            index=len(self.regions),
-            category=self.vocab.id_to_category[vals["category"]],
-            bins=(b[0], b[1], b[2], b[3]),
-            fork_point=self.n_fed,
-        )
-        if b[2] < b[0] or b[3] < b[1]:
-            reg.errors.append(INVALID_BOX)
-        self.regions.append(reg)
-        return reg
+        return self._add(RawRegion(index=len(self.regions), category=self.vocab.id_to_category[vals["category"]],
+                                   bins=(b[0], b[1], b[2], b[3]), fork_point=self.n_fed))
 
     # -- the state machine --
     def feed(self, tok: int) -> RawRegion | None:
@@ -216,24 +234,12 @@ class StreamParser:
         self.n_fed += 1
         return closed
 
-    def feed_many(self, toks: Iterable[int]) -> list[RawRegion]:
-        out = []
-        for t in toks:
-            r = self.feed(t)
-            if r is not None:
-                out.append(r)
-        return out
-
     def finish(self) -> list[RawRegion]:
         if not self.ended and not any(i.code == TRUNCATED for i in self.issues):
             self._issue(TRUNCATED, f"no end-of-stream after {self.n_fed} tokens")
             if self.sequential and self._state == self._CONTENT and self.regions:
                 self.regions[-1].errors.append(TRUNCATED)
         return self.regions
-
-    @property
-    def error_codes(self) -> list[str]:
-        return list(dict.fromkeys(i.code for i in self.issues))
 
 
 @dataclass

@@ -30,11 +30,10 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import ClassVar, Iterable, Mapping, Sequence
+from typing import ClassVar, Mapping, Sequence
 
 from .codec import (
-    INVALID_BOX, MALFORMED_REGION, TRAILING_TOKENS, TRUNCATED, UNEXPECTED_TOKEN, Issue, PaDocSample, RawRegion,
-    SerializeError,
+    MALFORMED_REGION, TRAILING_TOKENS, TRUNCATED, UNEXPECTED_TOKEN, PaDocSample, ParserBooks, RawRegion, SerializeError,
 )
 from .hpd_image import hpd_tile_grid, TILE
 from .page import Box, Page, Region
@@ -201,7 +200,7 @@ def _parse_block(text: str) -> tuple[str, tuple[float, float, float, float]] | s
     return m.group(1), (x1, y1, x2, y2)
 
 
-class HpdStreamParser:
+class HpdStreamParser(ParserBooks):
     """Incremental, tolerant parser of an HPD layout stream, fed one token id at a time.
 
     ``feed(tok)`` returns the :class:`~padoc_ray.protocol.codec.RawRegion` that token closed: a block
@@ -215,16 +214,10 @@ class HpdStreamParser:
     def __init__(self, vocab: "HpdVocab", *, sequential: bool = False):
         if sequential:
             raise ProtocolError("the hpd family has no sequential stream")
+        super().__init__()
         self.vocab = vocab
         self.sequential = False
-        self.regions: list[RawRegion] = []
-        self.issues: list[Issue] = []
-        self.ended = False
-        self.n_fed = 0
         self._block: list[int] | None = None  # the open block's tokens after <BLOCK>
-
-    def _issue(self, code: str, detail: str = "") -> None:
-        self.issues.append(Issue(code, self.n_fed, detail))
 
     def _close(self, has_branch: bool) -> RawRegion | None:
         ids, self._block = self._block, None
@@ -237,13 +230,9 @@ class HpdStreamParser:
             return None
         name, box = got
         spec = self.vocab.spec
-        reg = RawRegion(index=len(self.regions), category=spec.category(name),
-                        bins=tuple(int(round(v)) for v in box), fork_point=self.n_fed, label=name,
-                        has_branch=has_branch)
-        if box[2] < box[0] or box[3] < box[1]:
-            reg.errors.append(INVALID_BOX)
-        self.regions.append(reg)
-        return reg
+        return self._add(RawRegion(index=len(self.regions), category=spec.category(name),
+                                   bins=tuple(int(round(v)) for v in box), fork_point=self.n_fed, label=name,
+                                   has_branch=has_branch))
 
     def feed(self, tok: int) -> RawRegion | None:
         v = self.vocab
@@ -274,17 +263,10 @@ class HpdStreamParser:
         self.n_fed += 1
         return closed
 
-    def feed_many(self, toks: Iterable[int]) -> list[RawRegion]:
-        return [r for r in map(self.feed, toks) if r is not None]
-
     def finish(self) -> list[RawRegion]:
         if not self.ended and not any(i.code == TRUNCATED for i in self.issues):
             self._issue(TRUNCATED, f"no end-of-stream after {self.n_fed} tokens")
         return self.regions
-
-    @property
-    def error_codes(self) -> list[str]:
-        return list(dict.fromkeys(i.code for i in self.issues))
 
 
 @dataclass(frozen=True)

@@ -295,6 +295,10 @@ class Packer:
 
         self.cfg = cfg = cfg if cfg is not None else PackingConfig()
         self.model_protocol = ModelProtocol(model_dir)
+        if self.model_protocol.family != "padoc":
+            raise ValueError(f"{model_dir} is a {self.model_protocol.family} checkpoint: the tree-varlen trainer trains "
+                             f"the padoc family (Qwen3-VL with padoc_protocol.json); padoc-ray serves "
+                             f"{self.model_protocol.family} checkpoints but does not train them")
         self.image_processor = AutoImageProcessor.from_pretrained(model_dir)
         config = AutoConfig.from_pretrained(model_dir)
         self.image_token_id = int(config.image_token_id)
