@@ -34,6 +34,13 @@ from . import viewer_demo
     ("<script>never closed", ""),
     ("<!-- <script>x</script> -->c", "c"),
     ("<p>a<br/>b</p>", "<p>a<br>b</p>"),
+    # a self-closed svg or math holds nothing: what follows it stays (a table after an inline <svg/>)
+    ("<svg onload=z/>after", "after"),
+    ("<math/><table><tr><td>1</td></tr></table>", "<table><tr><td>1</td></tr></table>"),
+    ("<svg/>x<svg>inside</svg>y", "xy"),
+    # a browser reads on after <script/> or <iframe/> as raw text: it goes with them
+    ("<script/>alert(1)</script>z", "z"),
+    ("<iframe/>w", ""),
 ])
 def test_sanitizer_keeps_only_the_allow_list(dirty, clean):
     assert sanitize_html(dirty) == clean

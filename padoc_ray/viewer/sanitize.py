@@ -20,6 +20,9 @@ VOID = frozenset({"br", "col", "hr"})
 #: tags dropped together with everything inside them
 DROP_CONTENT = frozenset({"script", "style", "iframe", "object", "embed", "noscript", "template", "svg", "math",
                           "textarea", "title", "head", "xmp", "noembed", "noframes", "plaintext"})
+#: tags whose "/>" a browser ignores (their content is raw text up to the end tag): they drop what follows
+RAW_TEXT = frozenset({"script", "style", "textarea", "title", "xmp", "noembed", "noframes", "plaintext", "iframe",
+                      "noscript"})
 #: attributes kept, with the check their value must pass (small integers only: no URL, no script)
 ATTRS = {"colspan": str.isdigit, "rowspan": str.isdigit}
 
@@ -33,7 +36,11 @@ class _Clean(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         if tag in DROP_CONTENT:
-            if tag not in VOID:
+            # a self-closed one (<svg/>, and <svg onload=z/>, whose "/" the parser reads into the attribute
+            # value) holds nothing: only an open one drops what follows, up to its end tag. Not so script and
+            # style: a browser ignores their "/>" and reads on as raw text, so what follows goes with them
+            raw = self.get_starttag_text() or ""
+            if tag not in VOID and (tag in RAW_TEXT or not raw.endswith("/>")):
                 self.dropping += 1
             return
         if self.dropping or tag not in TAGS:
@@ -45,6 +52,8 @@ class _Clean(HTMLParser):
             self.open.append(tag)
 
     def handle_startendtag(self, tag, attrs):
+        if tag in DROP_CONTENT and tag not in RAW_TEXT:  # self-closed: nothing inside it to drop
+            return
         self.handle_starttag(tag, attrs)
         if tag in TAGS and tag not in VOID and not self.dropping and self.open and self.open[-1] == tag:
             self.handle_endtag(tag)
