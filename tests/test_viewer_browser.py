@@ -137,6 +137,31 @@ def test_content_with_script_runs_nothing(page, viewer):
     shot(page, viewer, "evil")
 
 
+def test_an_exported_page_runs_its_own_scripts_and_no_inline_one_from_disk(browser, viewer, tmp_path):
+    """``view --export`` pages open from file:// under the viewer's policy (a <meta> element): the page's
+    own script draws its boxes, an inline script added to the page does not run."""
+    from padoc_ray.storage import StorageConfig
+    from padoc_ray.viewer.data import Output
+    from padoc_ray.viewer.export import export
+    from padoc_ray.viewer.images import PageImages
+
+    out = Output(viewer["demo"]["out"])
+    info = export(out, PageImages(StorageConfig()), str(tmp_path / "report"))
+    assert info["pages"] > 0
+    ctx = browser.new_context()
+    pg = ctx.new_page()
+    violations = []
+    pg.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
+    pg.goto((tmp_path / "report" / "p0.html").as_uri())
+    pg.wait_for_selector(".pd-box")  # page.js ran
+    ran = pg.evaluate("() => { const s = document.createElement('script'); s.textContent = 'window.__inline = 1';"
+                      " document.body.appendChild(s); return window.__inline; }")
+    assert ran is None and any("script-src" in v for v in violations), violations
+    pg.goto((tmp_path / "report" / "index.html").as_uri())
+    assert pg.query_selector_all("table.pd-docs tr") and pg.evaluate("window.__inline") is None
+    ctx.close()
+
+
 def test_sigterm_stops_it_cleanly(viewer):
     proc = viewer["proc"]
     proc.send_signal(signal.SIGTERM)

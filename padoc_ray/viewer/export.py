@@ -4,7 +4,8 @@ The sample: every page row that is not ``ok`` (and every document-level error ro
 documents that are not ``ok``, plus ``per_status`` documents of each document status with their
 first page. DIR gets ``index.html`` (the counts and the sample's list), one HTML file per page
 view (``p<k>.html``, its image beside it when the source can be rendered) and the assets under
-``static/``: it opens from disk, with no server.
+``static/``: it opens from disk, with no server, under the viewer's Content Security Policy (a
+``<meta>`` element: nothing inline runs, nothing is fetched from elsewhere).
 """
 
 from __future__ import annotations
@@ -14,8 +15,18 @@ import os
 import shutil
 
 from padoc_ray import status
-from padoc_ray.viewer.app import STATIC, doc_html, layout
+from padoc_ray.viewer.app import CSP, STATIC, doc_html, layout
 from padoc_ray.viewer.data import Output
+
+#: the viewer's Content Security Policy as a <meta> element: an exported page opened from disk has no server
+#: to send the header (a <meta> policy cannot carry frame-ancestors: browsers ignore it there)
+CSP_META = ('<meta http-equiv="Content-Security-Policy" content="'
+            + html.escape("; ".join(d for d in CSP.split("; ") if not d.startswith("frame-ancestors"))) + '">')
+
+
+def _with_csp(page: str) -> str:
+    """``page`` with :data:`CSP_META` first in its head, before anything it governs."""
+    return page.replace("<head>", "<head>" + CSP_META, 1)
 
 
 def export(out: Output, images, folder: str, per_status: int = 3) -> dict:
@@ -53,7 +64,7 @@ def export(out: Output, images, folder: str, per_status: int = 3) -> dict:
             page = doc_html(d, rows, r["page_index"], image_url=lambda _r, img=img: img,
                             page_url=lambda i, links=links: links.get(i, "#"), static="static")
             with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
-                f.write(page.replace('href="/"', 'href="index.html"'))
+                f.write(_with_csp(page.replace('href="/"', 'href="index.html"')))
         n += len(links)
         first = links[min(links)] if links else None
         label = html.escape(os.path.basename(d["source_uri"] or ""))
@@ -67,5 +78,5 @@ def export(out: Output, images, folder: str, per_status: int = 3) -> dict:
             f'<tbody>{"".join(items)}</tbody></table>')
     index = os.path.join(folder, "index.html")
     with open(index, "w", encoding="utf-8") as f:
-        f.write(layout("report", body, static="static").replace('href="/"', 'href="index.html"'))
+        f.write(_with_csp(layout("report", body, static="static").replace('href="/"', 'href="index.html"')))
     return {"pages": n, "errors": errors, "index": index}
