@@ -423,3 +423,12 @@ def test_a_run_whose_s3_lease_was_taken_over_stops_and_writes_nothing_more(s3_st
         await mgr.close()
 
     asyncio.run(main())
+
+
+def test_a_job_id_is_32_hex_characters_and_nothing_more():
+    from padoc_ray.serve.jobs import valid_id
+
+    good = uuid.uuid4().hex
+    assert valid_id(good)
+    for bad in (good + "\n", good + "\r\n", "\n" + good, good.upper(), good[:-1], good + "0", "", None, "../" + good[3:]):
+        assert not valid_id(bad), repr(bad)

@@ -44,13 +44,13 @@ from padoc_ray.storage import StorageConfig, is_s3, join
 
 logger = logging.getLogger(__name__)
 
-_ID = re.compile(r"^[0-9a-f]{32}$")
+_ID = re.compile(r"[0-9a-f]{32}")  #: a job id, whole (fullmatch: "$" would let a trailing newline through)
 FINAL = status.JOB_FINAL
 BUCKET_S = 3600  #: finished jobs are filed by the hour they finished
 
 
 def valid_id(job_id: str) -> bool:
-    return bool(_ID.match(job_id or ""))
+    return isinstance(job_id, str) and _ID.fullmatch(job_id) is not None
 
 
 def tenant_key(tenant: str) -> str:
