@@ -124,12 +124,12 @@ def test_source_root_relocates_the_inputs(demo, tmp_path):
         assert images.png(row)[:4] == b"\x89PNG" and images.png(row) and images.renders == 1  # cached
         from fastapi.testclient import TestClient
 
-        client = TestClient(make_app(demo["out"], ViewerConfig(source_root=str(moved))))
+        client = TestClient(make_app(demo["out"], ViewerConfig(source_root=str(moved))), base_url="http://127.0.0.1")
         r = client.get("/image", params={"uri": row["source_uri"], "page": 0})
         assert r.status_code == 200 and r.headers["content-type"] == "image/png"
         assert "script-src 'self'" in r.headers["content-security-policy"]
-        assert TestClient(make_app(demo["out"])).get("/image", params={"uri": row["source_uri"],
-                                                                       "page": 0}).status_code == 404
+        assert TestClient(make_app(demo["out"]), base_url="http://127.0.0.1").get(
+            "/image", params={"uri": row["source_uri"], "page": 0}).status_code == 404
     finally:
         os.rename(demo["src"] + ".gone", demo["src"])
 
@@ -154,3 +154,20 @@ def test_export_has_every_error_and_a_sample_per_status(demo, tmp_path):
     assert all('src="static/page.js"' in p and "pd-page-data" in p and "/doc?" not in p for p in pages)
     assert sum(status.RUNAWAY in p for p in pages) == 6
     assert all((tmp_path / "report" / f"p{k}.png").exists() for k in range(info["pages"]))
+
+
+def test_the_viewer_answers_only_to_the_names_it_was_started_for(demo):
+    """DNS rebinding: a web page the user opens can point its own name at 127.0.0.1:8100; the browser then
+    sends that name as Host. Only 127.0.0.1, localhost, --host and --allowed-host get an answer."""
+    from fastapi.testclient import TestClient
+
+    app = make_app(demo["out"], ViewerConfig(allowed_hosts=("viewer.internal",)))
+    client = TestClient(app, base_url="http://127.0.0.1:8100")
+    assert client.get("/").status_code == 200
+    for name in ("localhost:8100", "viewer.internal", "127.0.0.1"):
+        assert client.get("/", headers={"Host": name}).status_code == 200, name
+    for name in ("evil.example", "evil.example:8100", "127.0.0.1.evil.example", ""):
+        r = client.get("/", headers={"Host": name})
+        assert r.status_code == 400 and "First paragraph" not in r.text, name
+    assert TestClient(make_app(demo["out"], ViewerConfig(host="10.1.2.3")),
+                      base_url="http://10.1.2.3").get("/").status_code == 200

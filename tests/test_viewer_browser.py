@@ -162,6 +162,21 @@ def test_an_exported_page_runs_its_own_scripts_and_no_inline_one_from_disk(brows
     ctx.close()
 
 
+def test_the_live_viewer_refuses_a_foreign_host_header(viewer):
+    """What a rebinding page's requests look like (curl -H "Host: evil.example"): 400, no Markdown."""
+    import http.client
+
+    u = urllib.parse.urlsplit(viewer["url"])
+    for name, code in (("evil.example", 400), (u.netloc, 200), (f"localhost:{u.port}", 200)):
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+        conn.request("GET", "/", headers={"Host": name})
+        r = conn.getresponse()
+        body = r.read().decode()
+        conn.close()
+        assert r.status == code, (name, r.status, body[:200])
+        assert ("pd-doc" in body) == (code == 200)
+
+
 def test_sigterm_stops_it_cleanly(viewer):
     proc = viewer["proc"]
     proc.send_signal(signal.SIGTERM)

@@ -46,6 +46,6 @@ def register(sub) -> None:
                                 "counts, filters and search; each page with its region boxes and its Markdown, "
                                 "linked both ways; error rows. With --export DIR, a static HTML report instead.")
     p.add_argument("output", help="the batch job's --output (local folder or s3://)")
-    add_fields(p, ViewerConfig, ("host", "port", "source_root", "export", "export_pages"))
+    add_fields(p, ViewerConfig, ("host", "port", "allowed_hosts", "source_root", "export", "export_pages"))
     add_fields(p, StorageConfig, ("endpoint",))
     p.set_defaults(func=cmd_view)

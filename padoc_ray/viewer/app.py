@@ -35,6 +35,20 @@ class ViewerConfig:
     export: str | None = None  #: write a static HTML report of a sample to this folder instead of serving
     export_pages: int = 3  #: pages per document status in --export's sample (every error page is in it)
     image_cache_pages: int = 256  #: rendered page images kept in memory
+    #: names besides 127.0.0.1, localhost and ``host`` that the viewer answers to (the request's Host header);
+    #: any other name gets 400, so a web page that rebinds its own name to this address reads nothing
+    allowed_hosts: tuple[str, ...] = ()
+
+
+LOCAL_NAMES = ("127.0.0.1", "localhost")
+#: listening addresses that are no name a browser sends
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def answered_hosts(host: str, extra=()) -> list[str]:
+    """The Host names a local server started on ``host`` answers to: loopback's, ``host`` itself (unless a
+    wildcard address), and ``extra`` (DNS-rebinding guard; Starlette's TrustedHostMiddleware enforces it)."""
+    return list(dict.fromkeys([*LOCAL_NAMES, *([] if host in WILDCARDS else [host]), *extra]))
 
 
 def e(v) -> str:
@@ -131,6 +145,7 @@ def make_app(output: str, cfg: ViewerConfig = ViewerConfig(), storage: StorageCo
     from fastapi import FastAPI, Query, Response
     from fastapi.responses import HTMLResponse
     from fastapi.staticfiles import StaticFiles
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
 
     storage = storage or StorageConfig()
     out = Output(output, storage)
@@ -139,6 +154,7 @@ def make_app(output: str, cfg: ViewerConfig = ViewerConfig(), storage: StorageCo
     threading.Thread(target=out.warm, name="viewer-footers", daemon=True).start()
     app = FastAPI(title="padoc-ray view", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.output, app.state.images = out, images
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=answered_hosts(cfg.host, cfg.allowed_hosts))
 
     @app.middleware("http")
     async def csp(request, call_next):
