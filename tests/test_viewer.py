@@ -171,3 +171,29 @@ def test_the_viewer_answers_only_to_the_names_it_was_started_for(demo):
         assert r.status_code == 400 and "First paragraph" not in r.text, name
     assert TestClient(make_app(demo["out"], ViewerConfig(host="10.1.2.3")),
                       base_url="http://10.1.2.3").get("/").status_code == 200
+
+
+def test_a_crafted_output_cannot_make_the_viewer_render_a_file_outside_its_inputs(tmp_path):
+    """A row whose source_uri climbs out of the inputs (``in/../outside/secret.pdf``), viewed with and without
+    --source-root: refused (404, nothing rendered); the output's own pages still render; --any-source opts in."""
+    from fastapi.testclient import TestClient
+
+    demo = viewer_demo.build(str(tmp_path / "d"), crafted="../outside/secret.pdf")
+    crafted = os.path.join(demo["src"], "../outside/secret.pdf")
+    assert os.path.exists(crafted)
+    good = os.path.join(demo["src"], "good0.pdf")
+    moved = tmp_path / "moved"
+    shutil.copytree(demo["src"], moved)
+
+    def image(cfg, uri):
+        client = TestClient(make_app(demo["out"], cfg), base_url="http://127.0.0.1")
+        return client.get("/image", params={"uri": uri, "page": 0})
+
+    for cfg in (ViewerConfig(), ViewerConfig(source_root=str(moved))):
+        r = image(cfg, crafted)
+        assert r.status_code == 404 and "lies outside" in r.text, (cfg, r.status_code, r.text[:200])
+        assert image(cfg, good).status_code == 200
+    assert image(ViewerConfig(any_source=True), crafted).status_code == 200
+    from padoc_ray.viewer.images import confined
+
+    assert not confined("s3://b/in/../other/x.pdf", "s3://b/in") and confined("s3://b/in/a/x.pdf", "s3://b/in")

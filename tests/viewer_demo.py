@@ -36,12 +36,17 @@ def _regions(kind: str) -> tuple[Region, ...]:
             Region("equation_isolated", Box(0.2, 0.82, 0.8, 0.9), "E = mc^2", "latex"))
 
 
-def build(root: str, copies: int = 1) -> dict:
-    """Inputs under ``root/in``, the output under ``root/out``; returns what was written."""
+def build(root: str, copies: int = 1, *, crafted: str | None = None) -> dict:
+    """Inputs under ``root/in``, the output under ``root/out``; returns what was written. ``crafted``: a
+    relative path from ``root/in`` (climbing out with ``..``): one more document whose row names it, as
+    an output from someone else could; its PDF is written where it points."""
     src = os.path.join(root, "in")
     os.makedirs(src, exist_ok=True)
     out_rows, listed = [], []
     specs = [(f"good{k}.pdf", 2, "good") for k in range(copies)] + [("evil.pdf", 1, "evil"), ("broken.pdf", 0, "bad")]
+    if crafted is not None:
+        specs.append((crafted, 1, "good"))
+        os.makedirs(os.path.dirname(os.path.normpath(os.path.join(src, crafted))), exist_ok=True)
     for name, pages, kind in specs:
         path = os.path.join(src, name)
         data = text_pdf(pages=pages) if pages else b"this is not a PDF at all"

@@ -15,15 +15,13 @@ def cmd_view(args) -> int:
     if cfg.export:
         from padoc_ray.viewer.data import Output
         from padoc_ray.viewer.export import export
-        from padoc_ray.viewer.images import PageImages, common_prefix
+        from padoc_ray.viewer.app import page_images
 
         try:
             out = Output(args.output, storage)
         except ViewerInputError as e:
             die(str(e))
-        prefix = common_prefix(out.documents.column("source_uri").drop_null().to_pylist()) if cfg.source_root else ""
-        info = export(out, PageImages(storage, source_root=cfg.source_root, prefix=prefix), cfg.export,
-                      cfg.export_pages)
+        info = export(out, page_images(out, cfg, storage), cfg.export, cfg.export_pages)
         print(f"{info['index']}: {info['pages']} page views, {info['errors']} error rows")
         return 0
     try:
@@ -46,6 +44,7 @@ def register(sub) -> None:
                                 "counts, filters and search; each page with its region boxes and its Markdown, "
                                 "linked both ways; error rows. With --export DIR, a static HTML report instead.")
     p.add_argument("output", help="the batch job's --output (local folder or s3://)")
-    add_fields(p, ViewerConfig, ("host", "port", "allowed_hosts", "source_root", "export", "export_pages"))
+    add_fields(p, ViewerConfig, ("host", "port", "allowed_hosts", "source_root", "any_source", "export",
+                                 "export_pages"))
     add_fields(p, StorageConfig, ("endpoint",))
     p.set_defaults(func=cmd_view)

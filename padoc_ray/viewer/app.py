@@ -35,6 +35,9 @@ class ViewerConfig:
     export: str | None = None  #: write a static HTML report of a sample to this folder instead of serving
     export_pages: int = 3  #: pages per document status in --export's sample (every error page is in it)
     image_cache_pages: int = 256  #: rendered page images kept in memory
+    #: read a row's source wherever it says, not only under the output's common input folder (an output from
+    #: someone else names the files the viewer renders; --source-root confines them to that folder instead)
+    any_source: bool = False
     #: names besides 127.0.0.1, localhost and ``host`` that the viewer answers to (the request's Host header);
     #: any other name gets 400, so a web page that rebinds its own name to this address reads nothing
     allowed_hosts: tuple[str, ...] = ()
@@ -49,6 +52,14 @@ def answered_hosts(host: str, extra=()) -> list[str]:
     """The Host names a local server started on ``host`` answers to: loopback's, ``host`` itself (unless a
     wildcard address), and ``extra`` (DNS-rebinding guard; Starlette's TrustedHostMiddleware enforces it)."""
     return list(dict.fromkeys([*LOCAL_NAMES, *([] if host in WILDCARDS else [host]), *extra]))
+
+
+def page_images(out: Output, cfg: ViewerConfig, storage: StorageConfig) -> PageImages:
+    """The viewer's page images, confined to ``--source-root``, else to the output's common input folder
+    (unless ``any_source``)."""
+    prefix = common_prefix(out.documents.column("source_uri").drop_null().to_pylist())
+    return PageImages(storage, source_root=cfg.source_root, prefix=prefix if cfg.source_root else "",
+                      cache_pages=cfg.image_cache_pages, confine=None if cfg.any_source else (prefix or None))
 
 
 def e(v) -> str:
@@ -149,8 +160,7 @@ def make_app(output: str, cfg: ViewerConfig = ViewerConfig(), storage: StorageCo
 
     storage = storage or StorageConfig()
     out = Output(output, storage)
-    prefix = common_prefix(out.documents.column("source_uri").drop_null().to_pylist()) if cfg.source_root else ""
-    images = PageImages(storage, source_root=cfg.source_root, prefix=prefix, cache_pages=cfg.image_cache_pages)
+    images = page_images(out, cfg, storage)
     threading.Thread(target=out.warm, name="viewer-footers", daemon=True).start()
     app = FastAPI(title="padoc-ray view", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.output, app.state.images = out, images
