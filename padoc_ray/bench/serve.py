@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -42,9 +43,11 @@ from padoc_ray.protocol import Page, quantized
 
 __all__ = [
     "BenchPage",
+    "ModeError",
     "PageSetError",
     "ServeBenchConfig",
     "bench_truth",
+    "checkpoint_modes",
     "host_config",
     "legacy_summary",
     "load_page_sets",
@@ -456,13 +459,49 @@ def _run_http(model: str, pages, cfg, host_cfg, out_dir, header, log) -> dict:
                 target.close()
 
 
+class ModeError(ValueError):
+    """The checkpoint has none of the modes asked for (an hpd checkpoint asked for sequential only)."""
+
+
+def checkpoint_modes(model: str, modes: Sequence[str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """``modes`` split by what the checkpoint in ``model`` can run: (those it has, in order; {each
+    other mode: why not}). An HPD-Parsing checkpoint (family hpd) has fork only, so its benchmark
+    is fork alone. A folder whose family cannot be told keeps every mode (the host says what is wrong)."""
+    from padoc_ray.host import family_of
+    from padoc_ray.protocol.family import check_mode
+
+    family = family_of(model)
+    if family is None:
+        return tuple(modes), {}
+    kept, skipped = [], {}
+    for m in modes:
+        try:
+            check_mode(family, m)
+        except ValueError as e:
+            skipped[m] = str(e).replace("--mode ", "mode ")  # the family's reason, for any flag spelling
+        else:
+            kept.append(m)
+    return tuple(kept), skipped
+
+
 def run(sets: Sequence[tuple[str, str]], model: str, cfg: ServeBenchConfig, host_cfg, out_dir: str,
         log: Callable[[str], None] = print) -> dict:
-    """Load the page set and run the benchmark on ``cfg.target``; returns the report."""
+    """Load the page set and run the benchmark on ``cfg.target``; returns the report. Modes the
+    checkpoint lacks (hpd: sequential) are left out, with why in the report (``config.modes_skipped``);
+    :class:`ModeError` when none is left."""
+    modes, skipped = checkpoint_modes(model, cfg.modes)
+    if not modes:
+        raise ModeError("; ".join(f"--modes {m}: {why}" for m, why in skipped.items()))
+    if skipped:
+        cfg = dataclasses.replace(cfg, modes=modes)
+        for m, why in skipped.items():
+            log(f"bench: {m} left out ({why}); running {', '.join(modes)} only")
     pages, info = load_page_sets(sets, cfg.pages)
     if cfg.pages and len(pages) < cfg.pages:
         log(f"{len(pages)} pages in the set, fewer than the {cfg.pages} asked for: using all {len(pages)}")
     header = _header(model, pages, info, cfg, host_cfg)
+    if skipped:
+        header["config"]["modes_skipped"] = skipped
     if cfg.target == "http":
         return _run_http(model, pages, cfg, host_cfg, out_dir, header, log)
     return asyncio.run(_run_direct(model, pages, cfg, host_cfg, out_dir, header, log))

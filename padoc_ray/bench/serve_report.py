@@ -235,6 +235,8 @@ def format_markdown(report: dict) -> str:
              f"Closed loop, {cfg['warmup']} warm-up pages per mode; "
              f"{'teacher-forced with the ground truth' if cfg.get('replay', True) else 'free generation (no forcing)'}. "
              f"Engine: {report.get('engine', '-')}.", "",
+             *[f"Mode {m} not run: {why}." for m, why in cfg.get("modes_skipped", {}).items()],
+             *([""] if cfg.get("modes_skipped") else []),
              "## Table 3 analogue: valid pages/s and P95 end-to-end latency (s) over valid pages", "",
              "Fork cells: change against sequential at the same concurrency.", "",
              *table3_lines(by, cs, modes)]

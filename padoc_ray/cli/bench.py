@@ -190,7 +190,7 @@ def _host_cfg(args, pages_in_flight: int):
 
 
 def cmd_bench_serve(args) -> int:
-    from padoc_ray.bench.serve import PageSetError, ServeBenchConfig, run
+    from padoc_ray.bench.serve import ModeError, PageSetError, ServeBenchConfig, run
 
     if len(args.gt) != len(args.images):
         die(f"--gt and --images pair up in order: got {len(args.gt)} --gt and {len(args.images)} --images")
@@ -206,7 +206,7 @@ def cmd_bench_serve(args) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)
     try:
         report = run(list(zip(args.gt, args.images)), os.path.abspath(args.model), cfg, host_cfg, args.out, log=log)
-    except PageSetError as e:
+    except (PageSetError, ModeError) as e:
         die(str(e))
     with open(os.path.join(args.out, "report.md"), encoding="utf-8") as f:
         print(f.read())
@@ -249,7 +249,7 @@ def cmd_bench_replay(args) -> int:
     output (summary.json, pages.jsonl, the table on stdout), plus report.json/report.md."""
     import json
 
-    from padoc_ray.bench.serve import PageSetError, ServeBenchConfig, run
+    from padoc_ray.bench.serve import ModeError, PageSetError, ServeBenchConfig, run
     from padoc_ray.bench.serve_report import format_table, legacy_summary
 
     for path, what in ((args.gt, "--gt"), (args.images, "--images"), (args.model, "--model")):
@@ -261,8 +261,9 @@ def cmd_bench_replay(args) -> int:
     except ValueError as e:
         die(str(e))
     try:
-        report = run([(args.gt, args.images)], args.model, cfg, _host_cfg(args, max(cfg.concurrency)), args.out)
-    except PageSetError as e:
+        report = run([(args.gt, args.images)], args.model, cfg, _host_cfg(args, max(cfg.concurrency)), args.out,
+                     log=lambda m: print(m, file=sys.stderr, flush=True))
+    except (PageSetError, ModeError) as e:
         die(str(e))
     summary = legacy_summary(report)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
@@ -279,7 +280,8 @@ def cmd_bench_steps(args) -> int:
     if not os.path.isdir(args.model):
         die(f"--model: model directory not found: {args.model} (build one with: padoc-ray build-tiny-model {args.model})")
     if not os.path.exists(os.path.join(args.model, "padoc_protocol.json")):
-        die(f"--model: {args.model} is not a padoc-ray checkpoint (no padoc_protocol.json)")
+        die(f"--model: {args.model} is not a padoc-ray checkpoint bench steps can measure (no padoc_protocol.json: "
+            f"it fits the padoc family's step costs, which bench model then prices)")
     if not os.path.isfile(args.image):
         die(f"--image: {args.image} is not a file")
     try:

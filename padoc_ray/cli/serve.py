@@ -42,7 +42,8 @@ def register(sub) -> None:
     d = ServeConfig(model="-")
     s = add_command(sub, "serve", help="the online HTTP endpoint (Ray Serve) on a local Ray", description=DESCRIPTION,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("--model", required=True, help="checkpoint directory (or s3:// URI) with padoc_protocol.json")
+    s.add_argument("--model", required=True, help="checkpoint directory (or s3:// URI): a PaDoc checkpoint "
+                                                  "(padoc_protocol.json) or an HPD-Parsing one (family hpd: fork only)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     s.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     add_fields(s, ServeConfig, ("replay_gt",), base=d)
@@ -89,6 +90,20 @@ def config_from_args(args: argparse.Namespace):
                      **token_fields(os.environ.get(TOKEN_ENV)))
 
 
+def _local_family(model: str) -> str:
+    """The checkpoint family of a local ``--model`` folder (padoc: padoc_protocol.json; hpd: HPD-Parsing's
+    config.json), or exit 2 saying why it is none padoc-ray knows."""
+    from padoc_ray.protocol import ProtocolError
+    from padoc_ray.protocol.family import recognize
+
+    if not os.path.isdir(model):
+        die(f"--model: {model} is not a folder (a checkpoint directory or an s3:// URI)", prog=PROG)
+    try:
+        return recognize(model).family
+    except (ProtocolError, OSError) as e:
+        die(f"--model: {e}; build the tiny one with `padoc-ray build-tiny-model {model}`", prog=PROG)
+
+
 def _wait_ready(url: str, timeout_s: float, stop: threading.Event) -> bool:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end and not stop.is_set():
@@ -107,15 +122,23 @@ def run(args: argparse.Namespace) -> int:
 
     if args.replay and not is_s3(args.replay) and not os.path.isfile(args.replay):
         die(f"--replay: {args.replay} does not exist", prog=PROG)
-    if not is_s3(args.model) and not os.path.isfile(os.path.join(args.model, "padoc_protocol.json")):
-        die(f"--model: {args.model} is not a PaDoc checkpoint (no padoc_protocol.json); build the tiny one with "
-             f"`padoc-ray build-tiny-model {args.model}`", prog=PROG)
+    family = None if is_s3(args.model) else _local_family(args.model)
     if not 0 < args.port < 65536:
         die(f"--port: {args.port} is not a port", prog=PROG)
     try:
         cfg = config_from_args(args)
     except ValueError as e:
         die(str(e), prog=PROG)
+    if family is not None:  # what the engine replica would refuse at its start, said before Ray starts
+        from types import SimpleNamespace
+
+        from padoc_ray.host import check_family
+        from padoc_ray.protocol import ProtocolError
+
+        try:
+            check_family(SimpleNamespace(family=family), cfg.host)
+        except ProtocolError as e:
+            die(f"--model {args.model}: {e}", prog=PROG)
     if cfg.job_store and not is_s3(cfg.job_store):  # a refused store would only show as a replica that never starts
         from padoc_ray.serve.jobs import JobStore
 

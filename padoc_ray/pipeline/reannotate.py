@@ -7,7 +7,11 @@ prediction sets, and optionally existing annotations (``--gt``, OmniDocBench for
    ``OUTPUT/predictions/<mode>/`` (they are the batch job itself, so they resume: a rerun parses
    only what is missing), plus ``--compare NAME=[FORMAT:]PATH`` sets read by
    :mod:`padoc_ray.eval.importers` (other padoc-ray batch outputs, OmniDocBench JSON, MinerU
-   ``content_list.json``, dots.ocr layout JSON).
+   ``content_list.json``, dots.ocr layout JSON). A ``--compare NAME=PATH`` whose PATH is a
+   checkpoint padoc-ray can run (a local folder of a known family: a PaDoc checkpoint, or an
+   HPD-Parsing one; ``NAME=model:PATH`` says so for any path, s3:// included) is another parser:
+   the sources are parsed with it here (fork, the batch job's other settings) into
+   ``OUTPUT/predictions/NAME/``, and the set is that output.
 2. **Pages.** With ``--gt``, the ground-truth pages, matched to their sources by
    ``page_info.source_pdf`` + ``page_no`` when that PDF is among the sources, else by
    ``page_info.image_path`` (a one-page document). Without it, every page of every source file
@@ -81,6 +85,25 @@ PAIR_FIELDS = ("ref", "hyp", "layout_iou", "layout_precision", "layout_recall", 
                "matched", "category_agreement", "content_edit", "content_pairs", "agree")
 
 
+#: ``--compare NAME=model:PATH``: PATH is a checkpoint to parse the sources with (any path, s3:// too)
+MODEL_PREFIX = "model:"
+
+
+def _format_and_path(spec: str | tuple[str | None, str]) -> tuple[str | None, str]:
+    """A ``compare`` entry as (format or None, path)."""
+    return spec if isinstance(spec, tuple) else (None, spec)
+
+
+def checkpoint_family(path: str) -> str | None:
+    """The family of the checkpoint in the local folder ``path`` (None: not one padoc-ray can run, or
+    not local): a ``--compare`` set naming a checkpoint is parsed here."""
+    if is_s3(path) or not os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    from padoc_ray.host import family_of
+
+    return family_of(path)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReannotateConfig:
     source: str  #: folder / s3 prefix holding the PDFs or page images
@@ -97,6 +120,9 @@ class ReannotateConfig:
     def __post_init__(self) -> None:
         from padoc_ray.eval.importers import FORMATS
 
+        for name, spec in self.compare.items():
+            if _format_and_path(spec) == (None, MODEL_PREFIX):
+                raise ValueError(f"--compare {name}=model:PATH needs the checkpoint's PATH")
         if not self.modes and not self.compare:
             raise ValueError("nothing to compare: give at least one mode or one --compare prediction set")
         for m in self.modes:
@@ -119,6 +145,20 @@ class ReannotateConfig:
     @property
     def set_names(self) -> list[str]:
         return [*self.modes, *self.compare]
+
+    @property
+    def models(self) -> dict[str, str]:
+        """The ``compare`` sets that are checkpoints to parse with here: name -> checkpoint (local or s3://)."""
+        out = {}
+        for name, spec in self.compare.items():
+            fmt, path = _format_and_path(spec)
+            if fmt is not None:
+                continue
+            if path.startswith(MODEL_PREFIX):
+                out[name] = path[len(MODEL_PREFIX):]
+            elif checkpoint_family(path) is not None:
+                out[name] = path
+        return out
 
     @property
     def k(self) -> int:
@@ -349,6 +389,24 @@ def _means(table: pa.Table, ref: str, hyp: str) -> dict | None:
             "content_edit": round(pc.mean(t.column("content_edit")).as_py(), 4)}
 
 
+def _check_parsers(parsers: list[tuple[str, str, str]], host) -> None:
+    """Refuse, before anything runs, a parse a checkpoint's family cannot do (an HPD-Parsing checkpoint
+    in sequential mode, or with --constrain-layout): ValueError naming the set."""
+    from types import SimpleNamespace
+
+    from padoc_ray.host import check_family
+    from padoc_ray.protocol import ProtocolError
+
+    for name, model, mode in parsers:
+        family = checkpoint_family(model)
+        if family is None:
+            continue  # s3://, or not readable here: the engine hosts check it once fetched
+        try:
+            check_family(SimpleNamespace(family=family), dataclasses.replace(host, mode=mode))
+        except ProtocolError as e:
+            raise ValueError(f"prediction set {name} ({model}): {e}") from None
+
+
 def run_reannotate(cfg: ReannotateConfig, *, log=print, start_ray=None) -> dict:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -363,22 +421,30 @@ def run_reannotate(cfg: ReannotateConfig, *, log=print, start_ray=None) -> dict:
         + (f", {len(slots)} ground-truth pages" if slots is not None else ", no ground truth")
         + f"; prediction sets: {', '.join(cfg.set_names)}; consensus needs {cfg.k} of {len(cfg.set_names)}")
     runs = {}
+    models = cfg.models
+    # (set name, checkpoint, mode): the modes with --model, then each --compare checkpoint (fork)
+    parsers = [(m, cfg.batch.model, m) for m in cfg.modes] + [(n, path, "fork") for n, path in models.items()]
+    _check_parsers(parsers, cfg.batch.engines.host)
     parse = sorted({s.source_uri for s in slots if s.source_uri}) if slots is not None else sorted(sources.by_name.values())
-    if parse and cfg.modes:
+    if parse and parsers:
         manifest = join(cfg.output, "inputs.txt")
         write_bytes(manifest, ("\n".join(parse) + "\n").encode(), cfg.batch.storage)
-        for m in cfg.modes:
+        for name, model, m in parsers:
             b = cfg.batch
-            bc = dataclasses.replace(b, input=manifest, output=join(cfg.output, "predictions", m),
-                                     run_id=f"{b.run_id}-{m}",
+            bc = dataclasses.replace(b, model=model, input=manifest, output=join(cfg.output, "predictions", name),
+                                     run_id=f"{b.run_id}-{name}",
                                      engines=dataclasses.replace(b.engines, host=dataclasses.replace(b.engines.host,
                                                                                                      mode=m)),
                                      inputs=dataclasses.replace(b.inputs, manifest_allow=(cfg.source,)))
             s = run_batch(bc, log=log, start_ray=start_ray)
-            runs[m] = {k: s[k] for k in ("pages_written", "page_status", "all_inputs_accounted", "wall_s")}
+            runs[name] = {k: s[k] for k in ("pages_written", "page_status", "all_inputs_accounted", "wall_s")}
+            runs[name].update(model=model, mode=m)
     loaded = {m: load_set(m, join(cfg.output, "predictions", m), "padoc", cfg.batch.storage) for m in cfg.modes}
     for name, spec in cfg.compare.items():
-        fmt, path = spec if isinstance(spec, tuple) else (None, spec)
+        if name in models:  # parsed here, like the modes
+            loaded[name] = load_set(name, join(cfg.output, "predictions", name), "padoc", cfg.batch.storage)
+            continue
+        fmt, path = _format_and_path(spec)
         loaded[name] = load_set(name, path, fmt, cfg.batch.storage,
                                 page_size=lambda d, i, _dpi: sources.pixel_size(d, i, cfg.dots_dpi))
     if slots is None:
@@ -404,7 +470,8 @@ def run_reannotate(cfg: ReannotateConfig, *, log=print, start_ray=None) -> dict:
     summary = {
         "run_id": cfg.batch.run_id, "gt": cfg.gt, "source": cfg.source, "output": cfg.output,
         "prediction_sets": {n: {"format": ps.format, "path": ps.path, "pages": len(ps.pages),
-                                "documents": len(ps.documents), "skipped": dict(ps.counts), "notes": ps.notes}
+                                "documents": len(ps.documents), "skipped": dict(ps.counts), "notes": ps.notes,
+                                **({"model": runs[n]["model"], "mode": runs[n]["mode"]} if n in runs else {})}
                             for n, ps in loaded.items()},
         "runs": runs, "min_agree": cfg.k,
         "pages": pages_t.num_rows, "page_status": rows.status_counts(pages_t),

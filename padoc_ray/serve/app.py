@@ -35,7 +35,7 @@ from padoc_ray import metrics, status
 from padoc_ray.serve import docs, errors, playground
 from padoc_ray.serve.config import ServeConfig
 from padoc_ray.serve.documents import BadRequest, RenderPool, parse_page_spec
-from padoc_ray.serve.engine import EngineReplica, RayEngine
+from padoc_ray.serve.engine import EngineReplica, RayEngine, mode_refusal
 from padoc_ray.serve.fair import FairGate
 from padoc_ray.serve.guard import Guard, GuardConfig, authenticated
 from padoc_ray.serve.job_manager import JobManager, TooManyJobs, result_refusal
@@ -74,6 +74,7 @@ def make_ingress(cfg: ServeConfig):
         async def __init__(self, cfg: ServeConfig, engine, instance: str):
             self.cfg = cfg
             self.engine = RayEngine(engine)
+            self.model_info: dict | None = None  # the served checkpoint's family and modes, once the engine said
             # job documents render in their own processes, at a lower CPU priority than interactive ones
             batch_renderer = dataclasses.replace(cfg.renderer, nice=max(cfg.renderer.nice, BATCH_NICE))
             self.pools = {INTERACTIVE: RenderPool(cfg.renderer, cfg.render_workers, cfg.render_workers_per_tenant),
@@ -108,6 +109,25 @@ def make_ingress(cfg: ServeConfig):
                 for state, n in self.jobs.counts().items():
                     rec.jobs(state, n)
                 await asyncio.sleep(5.0)
+
+        async def _model(self) -> dict | None:
+            """The engine replica's :func:`~padoc_ray.serve.engine.model_info` (asked once; None while no
+            replica can say: requests are then not checked here, and the engine refuses a page itself)."""
+            if self.model_info is None:
+                try:
+                    self.model_info = await asyncio.wait_for(self.engine.describe(), 60)
+                except (EngineBusy, TimeoutError):
+                    return None
+                except Exception as e:  # noqa: BLE001 - a replica restarting: the page-level check remains
+                    logger.warning("the engine replica did not describe its checkpoint: %s", type(e).__name__)
+                    return None
+            return self.model_info
+
+        async def _check_mode(self, mode: str) -> None:
+            """Refuse (422 ``unsupported_mode``) a mode the served checkpoint's family lacks (hpd: sequential)."""
+            refused = mode_refusal(await self._model(), mode)
+            if refused is not None:
+                raise refused
 
         def _answer(self, route: str, resp):
             code = resp.status_code if hasattr(resp, "status_code") else 200
@@ -160,9 +180,10 @@ def make_ingress(cfg: ServeConfig):
         # ---- the API ----
         @api.get("/v1/models", summary="the served model and its protocol")
         async def models(self) -> dict:
+            info = await self._model() or {"family": "padoc", "modes": ["fork", "sequential"]}
             return {"object": "list", "data": [{
                 "id": self.cfg.served_model_id, "object": "model", "created": 0, "owned_by": "padoc-ray",
-                "protocol": "padoc", "modes": ["fork", "sequential"], "default_mode": self.cfg.host.mode,
+                "protocol": info["family"], "modes": list(info["modes"]), "default_mode": self.cfg.host.mode,
                 "max_pages_per_request": self.cfg.max_pages, "max_job_pages": self.cfg.max_job_pages,
                 "max_upload_bytes": self.cfg.max_upload_bytes,
             }]}
@@ -186,6 +207,7 @@ def make_ingress(cfg: ServeConfig):
                 doc, opts = await read_document(request, cfg)
                 opt = self._options(request, opts, cfg.max_pages, INTERACTIVE,
                                     limit=cfg.max_pages if streamed else max(cfg.max_pages, cfg.max_job_pages))
+                await self._check_mode(opt.mode)
                 self.runner.admit()
                 if streamed:
                     lines = await page_lines(self.runner, doc, opt, budget, regions=streamed == REGIONS)
@@ -198,6 +220,11 @@ def make_ingress(cfg: ServeConfig):
             except TimeoutError:
                 return self._answer(route, errors.error(504, status.REQUEST_TIMEOUT, f"not finished within {budget:g} "
                                                         f"s; use /v1/jobs for large documents"))
+            if page_rows and all(r["status"] == status.UNSUPPORTED_MODE for r in page_rows):
+                # the engine refused the mode (the ingress could not ask it first): the request's fault, not a page's
+                return self._fail(route, BadRequest(status.UNSUPPORTED_MODE, page_rows[0].get("error_message") or
+                                                    f"mode {opt.mode} is not supported by the served checkpoint",
+                                                    status.http_status(status.UNSUPPORTED_MODE)))
             result = page_result(cfg.served_model_id, doc.name, page_rows, count, opt.mode)
             return self._answer(route, self._format(result, opts["format"], view))
 
@@ -215,6 +242,7 @@ def make_ingress(cfg: ServeConfig):
             cfg = self.cfg
             try:
                 doc, opts = await read_document(request, cfg)
+                await self._check_mode(opts["mode"] or cfg.host.mode)
                 wanted = parse_page_spec(opts["pages"], cfg.max_job_pages)
                 opened = await self.runner.count_pages(doc, wanted, cfg.max_job_pages, request.state.tenant)
                 options = {"pages": list(wanted) if wanted is not None else None,
@@ -267,7 +295,8 @@ def make_ingress(cfg: ServeConfig):
         # ---- OpenAI-compatible ----
         @api.post("/v1/chat/completions", summary="OpenAI-compatible: a page image in, its Markdown out")
         async def chat(self, body: ChatRequest, request: Request):
-            resp = await chat_completion(body, cfg=self.cfg, runner=self.runner, tenant=request.state.tenant)
+            resp = await chat_completion(body, cfg=self.cfg, runner=self.runner, tenant=request.state.tenant,
+                                         model_info=await self._model())
             return self._answer("chat", resp)
 
     return Ingress

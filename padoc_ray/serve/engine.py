@@ -49,6 +49,11 @@ class EngineReplica:
         await self.host.probe(timeout_s=30)
         return self.host.stats()
 
+    async def describe(self) -> dict:
+        """What the ingress tells clients about the served checkpoint, and checks requests against:
+        its family, the decoding modes it has, the default mode, and for each mode it lacks why."""
+        return model_info(self.host.model_protocol, self.host.cfg.mode)
+
     async def stats(self) -> dict:
         return self.host.stats()
 
@@ -60,6 +65,40 @@ class EngineReplica:
         host = getattr(self, "host", None)
         if host is not None:
             host.shutdown()
+
+
+def model_info(model_protocol, default_mode: str) -> dict:
+    """``{"family", "modes", "default_mode", "refused": {mode: why}}`` of a started host's checkpoint
+    (hpd: fork only, with the family's reason for refusing sequential)."""
+    from padoc_ray.protocol.family import check_mode
+    from padoc_ray.scheduler.state import DECODE_MODES
+
+    family = getattr(model_protocol, "family", "padoc")
+    modes = tuple(getattr(model_protocol, "modes", DECODE_MODES))
+    refused = {}
+    for m in DECODE_MODES:
+        if m not in modes:
+            try:
+                check_mode(family, m)
+                why = f"the {family} checkpoint has no mode {m}"
+            except ValueError as e:
+                why = str(e)
+            # the family's reason speaks of the command-line flag; a request names the mode as a field
+            refused[m] = why.replace("--mode ", "mode ")
+    return {"family": family, "modes": list(modes), "default_mode": default_mode, "refused": refused}
+
+
+def mode_refusal(info: dict | None, mode: str):
+    """The :class:`~padoc_ray.serve.documents.BadRequest` (422 ``unsupported_mode``) of a request for a
+    decoding mode the served checkpoint lacks (``info``: :func:`model_info`; None: unknown, no check)."""
+    from padoc_ray import status
+    from padoc_ray.serve.documents import BadRequest
+
+    if info is None or mode in info["modes"]:
+        return None
+    why = info.get("refused", {}).get(mode) or f"the served checkpoint has no mode {mode}"
+    return BadRequest(status.UNSUPPORTED_MODE, f"{why} (this service's modes: {', '.join(info['modes'])})",
+                      status.http_status(status.UNSUPPORTED_MODE))
 
 
 class RayEngine:
@@ -101,6 +140,15 @@ class RayEngine:
         finally:
             if not finished:
                 gen.cancel()  # our own cancellation does not reach the replica by itself
+
+    async def describe(self) -> dict:
+        """The served checkpoint's :func:`model_info` (raises EngineBusy when every replica is loaded)."""
+        from ray.serve.exceptions import BackPressureError
+
+        try:
+            return await self.handle.describe.remote()
+        except BackPressureError:
+            raise EngineBusy() from None
 
     async def ready(self) -> dict:
         """The replica's stats once its engine answers a probe (raises EngineBusy when loaded)."""

@@ -14,6 +14,7 @@ import uuid
 from padoc_ray import status
 from padoc_ray.serve import errors
 from padoc_ray.serve.documents import BadRequest
+from padoc_ray.serve.engine import mode_refusal
 from padoc_ray.serve.runner import INTERACTIVE, Document, DocumentRunner, RunOptions
 from padoc_ray.serve.schemas import ChatRequest, PadocOptions
 from padoc_ray.serve.uploads import check_size, decode_base64, fetch_s3, label
@@ -42,7 +43,9 @@ async def _document(url: str, cfg) -> tuple[bytes, str]:
     return data, name
 
 
-async def chat(body: ChatRequest, *, cfg, runner: DocumentRunner, tenant: str):
+async def chat(body: ChatRequest, *, cfg, runner: DocumentRunner, tenant: str, model_info: dict | None = None):
+    """``model_info``: the served checkpoint's family and modes (:func:`padoc_ray.serve.engine.model_info`);
+    a ``padoc.mode`` it lacks gets 422 ``unsupported_mode`` before anything is rendered."""
     if body.stream:
         return errors.openai_error(400, "stream_unsupported", "stream=true is not supported; send stream=false")
     if body.model not in (None, cfg.served_model_id):
@@ -50,6 +53,9 @@ async def chat(body: ChatRequest, *, cfg, runner: DocumentRunner, tenant: str):
     try:
         data, name = await _document(_image(body), cfg)
         padoc = body.padoc or PadocOptions()
+        refused = mode_refusal(model_info, padoc.mode or cfg.host.mode)
+        if refused is not None:
+            raise refused
         runner.admit()
         opt = RunOptions(wanted=(0,), mode=padoc.mode or cfg.host.mode, max_pages=1, tenant=tenant,
                          salt=uuid.uuid4().hex, run_id=uuid.uuid4().hex[:12], klass=INTERACTIVE)
@@ -65,8 +71,9 @@ async def chat(body: ChatRequest, *, cfg, runner: DocumentRunner, tenant: str):
     row = page_rows[0]
     code = row["status"]
     if code not in status.CONTENT_CODES:
-        return errors.openai_error(status.http_status(code, 500), code, row.get("error_message") or code,
-                                   "server_error")
+        http = status.http_status(code, 500)
+        return errors.openai_error(http, code, row.get("error_message") or code,
+                                   "invalid_request_error" if 400 <= http < 500 else "server_error")
     completion = int(row.get("output_tokens") or 0)
     prompt = int(row.get("prompt_tokens") or 0)
     extra = {"status": code, "valid": row.get("valid"), "n_branches": row.get("n_branches"),
