@@ -122,7 +122,8 @@ Offline corpus re-annotation: turn several parses of a corpus into agreement fig
 annotation and a difficulty score per page (the paper's data curation). Prediction sets: padoc-ray's
 own parses of --source, one batch run per --modes entry (written to OUTPUT/predictions/<mode>/;
 they resume), and other parsers' outputs (--compare NAME=[FORMAT:]PATH: a padoc-ray batch output,
-OmniDocBench JSON, MinerU *_content_list.json, dots.ocr layout JSON). Every pair of sets is
+OmniDocBench JSON, MinerU *_content_list.json, dots.ocr layout JSON, or a checkpoint folder (or
+model:PATH), which is run here as another parser in fork mode, e.g. hpd=models/hpd). Every pair of sets is
 compared page by page (PageIoU layout agreement, matched regions, content edit distance); regions
 at least --min-agree sets agree on form the consensus. With --gt, the pages are the ground truth's,
 and each set and the consensus are also scored against it; without it, every page of every source
@@ -165,7 +166,9 @@ def add_reannotate_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--compare", type=_named_set, action="append", default=[], metavar="NAME=[FORMAT:]PATH",
                    help="another prediction set (repeatable). FORMAT: padoc (a batch output folder), omnidocbench "
                         "(JSON list of pages), mineru (*_content_list.json file or folder), dots (dots.ocr layout JSON "
-                        "folder); detected when left out. E.g. mineru=mineru:out/ or other_model=s3://b/out")
+                        "folder), model (a checkpoint, padoc or hpd family, parsed here in fork mode into "
+                        "OUTPUT/predictions/NAME/); detected when left out. E.g. mineru=mineru:out/, "
+                        "other_model=s3://b/out or hpd=models/hpd")
     c.add_argument("--min-agree", type=int, default=None, metavar="K",
                    help="prediction sets that must agree on a region for it to enter the consensus (default: a "
                         "strict majority of all sets, e.g. 2 of 3)")
