@@ -752,6 +752,38 @@ def _sum(scraped, name, **want) -> float:
     return sum(v for (n, tags), v in scraped.items() if n == name and all((k, w) in tags for k, w in want.items()))
 
 
+def test_a_tokenless_service_answers_only_to_its_own_names(tight, svc):
+    """DNS rebinding (curl -H "Host: evil.example"): a service without a token answers 400 bad_host to a name it
+    was not started for, on the API and the page view alike; the probes answer whatever the name. With a
+    token, the token guards it and any name is answered."""
+    import http.client
+    import urllib.parse
+
+    def get(url, path, host, headers=(), full=False):
+        u = urllib.parse.urlsplit(url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        conn.request("GET", path, headers={"Host": host, **dict(headers)})
+        r = conn.getresponse()
+        body = r.read()
+        conn.close()
+        return (r.status, body, dict(r.getheaders())) if full else (r.status, body)
+
+    port = urllib.parse.urlsplit(tight.url).port
+    for path in ("/v1/models", "/", "/openapi.json"):
+        code, body = get(tight.url, path, "evil.example")
+        assert code == 400 and json.loads(body)["error"]["code"] == "bad_host", (path, code, body[:200])
+        assert get(tight.url, path, f"127.0.0.1:{port}")[0] == 200, path
+    assert get(tight.url, "/v1/models", f"localhost:{port}")[0] == 200
+    assert get(tight.url, "/healthz", "evil.example")[0] == 200
+    assert get(svc.url, "/v1/models", "evil.example", {"Authorization": f"Bearer {TOKEN}"})[0] == 200
+    assert get(svc.url, "/v1/models", "evil.example")[0] == 401
+    # no slash redirect takes its Location from the Host header; /docs carries its own policy
+    code, _, headers = get(svc.url, "/v1/models/", "evil.example", {"Authorization": f"Bearer {TOKEN}"}, full=True)
+    assert code == 404 and "Location" not in headers
+    code, body, headers = get(tight.url, "/docs", f"127.0.0.1:{port}", full=True)
+    assert code == 200 and "script-src 'self' 'sha256-" in headers["content-security-policy"]
+
+
 def test_serves_metrics_count_each_page_once(svc):
     """Scraped from the service's Prometheus endpoint (`--metrics-port`): every page the engine
     finished counted once (the engine host counts it; the ingress does not count it again), and the

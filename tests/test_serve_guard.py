@@ -348,3 +348,42 @@ def test_an_app_without_starlette_s_exception_handling_still_gets_the_refusal_an
 
     sent = asgi_call({"type": "http", "method": "POST"}, raw_app, GuardConfig(max_body_bytes=CAP))
     assert sent[0]["status"] == 413 and json.loads(sent[1]["body"])["error"]["code"] == "file_too_large"
+
+
+def test_the_host_guard_answers_only_the_names_it_was_given(service):
+    from padoc_ray.viewer.hosts import answered_hosts
+
+    svc = service(tokens_sha256=(), hosts=tuple(answered_hosts("127.0.0.1", ("api.internal",))))
+    port = svc.port
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "api.internal", "API.internal:80"):
+        assert svc.http.get("/v1/models", headers={"Host": host}).status_code == 200, host
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", "api.internal.evil"):
+        r = svc.http.get("/v1/models", headers={"Host": host})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "bad_host", host
+        assert svc.http.get("/", headers={"Host": host}).status_code == 400  # open routes too
+    assert svc.http.get("/healthz", headers={"Host": "evil.example"}).status_code == 200  # probes by address
+    # the service's guard: the host list without a token, or when one is given; none with a token alone
+    assert set(GuardConfig.from_serve(ServeConfig(model="m")).hosts) == {"127.0.0.1", "localhost"}
+    assert "0.0.0.0" not in GuardConfig.from_serve(ServeConfig(model="m", listen_host="0.0.0.0")).hosts
+    assert "box.lan" in GuardConfig.from_serve(ServeConfig(model="m", listen_host="box.lan")).hosts
+    tokens = token_fields(TOKEN_A)
+    assert GuardConfig.from_serve(ServeConfig(model="m", **tokens)).hosts == ()
+    assert "api.internal" in GuardConfig.from_serve(ServeConfig(model="m", allowed_hosts=("api.internal",),
+                                                                **tokens)).hosts
+
+
+def test_the_docs_page_allows_its_own_inline_script_and_nothing_else_inline():
+    import base64
+    import re
+
+    from starlette.requests import Request
+
+    from padoc_ray.serve import docs
+
+    resp = docs.page(Request({"type": "http", "root_path": "", "headers": []}), "padoc-ray")
+    policy = resp.headers["content-security-policy"]
+    scripts = re.findall(rb"<script>(.*?)</script>", resp.body, re.S)
+    assert scripts and "'unsafe-inline'" not in policy.split("script-src", 1)[1].split(";", 1)[0]
+    for body in scripts:
+        assert f"'sha256-{base64.b64encode(hashlib.sha256(body).digest()).decode()}'" in policy
+    assert "frame-ancestors 'none'" in policy and "connect-src 'self'" in policy

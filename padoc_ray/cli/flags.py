@@ -185,6 +185,8 @@ def aliases() -> dict[tuple[str, str], Alias]:
         ("HostConfig", "max_live_branches"): Alias(default_text="no cap"),
         ("HostConfig", "inject_loops"): Alias(metavar="FRACTION"),
         ("HostConfig", "inject_seed"): Alias(flags=("--seed",), metavar="N"),
+        ("ServeConfig", "allowed_hosts"): Alias(flags=("--allowed-host",), metavar="NAME,NAME,...",
+                                                 note="comma list; besides 127.0.0.1, localhost and --host"),
         ("ViewerConfig", "allowed_hosts"): Alias(flags=("--allowed-host",), metavar="NAME,NAME,...",
                                                   note="comma list; besides 127.0.0.1, localhost and --host"),
         ("RenderConfig", "dpi"): Alias(default_text="none"),

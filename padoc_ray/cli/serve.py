@@ -46,7 +46,7 @@ def register(sub) -> None:
                                                   "(padoc_protocol.json) or an HPD-Parsing one (family hpd: fork only)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     s.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    add_fields(s, ServeConfig, ("replay_gt",), base=d)
+    add_fields(s, ServeConfig, ("allowed_hosts", "replay_gt"), base=d)
     add_scheduler_flags(s, number=positive, base=d.host.scheduler)
     add_fields(s, ServeConfig, ("max_upload_bytes", "max_pages"), base=d, number=positive)
     add_fields(s, HostConfig, ("engine",), base=d.host)
@@ -85,7 +85,7 @@ def config_from_args(args: argparse.Namespace):
 
     d = ServeConfig(model="-")
     host = from_args(HostConfig, args, base=d.host, scheduler=scheduler_from_args(args))
-    return from_args(ServeConfig, args, model=args.model, host=host,
+    return from_args(ServeConfig, args, model=args.model, host=host, listen_host=args.host,
                      storage=from_args(StorageConfig, args, base=d.storage),
                      **token_fields(os.environ.get(TOKEN_ENV)))
 

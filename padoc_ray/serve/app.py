@@ -64,7 +64,9 @@ def default_job_store(instance: str) -> str:
 
 def make_ingress(cfg: ServeConfig):
     """The ingress class of one application, with its own FastAPI app (guard configured from ``cfg``)."""
-    api = FastAPI(title="padoc-ray", version="1", description=API_DESCRIPTION, docs_url=None, redoc_url=None)
+    # no slash redirects: a 307's Location is built from the Host header the client sent
+    api = FastAPI(title="padoc-ray", version="1", description=API_DESCRIPTION, docs_url=None, redoc_url=None,
+                  redirect_slashes=False)
     guard = GuardConfig.from_serve(cfg)
     api.add_middleware(Guard, config=guard)  # before @serve.ingress, which keeps a copy of api as it is then
     errors.install(api)

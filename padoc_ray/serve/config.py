@@ -58,6 +58,11 @@ class ServeConfig:
     #: where async jobs live (local folder or s3://): their input, state and page rows (Parquet, the
     #: batch job's schema). Every ingress replica must see it; None: a folder under the Ray temp dir
     job_store: str | None = None
+    #: a file holding the job store's signing key as hex (64+ hex digits: `openssl rand -hex 32`), e.g. a
+    #: mounted Kubernetes Secret; every ingress replica must read the same key. None: the PADOC_RAY_JOB_KEY
+    #: environment variable when set, else (a local store only) <job store>/store.key, created once. An
+    #: s3:// job store needs one of the two: its key is never kept beside its jobs (cluster/README.md)
+    job_key: str | None = None
     job_lease_s: float = 15.0  #: a running job whose owner has not written for this long is taken over
     #: finished jobs (done, failed, cancelled: input, state and page rows) are deleted this long after
     #: they finished; 0 keeps them until deleted by hand
@@ -89,6 +94,12 @@ class ServeConfig:
     #: renderer processes one tenant's documents may hold at once (of render_workers), so one client's
     #: heavy PDFs cannot take every renderer
     render_workers_per_tenant: int = 1
+    #: the address Serve's HTTP proxy listens on (``padoc-ray serve --host``): its name is answered
+    listen_host: str = "127.0.0.1"
+    #: Host names the service answers to besides 127.0.0.1, localhost and listen_host. Without a token (or
+    #: with this list set) any other name gets 400 bad_host, so a web page that rebinds its own name to
+    #: this address reads nothing; with a token and no list, any name (the token guards it)
+    allowed_hosts: tuple[str, ...] = ()
     #: sha256 of the bearer token; None: no auth. ``padoc-ray serve`` fills it from PADOC_RAY_API_TOKEN
     token_sha256: str | None = None
     #: sha256 of more accepted bearer tokens, each its own tenant (PADOC_RAY_API_TOKEN holds them all,
@@ -125,6 +136,9 @@ class ServeConfig:
             raise ValueError("interactive_hold_s must be >= 0")
         if self.job_ttl_s < 0:
             raise ValueError("job_ttl_s must be >= 0 (0: keep finished jobs)")
+        if self.job_key is not None and (not self.job_key.strip() or self.job_key.startswith("s3://")):
+            raise ValueError("job_key is a local file holding the job store's key as hex (a mounted secret), "
+                             "not empty and not s3://; or leave it unset and set PADOC_RAY_JOB_KEY")
         if self.extra_token_sha256 and not self.token_sha256:
             raise ValueError("extra_token_sha256 needs token_sha256 (the first token)")
         lo, hi = self.engine_replicas

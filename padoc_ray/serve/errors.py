@@ -25,6 +25,7 @@ from padoc_ray import status
 # ---- request-level codes (README "Online endpoint") ------------------------------------------------
 BAD_REQUEST = "bad_request"  #: 400/422: a malformed request (query, JSON, Content-Length, options)
 UNAUTHORIZED = "unauthorized"  #: 401: no valid bearer token (with ``WWW-Authenticate: Bearer``)
+BAD_HOST = "bad_host"  #: 400: a Host header naming none of the names the service answers to (DNS rebinding)
 BAD_TENANT = "bad_tenant"  #: 400: X-Padoc-Tenant missing or not 1-64 chars of [A-Za-z0-9._-]
 NOT_FOUND = "not_found"  #: 404: no such route
 METHOD_NOT_ALLOWED = "method_not_allowed"  #: 405

@@ -18,6 +18,10 @@
   Serve's ingress slots. Without a tenant (no token, no header) slots are counted per client address
   (``scope["client"]``: the TCP peer, so behind a load balancer every client shares its address; use
   a token per client or the tenant header there). Open routes take no slot and are never refused.
+* **Host names.** With ``hosts`` set (a service without a token, or one given ``allowed_hosts``), a
+  request whose Host header names none of them gets 400 ``bad_host``, open routes too, except the
+  probes (``/healthz``, ``/readyz``: orchestrators call them by address): a web page that rebinds
+  its own name to the service's address reads nothing (:mod:`padoc_ray.viewer.hosts`).
 * **Bodies.** 413 ``file_too_large`` on a Content-Length over ``max_body_bytes`` (nothing is read),
   or as soon as a chunked body passes it; 408 ``body_timeout`` when the whole body has not arrived
   ``body_timeout_s`` after the request reached the guard, so a slow client holds its slot that long
@@ -44,6 +48,7 @@ from starlette.websockets import WebSocketClose
 from padoc_ray import status
 from padoc_ray.serve import errors
 from padoc_ray.serve.errors import Refused
+from padoc_ray.viewer.hosts import answered_hosts, host_name
 
 if TYPE_CHECKING:
     from padoc_ray.serve.config import ServeConfig
@@ -53,6 +58,8 @@ if TYPE_CHECKING:
 OPEN_ROUTES = ("/healthz", "/readyz", "/openapi.json", "/docs", "/docs/", "/", "/ui/")
 #: room for the multipart or JSON envelope around a document of max_upload_bytes
 ENVELOPE_BYTES = 1 << 20
+#: routes an orchestrator probes by address: answered whatever the Host header names
+PROBES = ("/healthz", "/readyz")
 TENANT_HEADER = "X-Padoc-Tenant"
 _TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -86,6 +93,8 @@ class GuardConfig:
     max_requests_per_tenant: int = 16  #: requests of one tenant in flight at once (429 past it)
     retry_after_s: int = 1  #: the Retry-After of a 429
     open_routes: tuple[str, ...] = OPEN_ROUTES  #: routes that need no token and take no slot
+    #: the Host names answered (any other: 400 bad_host); empty: any name
+    hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         bad = [d for d in self.tokens_sha256 if not _DIGEST.fullmatch(d)]
@@ -102,9 +111,11 @@ class GuardConfig:
     def from_serve(cls, cfg: ServeConfig) -> GuardConfig:
         """The guard of a service: its tokens, tenant mode, upload cap (plus the envelope), body
         deadline and per-tenant request cap."""
-        return cls(tokens_sha256=tuple(d for d in (cfg.token_sha256, *cfg.extra_token_sha256) if d),
-                   tenant_header=cfg.tenant_header, max_body_bytes=cfg.max_upload_bytes + ENVELOPE_BYTES,
-                   body_timeout_s=cfg.body_timeout_s, max_requests_per_tenant=cfg.max_requests_per_tenant)
+        tokens = tuple(d for d in (cfg.token_sha256, *cfg.extra_token_sha256) if d)
+        hosts = answered_hosts(cfg.listen_host, cfg.allowed_hosts) if cfg.allowed_hosts or not tokens else ()
+        return cls(tokens_sha256=tokens, tenant_header=cfg.tenant_header,
+                   max_body_bytes=cfg.max_upload_bytes + ENVELOPE_BYTES, body_timeout_s=cfg.body_timeout_s,
+                   max_requests_per_tenant=cfg.max_requests_per_tenant, hosts=tuple(hosts))
 
 
 def _headers(scope: Scope, name: bytes) -> list[str]:
@@ -180,7 +191,17 @@ class Guard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":  # the API has no websocket route
             return await WebSocketClose(1008, "no websocket routes")(scope, receive, send)
-        if scope["type"] != "http" or is_open(get_route_path(scope), self.config.open_routes):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        route = get_route_path(scope)
+        if self.config.hosts and route not in PROBES:
+            got = _headers(scope, b"host")
+            if len(got) != 1 or host_name(got[0]) not in self.config.hosts:
+                shown = got[0][:100] if len(got) == 1 else f"{len(got)} Host headers"
+                return await Refused(400, errors.BAD_HOST, f"this service does not answer to {shown!r} (it answers "
+                                     f"to {', '.join(self.config.hosts)}; more names: allowed_hosts, "
+                                     f"--allowed-host)", _CLOSE).response()(scope, receive, send)
+        if is_open(route, self.config.open_routes):
             return await self.app(scope, receive, send)
         cfg = self.config
         try:

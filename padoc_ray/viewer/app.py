@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from padoc_ray import status
 from padoc_ray.storage import StorageConfig
 from padoc_ray.viewer.data import PAGE_SIZE, DocQuery, Output, lost_pages
+from padoc_ray.viewer.hosts import answered_hosts
 from padoc_ray.viewer.images import PageImages, common_prefix
 from padoc_ray.viewer.pageview import embed_json, page_view
 
@@ -41,17 +42,6 @@ class ViewerConfig:
     #: names besides 127.0.0.1, localhost and ``host`` that the viewer answers to (the request's Host header);
     #: any other name gets 400, so a web page that rebinds its own name to this address reads nothing
     allowed_hosts: tuple[str, ...] = ()
-
-
-LOCAL_NAMES = ("127.0.0.1", "localhost")
-#: listening addresses that are no name a browser sends
-WILDCARDS = ("0.0.0.0", "::", "")
-
-
-def answered_hosts(host: str, extra=()) -> list[str]:
-    """The Host names a local server started on ``host`` answers to: loopback's, ``host`` itself (unless a
-    wildcard address), and ``extra`` (DNS-rebinding guard; Starlette's TrustedHostMiddleware enforces it)."""
-    return list(dict.fromkeys([*LOCAL_NAMES, *([] if host in WILDCARDS else [host]), *extra]))
 
 
 def page_images(out: Output, cfg: ViewerConfig, storage: StorageConfig) -> PageImages:
