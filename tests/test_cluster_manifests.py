@@ -379,7 +379,8 @@ def deployed_service(ray_cluster, s3, buckets, tmp_path_factory):
     cfg["http_options"].update(host="127.0.0.1", port=port)
     (app,) = cfg["applications"]
     token = "cluster-manifest-test-token"
-    app["runtime_env"] = {"env_vars": {**s3["env"], "PADOC_RAY_API_TOKEN": token}}
+    app["runtime_env"] = {"env_vars": {**s3["env"], "PADOC_RAY_API_TOKEN": token,
+                                       "PADOC_RAY_JOB_KEY": os.urandom(32).hex()}}
     app["args"].update(storage={"endpoint": s3["endpoint"]}, engine_gpus=0, engine_cpus=0.25, ingress_cpus=0.25,
                        ingress_replicas=1, engine_replicas=[1, 1], render_workers=1)
     app["args"]["host"].update(engine="noop")

@@ -4,6 +4,8 @@ fair start order, cancellation in every state, retention, what a sweep costs, an
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -17,7 +19,7 @@ from padoc_ray import status
 from padoc_ray.output import rows
 from padoc_ray.serve.documents import BadRequest, doc_error_status
 from padoc_ray.serve.job_manager import JobManager, TooManyJobs, result_refusal
-from padoc_ray.serve.jobs import JobStore, tenant_key
+from padoc_ray.serve.jobs import KEY_ENV, JobStore, tenant_key
 from padoc_ray.storage import StorageConfig
 
 
@@ -146,6 +148,160 @@ def test_a_planted_unsigned_job_or_a_swapped_input_is_never_run(tmp_path, caplog
         asyncio.run(main())
     refused = [r.getMessage() for r in caplog.records if "is refused" in r.getMessage()]
     assert len(refused) == 2  # one warning per job id, however many sweeps
+
+
+def _files(root) -> dict[str, bytes]:
+    """Every file under ``root`` and its bytes."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            path = os.path.join(dirpath, f)
+            with open(path, "rb") as fh:
+                out[os.path.relpath(path, root)] = fh.read()
+    return out
+
+
+def _edit_state(root, job_id: str, **changes) -> None:
+    """Edit a job's job.json by hand, its signature left as it was."""
+    path = os.path.join(root, "jobs", job_id, "job.json")
+    with open(path) as f:
+        state = json.load(f)
+    state.update(changes)
+    with open(path, "w") as f:
+        json.dump(state, f)
+
+
+class Recorder:
+    """A document runner that records every job it was asked to run (whatever its name or data)."""
+
+    def __init__(self):
+        self.started: list[str] = []
+
+    async def __call__(self, st: dict, skip: frozenset):
+        self.started.append(st["id"])
+        for i in range(st["pages_total"]):
+            yield _row(st, i)
+
+
+@pytest.mark.parametrize("edit", [
+    {"status": status.JOB_QUEUED, "finished": None},  # a cancelled job set back to queued
+    {"pages_total": 3},
+    {"name": "renamed.pdf"},
+    {"options": {"mode": "sequential"}},
+    {"tenant": "someone else"},
+], ids=["status", "pages", "name", "options", "tenant"])
+def test_a_job_state_edited_by_hand_is_refused_and_never_run(tmp_path, caplog, edit):
+    """Every field is signed: a state changed in any of them is refused (never returned, listed or run),
+    and the sweeper writes nothing for it."""
+    root = str(tmp_path / "s")
+
+    async def main():
+        store = JobStore(root)
+        st = store.create(tenant="t", name="x.pdf", data=b"%PDF x.pdf", options={"mode": "fork"}, pages_total=1)
+        if "status" in edit:  # cancelled, yet still indexed (as between finish's writes)
+            store.put({**st, "status": status.JOB_CANCELLED, "finished": time.time()})
+        assert store.get(st["id"]) is not None
+        _edit_state(root, st["id"], **edit)
+        assert store.get(st["id"]) is None
+        before = _files(root)
+        runner = Recorder()
+        mgr = _manager(JobStore(root), runner)
+        await mgr.start()
+        try:
+            for _ in range(5):
+                await mgr.sweep()
+        finally:
+            await mgr.close()
+        assert runner.started == []
+        assert await mgr.view(st["id"], "t") is None and await mgr.view(st["id"], "someone else") is None
+        assert _files(root) == before  # no lease, no state written
+
+    with caplog.at_level(logging.WARNING, logger="padoc_ray.serve.jobs"):
+        asyncio.run(main())
+    assert any("edited by hand" in r.getMessage() for r in caplog.records)
+
+
+def test_a_state_signed_the_old_way_is_refused_with_its_own_log_line(tmp_path, caplog):
+    """A state signed over its id, tenant, time and input digest only (before the whole state was
+    signed) is refused, even with a good signature under this store's key: jobs are transient."""
+    root = str(tmp_path / "s")
+    store = JobStore(root)
+    st = store.create(tenant="t", name="x.pdf", data=b"%PDF x", options={}, pages_total=1)
+    old = {k: v for k, v in st.items() if k not in ("sig", "sig_v")}
+    old["sig"] = hmac.new(store._key, json.dumps([old["id"], old["tenant"], old["created"], old["input_sha256"]])
+                          .encode(), hashlib.sha256).hexdigest()
+    with open(os.path.join(root, "jobs", st["id"], "job.json"), "w") as f:
+        json.dump(old, f)
+    with caplog.at_level(logging.WARNING, logger="padoc_ray.serve.jobs"):
+        assert store.get(st["id"]) is None
+        _edit_state(root, st["id"], sig_v=1)
+        assert JobStore(root).get(st["id"]) is None
+    said = [r.getMessage() for r in caplog.records if "is refused" in r.getMessage()]
+    assert len(said) == 2 and all("signed the old way" in m and "resubmit" in m for m in said), said
+
+
+def test_a_sweep_over_a_planted_job_writes_nothing_under_its_folder(tmp_path):
+    """The sweeper verifies a job before it takes (or probes) its lease: a planted job, signed with
+    another key, leaves the store exactly as it was."""
+    root = str(tmp_path / "s")
+
+    async def main():
+        store = JobStore(root)
+        elsewhere = JobStore(str(tmp_path / "another store"))  # a well-formed job, signed with another key
+        planted = elsewhere.create(tenant="t", name="planted", data=b"%PDF planted", options={}, pages_total=1)
+        (tmp_path / "s" / "jobs").mkdir(mode=0o700)
+        os.rename(tmp_path / "another store" / "jobs" / planted["id"], tmp_path / "s" / "jobs" / planted["id"])
+        (tmp_path / "s" / "active").mkdir(exist_ok=True)
+        (tmp_path / "s" / "active" / f"{tenant_key('t')}-{planted['id']}").write_bytes(b"")
+        before = _files(root)
+        assert sorted(before) == sorted(["store.key", f"active/{tenant_key('t')}-{planted['id']}",
+                                         *(f"jobs/{planted['id']}/{n}" for n in ("input", "job.json"))])
+        runner = Recorder()
+        mgr = _manager(store, runner)
+        await mgr.start()
+        try:
+            for _ in range(5):
+                await mgr.sweep()
+            await asyncio.sleep(0.05)
+        finally:
+            await mgr.close()
+        assert runner.started == [] and store.get(planted["id"]) is None
+        assert _files(root) == before  # no lease (nor anything else) under jobs/<planted id>/
+
+    asyncio.run(main())
+
+
+def test_a_key_named_by_the_config_or_the_environment_is_used_and_never_written_to_the_store(tmp_path,
+                                                                                             monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    key = os.urandom(32)
+    key_file = tmp_path / "secret" / "job-key"
+    key_file.parent.mkdir()
+    key_file.write_text(key.hex() + "\n")  # as `openssl rand -hex 32 > file` writes it
+    a = JobStore(str(tmp_path / "s"), key_file=str(key_file))
+    b = JobStore(str(tmp_path / "s"), key_file=str(key_file))  # another replica, the same Secret mounted
+    assert a._key == b._key == key and a.key_source == f"the file {key_file}"
+    st = a.create(tenant="t", name="x", data=b"%PDF x", options={}, pages_total=1)
+    assert b.get(st["id"])["name"] == "x"
+    monkeypatch.setenv(KEY_ENV, os.urandom(32).hex())
+    from_env = JobStore(str(tmp_path / "s"))
+    assert from_env.get(st["id"]) is None  # another key: the job is not this store's
+    monkeypatch.setenv(KEY_ENV, key.hex())
+    assert JobStore(str(tmp_path / "s")).get(st["id"])["name"] == "x"
+    assert not (tmp_path / "s" / "store.key").exists()  # a named key is never copied into the store
+    key_file.write_text("abcd")
+    with pytest.raises(ValueError, match="at least 64 hex digits"):
+        JobStore(str(tmp_path / "s"), key_file=str(key_file))
+    with pytest.raises(ValueError, match="cannot be read"):
+        JobStore(str(tmp_path / "s"), key_file=str(tmp_path / "missing"))
+    monkeypatch.setenv(KEY_ENV, "not hex")
+    with pytest.raises(ValueError, match=f"environment variable {KEY_ENV} must hold"):
+        JobStore(str(tmp_path / "s"))
+    from padoc_ray.serve.config import ServeConfig
+
+    assert ServeConfig(model="m", job_key=str(key_file)).job_key == str(key_file)
+    with pytest.raises(ValueError, match="job_key is a local file"):
+        ServeConfig(model="m", job_key="s3://bucket/key")
 
 
 # ---- leases: one runner per job, a dead replica's job finished by another ------------------------------
@@ -344,6 +500,7 @@ def test_a_sweep_costs_the_same_with_300_finished_jobs_as_with_none(tmp_path):
 def s3_store(s3, monkeypatch):
     for k, v in s3["env"].items():
         monkeypatch.setenv(k, v)
+    monkeypatch.setenv(KEY_ENV, os.urandom(32).hex())  # as a Kubernetes Secret gives every replica
     bucket = f"jobs-{uuid.uuid4().hex[:8]}"
     s3["client"].create_bucket(Bucket=bucket)
     return f"s3://{bucket}/store", StorageConfig(endpoint=s3["endpoint"]), s3["client"], bucket
@@ -385,6 +542,30 @@ def test_an_s3_store_signs_runs_cancels_and_expires_jobs(s3_store):
         assert keys and all(k.startswith(f"store/jobs/{planted}/") for k in keys)
 
     asyncio.run(main())
+
+
+def test_an_s3_store_keeps_no_key_beside_its_jobs(s3_store, monkeypatch, tmp_path):
+    """An s3:// store needs its key from the config or the environment: without either it is refused
+    at start, before any request; with one, nothing key-like is ever written to the bucket."""
+    root, cfg, client, bucket = s3_store
+    key_hex = os.environ[KEY_ENV]
+    monkeypatch.delenv(KEY_ENV)
+    with pytest.raises(ValueError, match=f"set the environment variable {KEY_ENV}.*job_key \\(--job-key\\)"):
+        JobStore(root, cfg)
+    assert client.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+    key_file = tmp_path / "job-key"
+    key_file.write_text(key_hex)
+    a = JobStore(root, cfg, key_file=str(key_file))
+    monkeypatch.setenv(KEY_ENV, key_hex)
+    b = JobStore(root, cfg)  # another replica, the same Secret as an environment variable
+    assert a._key == b._key == bytes.fromhex(key_hex)
+    st = a.create(tenant="t", name="x", data=b"%PDF x", options={}, pages_total=1)
+    a.finish({**st, "status": status.JOB_DONE})
+    assert b.get(st["id"])["status"] == status.JOB_DONE
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])]
+    assert keys and all(k.startswith(("store/jobs/", "store/finished/")) for k in keys), keys
+    assert not any(key_hex in client.get_object(Bucket=bucket, Key=k)["Body"].read().decode("latin-1")
+                   for k in keys)
 
 
 def test_an_s3_job_lease_is_exclusive_and_a_dead_holders_is_taken_over(s3_store):

@@ -51,7 +51,7 @@ def register(sub) -> None:
     add_fields(s, ServeConfig, ("max_upload_bytes", "max_pages"), base=d, number=positive)
     add_fields(s, HostConfig, ("engine",), base=d.host)
     add_mode(s, base=d.host)
-    add_fields(s, ServeConfig, ("model_id", "request_timeout_s", "max_job_pages", "job_store", "job_lease_s",
+    add_fields(s, ServeConfig, ("model_id", "request_timeout_s", "max_job_pages", "job_store", "job_key", "job_lease_s",
                                 "allowed_s3"), base=d, number=positive)
     add_fields(s, ServeConfig, ("job_ttl_s", "max_jobs", "max_jobs_per_tenant", "max_queued_jobs_per_tenant",
                                 "max_job_pages_in_flight", "max_job_pages_beside_interactive",
@@ -139,11 +139,14 @@ def run(args: argparse.Namespace) -> int:
             check_family(SimpleNamespace(family=family), cfg.host)
         except ProtocolError as e:
             die(f"--model {args.model}: {e}", prog=PROG)
-    if cfg.job_store and not is_s3(cfg.job_store):  # a refused store would only show as a replica that never starts
-        from padoc_ray.serve.jobs import JobStore
+    if cfg.job_store:  # a refused store (or a missing key) would only show as a replica that never starts
+        from padoc_ray.serve.jobs import JobStore, signing_key
 
         try:
-            JobStore(cfg.job_store, cfg.storage)
+            if is_s3(cfg.job_store):  # its key is checked here; the bucket by the replicas
+                signing_key(cfg.job_store, cfg.job_key)
+            else:
+                JobStore(cfg.job_store, cfg.storage, key_file=cfg.job_key)
         except (ValueError, OSError) as e:
             die(f"--job-store: {e}", prog=PROG)
 

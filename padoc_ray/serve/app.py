@@ -86,7 +86,7 @@ def make_ingress(cfg: ServeConfig):
                                  yield_caps={BATCH: min(cfg.max_job_pages_beside_interactive, capacity)},
                                  yield_hold_s=cfg.interactive_hold_s)
             self.runner = DocumentRunner(cfg, self.engine, self.pools, self.gate, max_waiting=cfg.engine_max_queued)
-            store = JobStore(cfg.job_store or default_job_store(instance), cfg.storage)
+            store = JobStore(cfg.job_store or default_job_store(instance), cfg.storage, key_file=cfg.job_key)
             self.replica_id = uuid.uuid4().hex[:8]
             self.jobs = JobManager(store, self._job_pages, replica_id=f"{os.getpid()}-{self.replica_id}",
                                    max_jobs=cfg.max_jobs, max_jobs_per_tenant=cfg.max_jobs_per_tenant,

@@ -9,7 +9,9 @@ by tenant, the least served first (one tenant's many jobs do not all run before 
 
 The sweeper (every ``sweep_s``) lists only the active index and starts jobs nobody holds, and
 runs retention every ``min(ttl_s / 10, 60)`` seconds: its cost does not grow with finished jobs.
-No ray, no fastapi.
+A job's signed state is verified (:meth:`JobStore.get`) before anything is written for it (its
+lease first of all): a planted or edited job leaves no file behind. Each id is verified once per
+replica while it stays active, so a sweep reads no state it verified before. No ray, no fastapi.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class JobManager:
         self._running: dict[str, tuple[str, asyncio.Task]] = {}  # job id -> (tenant key, its run)
         self._stops: dict[str, str] = {}  # job id -> why its run is being stopped
         self._served: dict[str, int] = {}  # tenant key -> when its last job started here (a sequence number)
+        self._genuine: set[str] = set()  # active job ids whose signed state this replica verified (or created)
         self._seq = itertools.count(1)
         self._sweeper: asyncio.Task | None = None
         self._last_retention = float("-inf")
@@ -123,6 +126,7 @@ class JobManager:
             raise TooManyJobs(self.max_queued)
         st = await asyncio.to_thread(self.store.create, tenant=tenant, name=name, data=data, options=options,
                                      pages_total=pages_total)
+        self._genuine.add(st["id"])
         self._queued[key].append(st["id"])
         self._pump()
         return self._view(st, 0, False)
@@ -165,11 +169,13 @@ class JobManager:
 
     # ---- the sweeper ---------------------------------------------------------------------------------
     async def sweep(self) -> None:
-        """One round: queue the active jobs that nobody holds (and are not queued or running here);
-        retention when it is due."""
-        for job_id, key in await asyncio.to_thread(self.store.active):
-            if self._known(job_id):
-                continue
+        """One round: queue the active jobs that nobody holds (and are not queued or running here), once
+        their signed state verified; retention when it is due."""
+        active = await asyncio.to_thread(self.store.active)
+        self._genuine &= {job_id for job_id, _ in active}  # finished jobs leave it
+        for job_id, key in active:
+            if self._known(job_id) or not await self._verified(job_id):
+                continue  # a refused job (logged once by the store) gets nothing written: not even a lease probe
             lease = self.store.lease(job_id, self.replica_id, self.lease_s)
             if await asyncio.to_thread(lease.holder) is None and not self._known(job_id):  # created meanwhile?
                 self._queued[key].append(job_id)
@@ -179,6 +185,15 @@ class JobManager:
             gone = await asyncio.to_thread(self.store.expire, self.ttl_s)
             if gone:
                 logger.info("deleted %d finished jobs older than %g s", len(gone), self.ttl_s)
+
+    async def _verified(self, job_id: str) -> bool:
+        """Whether the job's state is signed with the store's key (read once per active job and replica)."""
+        if job_id in self._genuine:
+            return True
+        if await asyncio.to_thread(self.store.get, job_id) is None:
+            return False
+        self._genuine.add(job_id)
+        return True
 
     def _known(self, job_id: str) -> bool:
         return job_id in self._running or any(job_id in q for q in self._queued.values())
@@ -226,9 +241,11 @@ class JobManager:
         lease = store.lease(job_id, self.replica_id, self.lease_s)
         st, watch = None, None
         try:
+            if not await self._verified(job_id):
+                return  # refused before its lease is taken: nothing is written under jobs/<id>/
             if await _whole(lease.try_acquire) is not None:
                 return  # another replica runs it
-            st = await asyncio.to_thread(store.get, job_id)
+            st = await asyncio.to_thread(store.get, job_id)  # again: it may have moved on before the lease
             if st is None:
                 return
             if st["status"] in FINAL:  # finished between the listing and the lease: tidy the index

@@ -4,7 +4,9 @@ Both take keys relative to the store's root (``jobs/<id>/job.json``) and count e
 operation in ``ops`` (by kind), so that a test can tell what a sweep costs. A local folder is made
 private: folders 0700 (the root's parents too, where this creates them), files 0600, written
 atomically (a temporary file, then a rename); an existing root not owned by this uid, or open to
-its group or others, is refused. No ray, no fastapi.
+its group or others, is refused. Only a local folder may hold the store's signing key (``store.key``,
+:meth:`LocalBackend.key`); an s3:// store's key never sits in its prefix (see
+:func:`padoc_ray.serve.jobs.signing_key`). No ray, no fastapi.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ class LocalBackend:
         return os.path.join(self.root, *key.split("/"))
 
     def key(self) -> bytes:
+        """``<root>/store.key``: 32 random bytes, created by whichever process comes first. Beside
+        ``jobs/``, not in it: the root is this uid's alone (0700, checked at start), so whoever could
+        write a job could read a key kept anywhere else of this uid's too."""
         path = self._p(KEY_NAME)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -131,20 +136,6 @@ class S3Backend:
 
     def _k(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
-
-    def key(self) -> bytes:
-        from botocore.exceptions import ClientError
-
-        try:  # created once, by whichever replica comes first
-            self.client.put_object(Bucket=self.bucket, Key=self._k(KEY_NAME), Body=secrets.token_bytes(KEY_BYTES),
-                                   IfNoneMatch="*")
-        except ClientError as e:
-            if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") not in (409, 412):
-                raise
-        key = self.read(KEY_NAME)
-        if key is None or len(key) != KEY_BYTES:
-            raise ValueError(f"the job store's key s3://{self.bucket}/{self._k(KEY_NAME)} is not {KEY_BYTES} bytes")
-        return key
 
     def read(self, key: str) -> bytes | None:
         from botocore.exceptions import ClientError
