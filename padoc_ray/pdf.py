@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 # error codes: padoc_ray.status lists them all (stable strings; they end up in Parquet rows)
+from padoc_ray.pdf_draws import DrawCounter  # noqa: F401 - re-exported: open_pdf attaches one to each document
 from padoc_ray.status import (  # noqa: F401 - re-exported for the callers of pdf.py
     ABSURD_PAGE_SIZE,
     CORRUPT_IMAGE,
@@ -38,12 +39,11 @@ MAX_PAGE_POINTS = 14400.0
 MIN_PAGE_POINTS = 7.2
 #: never render more pixels than this per page, whatever the settings say
 MAX_RENDER_PIXELS = 40_000_000
-#: a page whose content would draw more XObjects than this is refused (page_too_complex) before
+#: a page that would draw more XObjects than this (in its content, its annotations' appearances,
+#: tiling patterns and Type 3 glyphs: :class:`DrawCounter`) is refused (page_too_complex) before
 #: pdfium renders it. pdfium spends ~5 us per draw here (a 10^5-draw page: 0.5 s, 10^6: 5 s; at 10^7
 #: it aborts). The most a page of the measured legitimate corpus draws is far below (README, issue 27)
 MAX_PAGE_DRAWS = 1_000_000
-#: form XObjects nested deeper than this are not walked (pdfium itself stops nesting forms earlier)
-_MAX_FORM_DEPTH = 64
 
 
 _PAGES_COUNT_ZERO = re.compile(rb"/Count\s*0(?![0-9])")
@@ -322,13 +322,9 @@ def render_page(doc, index: int, cfg: RenderConfig = RenderConfig(), *, pixels: 
     counter = getattr(doc, "padoc_draws", None)
     if cfg.max_page_draws and counter is not None:
         n = counter.page_draws(index, cfg.max_page_draws)
-        if n > cfg.max_page_draws and counter.cyclic(index):
-            raise PdfError(PAGE_TOO_COMPLEX, f"page {index}: a form XObject on it draws itself (pdfium would nest "
-                                             f"it down to its depth limit: exponential work); not rendered")
         if n > cfg.max_page_draws:
-            raise PdfError(PAGE_TOO_COMPLEX, f"page {index}: its content draws more than {cfg.max_page_draws:,} "
-                                             f"XObjects (nested forms; counted {n:,} before stopping), over the "
-                                             f"limit RenderConfig.max_page_draws (--page-draw-limit); not rendered")
+            raise PdfError(PAGE_TOO_COMPLEX, f"page {index}: {counter.describe(index, cfg.max_page_draws)}; "
+                                             f"not rendered")
     try:
         page = doc[index]
     except (pdfium.PdfiumError, IndexError) as e:
@@ -356,134 +352,6 @@ def render_page(doc, index: int, cfg: RenderConfig = RenderConfig(), *, pixels: 
         return PageImage(index=index, image=img, width_pt=w, height_pt=h, rotation=rot)
     finally:
         page.close()
-
-
-class DrawCounter:
-    """Counts the XObject draws a PDF page would make, before pdfium renders it: a few KB of forms
-    nested a few levels deep, each drawing the next ten times, cost pdfium minutes (or abort it).
-
-    The count of a page is the number of ``Do`` operators its content would execute: each ``Do``
-    of a form XObject counts 1 plus the draws of that form's own content, so nesting multiplies
-    (the product of the ``Do`` counts down the chain). Every XObject is walked once (memoized by
-    object number, so a form shared by many pages or drawn many times costs one walk), and the walk
-    stops as soon as the count passes the limit. A form that draws itself, directly or through
-    others (a cycle), makes the page's count infinite: pdfium nests such a form again and again
-    down to its depth limit (a form drawing itself twice hangs it for minutes), so the page is
-    refused too (:meth:`cyclic`). Uses pikepdf (qpdf), opened
-    lazily on the bytes pdfium opened. Covers page contents and the form XObjects they draw; not
-    tiling patterns, Type 3 glyphs or annotation appearances (the renderer's deadlines bound
-    those). A page pikepdf cannot read counts 0: pdfium's own parsing decides."""
-
-    def __init__(self, data: bytes):
-        self._data = data
-        self._pdf = None  # pikepdf.Pdf, or False when pikepdf cannot open the file
-        self._memo: dict[tuple[int, int], int] = {}
-        self._cyclic: set[int] = set()  # pages on which a form draws itself
-
-    def cyclic(self, index: int) -> bool:
-        """Whether a form on page ``index`` draws itself (after :meth:`page_draws` counted it)."""
-        return index in self._cyclic
-
-    def page_draws(self, index: int, limit: int) -> int:
-        """Draws page ``index`` makes, or a number above ``limit`` (the walk stops there)."""
-        try:
-            import pikepdf
-        except ImportError:
-            return 0
-        if self._pdf is None:
-            import io
-
-            try:
-                self._pdf = pikepdf.open(io.BytesIO(self._data))
-            except Exception:  # noqa: BLE001 - pdfium opened it; qpdf's view is only a guard
-                self._pdf = False
-        if not self._pdf or not 0 <= index < len(self._pdf.pages):
-            return 0
-        try:
-            page = self._pdf.pages[index].obj
-            return self._draws(page, _inherited_resources(page), limit, set(), 0)
-        except _FormCycle:
-            self._cyclic.add(index)
-            return limit + 1
-        except RecursionError:
-            return limit + 1
-        except Exception:  # noqa: BLE001 - a damaged object: pdfium's parsing decides
-            return 0
-
-    def _draws(self, content, resources, limit: int, path: set, depth: int) -> int:
-        import pikepdf
-
-        names = _drawn_names(content)
-        if not names:
-            return 0
-        xobjects = resources.get("/XObject") if isinstance(resources, pikepdf.Dictionary) else None
-        total = 0
-        for name in names:
-            total += 1
-            if total > limit:
-                return total
-            if xobjects is None or depth >= _MAX_FORM_DEPTH:
-                continue
-            x = xobjects.get(name)
-            if not isinstance(x, pikepdf.Stream) or x.get("/Subtype") != "/Form":
-                continue
-            key = x.objgen
-            if key in path:  # a form drawing itself, directly or not
-                raise _FormCycle()
-            n = self._memo.get(key) if key != (0, 0) else None
-            if n is None:
-                path.add(key)
-                own = x.get("/Resources")
-                n = self._draws(x, own if isinstance(own, pikepdf.Dictionary) else resources, limit - total,
-                                path, depth + 1)
-                path.discard(key)
-                if key != (0, 0) and n <= limit - total:  # a stopped walk is not the form's count
-                    self._memo[key] = n
-            total += n
-            if total > limit:
-                return total
-        return total
-
-
-class _FormCycle(Exception):
-    """A form XObject draws itself."""
-
-
-_NAME_CHARS = rb"[^\x00\t\n\f\r /\[\]()<>{}%]"
-#: ``/Name Do``: a content stream drawing an XObject (a regular expression, not a parse: qpdf's
-#: tokenizer takes seconds on a 100,000-marker plot; bytes inside strings or inline images that
-#: happen to read ``/A Do`` only count one draw more each)
-_DO = re.compile(rb"/(" + _NAME_CHARS + rb"+)\s*Do(?!" + _NAME_CHARS + rb")")
-_NAME_ESCAPE = re.compile(rb"#([0-9A-Fa-f]{2})")
-
-
-def _drawn_names(content) -> list[str]:
-    """The XObject names a page (its /Contents) or a form stream draws, in order; [] when unreadable."""
-    import pikepdf
-
-    try:
-        if isinstance(content, pikepdf.Stream):
-            data = content.read_bytes()
-        else:
-            streams = content.get("/Contents")
-            if isinstance(streams, pikepdf.Stream):
-                streams = [streams]
-            data = b"\n".join(c.read_bytes() for c in streams or () if isinstance(c, pikepdf.Stream))
-    except Exception:  # noqa: BLE001 - unreadable content draws nothing pdfium can draw
-        return []
-    return ["/" + _NAME_ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), n).decode("latin-1")
-            for n in _DO.findall(data)]
-
-
-def _inherited_resources(page):
-    """A page's /Resources, inherited from the page tree when the page has none."""
-    node, hops = page, 0
-    while node is not None and hops < 64:
-        res = node.get("/Resources")
-        if res is not None:
-            return res
-        node, hops = node.get("/Parent"), hops + 1
-    return None
 
 
 def iter_pages(doc, indices: list[int] | None = None, cfg: RenderConfig = RenderConfig()) -> Iterator[PageImage | PdfError]:

@@ -143,3 +143,115 @@ def serialize_pdf(objs: list[bytes], root: int) -> bytes:
     out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
     out += b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, root, xref)
     return bytes(out)
+
+
+# ---- pages that draw far more than their content shows (DrawCounter, issue 46) --------------------------
+def _form(pdf, content: bytes, xobjects: dict | None = None):
+    import pikepdf
+
+    f = pdf.make_stream(content)
+    f.Type, f.Subtype, f.BBox = pikepdf.Name.XObject, pikepdf.Name.Form, [0, 0, 10, 10]
+    if xobjects is not None:
+        f.Resources = pikepdf.Dictionary(XObject=pikepdf.Dictionary(xobjects))
+    return f
+
+
+def _form_tree(pdf, depth: int, fanout: int):
+    """A form drawing a chain of ``depth - 1`` forms below it, each drawing the next ``fanout``
+    times: ``fanout + fanout**2 + ... + fanout**(depth - 1)`` draws below the top form's own."""
+    inner = _form(pdf, b"0 0 1 1 re f")
+    for _ in range(depth - 1):
+        inner = _form(pdf, b" ".join([b"/X Do"] * fanout), {"/X": inner})
+    return inner
+
+
+def _saved(pdf) -> bytes:
+    out = io.BytesIO()
+    pdf.save(out)
+    return out.getvalue()
+
+
+def _page(pdf, content: bytes, resources=None, size=(200, 200)):
+    pdf.add_blank_page(page_size=size)
+    page = pdf.pages[-1].obj
+    page.Contents = pdf.make_stream(content)
+    if resources is not None:
+        page.Resources = resources
+    return page
+
+
+def annotation_bomb_page(pdf, depth: int = 5, fanout: int = 10, states: str | None = None, flags: int = 0):
+    """A page with a line of text whose one annotation's normal appearance (``/AP /N``) draws a form
+    tree ``fanout`` times: ``1 + fanout + fanout**2 + ... + fanout**depth`` draws (1: the
+    appearance itself), none of them in the page's content.
+
+    ``states``: /N is a dictionary of two states, ``/Bomb`` and a plain ``/Off``, and /AS names
+    ``states`` (``""``: no /AS). ``flags``: the annotation's /F (2: Hidden, 32: NoView)."""
+    import pikepdf
+
+    page = _page(pdf, b"BT /F1 12 Tf 20 100 Td (an innocent page) Tj ET", pikepdf.Dictionary(
+        Font=pikepdf.Dictionary(F1=pikepdf.Dictionary(Type=pikepdf.Name.Font, Subtype=pikepdf.Name.Type1,
+                                                      BaseFont=pikepdf.Name.Helvetica))))
+    bomb = _form(pdf, b" ".join([b"/X Do"] * fanout), {"/X": _form_tree(pdf, depth, fanout)})
+    annot = pikepdf.Dictionary(Type=pikepdf.Name.Annot, Subtype=pikepdf.Name.Square, Rect=[10, 10, 100, 100])
+    if flags:
+        annot.F = flags
+    if states is None:
+        annot.AP = pikepdf.Dictionary(N=bomb)
+    else:
+        annot.AP = pikepdf.Dictionary(N=pikepdf.Dictionary(Bomb=bomb, Off=_form(pdf, b"0 0 5 5 re f")))
+        if states:
+            annot.AS = pikepdf.Name("/" + states)
+    page.Annots = pdf.make_indirect(pikepdf.Array([pdf.make_indirect(annot)]))
+    return page
+
+
+def pattern_bomb_page(pdf, depth: int = 5, fanout: int = 10, fills: int = 10, step: float = 10):
+    """A page that selects a tiling pattern whose cell draws a form tree ``fanout`` times, and fills
+    ``fills`` rectangles with it (pdfium renders the cell anew for every fill)."""
+    import pikepdf
+
+    cell = pdf.make_stream(b" ".join([b"/X Do"] * fanout))
+    cell.Type, cell.PatternType, cell.PaintType, cell.TilingType = pikepdf.Name.Pattern, 1, 1, 1
+    cell.BBox, cell.XStep, cell.YStep = [0, 0, 10, 10], step, step
+    cell.Resources = pikepdf.Dictionary(XObject=pikepdf.Dictionary(X=_form_tree(pdf, depth, fanout)))
+    return _page(pdf, b"/Pattern cs /P scn " + b" ".join([b"0 0 100 100 re f"] * fills),
+                 pikepdf.Dictionary(Pattern=pikepdf.Dictionary(P=cell)))
+
+
+def type3_bomb_page(pdf, depth: int = 5, fanout: int = 10, glyphs: int = 10):
+    """A page showing ``glyphs`` glyphs of a Type 3 font whose glyph procedure draws a form tree
+    ``fanout`` times (pdfium runs the procedure for every glyph shown)."""
+    import pikepdf
+
+    proc = pdf.make_stream(b"10 0 d0 " + b" ".join([b"/X Do"] * fanout))
+    font = pdf.make_indirect(pikepdf.Dictionary(
+        Type=pikepdf.Name.Font, Subtype=pikepdf.Name.Type3, FontBBox=[0, 0, 10, 10],
+        FontMatrix=[0.1, 0, 0, 0.1, 0, 0], FirstChar=97, LastChar=97, Widths=[10],
+        Encoding=pikepdf.Dictionary(Type=pikepdf.Name.Encoding, Differences=[97, pikepdf.Name.a]),
+        CharProcs=pikepdf.Dictionary(a=proc),
+        Resources=pikepdf.Dictionary(XObject=pikepdf.Dictionary(X=_form_tree(pdf, depth, fanout)))))
+    return _page(pdf, b"BT /T 12 Tf 10 100 Td (" + b"a" * glyphs + b") Tj ET",
+                 pikepdf.Dictionary(Font=pikepdf.Dictionary(T=font)))
+
+
+def form_cycle_page(pdf, fanout: int = 1):
+    """A page drawing form A, which draws form B ``fanout`` times, which draws A ``fanout`` times: a
+    cycle pdfium cuts at its form nesting limit (40 levels). With ``fanout=1`` it is what a real
+    third-party file does (each form also paints a square); with 2, 2**40 draws."""
+    import pikepdf
+
+    a = _form(pdf, b"0 0 1 1 re f " + b" ".join([b"/B Do"] * fanout))
+    b = _form(pdf, b"1 1 1 1 re f " + b" ".join([b"/A Do"] * fanout), {"/A": a})
+    a.Resources = pikepdf.Dictionary(XObject=pikepdf.Dictionary(B=b))
+    return _page(pdf, b"/A Do", pikepdf.Dictionary(XObject=pikepdf.Dictionary(A=a)))
+
+
+def drawn_pdf(*builders) -> bytes:
+    """A PDF of one page per builder (a function of a pikepdf.Pdf that adds a page)."""
+    import pikepdf
+
+    pdf = pikepdf.new()
+    for build in builders:
+        build(pdf)
+    return _saved(pdf)

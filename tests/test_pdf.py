@@ -251,6 +251,165 @@ def test_a_page_that_draws_too_much_is_refused_before_pdfium_loads_it():
         RenderConfig(max_page_draws=-1)
 
 
+# ---- issue 46: what pdfium draws beside the page's content, and cycles priced by pdfium's depth limit --
+def test_annotation_appearances_are_counted_as_pdfium_draws_them():
+    """pdfium draws annotation appearances when it renders (pypdfium2's draw_annots is on): a form
+    tree in /AP /N costs what it would cost in the page's content."""
+    from functools import partial
+
+    from padoc_ray.pdf import DrawCounter
+
+    from .pdf_factory import annotation_bomb_page, drawn_pdf
+
+    tree = 1 + 10 + 100 + 1000  # the appearance itself, then 10 draws of a 3-level tree of 10s
+    c = DrawCounter(drawn_pdf(
+        partial(annotation_bomb_page, depth=3),
+        partial(annotation_bomb_page, depth=3, states="Bomb"),  # /AS names the state pdfium draws
+        partial(annotation_bomb_page, depth=3, states="Off"),
+        partial(annotation_bomb_page, depth=3, states=""),  # no /AS: the costliest state bounds it
+        partial(annotation_bomb_page, depth=3, flags=2),  # Hidden: pdfium skips it
+        partial(annotation_bomb_page, depth=3, flags=32),  # NoView: likewise
+        partial(annotation_bomb_page, depth=6),
+    ))
+    assert [c.page_draws(i, 10**9) for i in range(6)] == [tree, tree, 1, tree, 0, 0]
+    assert c.page_draws(6, 10**9) == 1_111_111
+    assert c.page_draws(6, 10**6) > 10**6
+    assert "1,111,111 in its annotations' appearance streams" in c.describe(6, 10**6)
+
+
+def test_tiling_patterns_soft_masks_and_type3_glyphs_are_counted():
+    """pdfium renders a tiling pattern's cell for every object painted with it (once per tile when
+    the cell is larger than the area), a soft mask's group for every object painted under it,
+    and a Type 3 glyph's procedure for every glyph shown: each with its own resources."""
+    from functools import partial
+
+    import pikepdf
+
+    from padoc_ray.pdf import DrawCounter
+
+    from .pdf_factory import _form, _form_tree, _page, drawn_pdf, pattern_bomb_page, type3_bomb_page
+
+    cell = 1 + 10 + 100 + 1000  # one rendering of a cell (glyph) that draws a 3-level tree 10 times
+
+    def soft_mask_page(pdf):
+        group = _form(pdf, b" ".join([b"/X Do"] * 10), {"/X": _form_tree(pdf, 3, 10)})
+        gs = pikepdf.Dictionary(Type=pikepdf.Name.ExtGState, SMask=pikepdf.Dictionary(
+            Type=pikepdf.Name.Mask, S=pikepdf.Name.Alpha, G=group))
+        _page(pdf, b"0 0 5 5 re f /M gs 0 0 10 10 re f 0 0 20 20 re f",
+              pikepdf.Dictionary(ExtGState=pikepdf.Dictionary(M=gs)))
+
+    c = DrawCounter(drawn_pdf(
+        partial(pattern_bomb_page, depth=3, fills=2),
+        partial(pattern_bomb_page, depth=3, fills=2, step=5),  # cells twice their step: 4 tiles each
+        partial(type3_bomb_page, depth=3, glyphs=3),
+        soft_mask_page,  # the fill before the gs is not under the mask
+        partial(pattern_bomb_page, depth=6, fills=1),
+        partial(type3_bomb_page, depth=6, glyphs=1),
+    ))
+    assert [c.page_draws(i, 10**9) for i in range(4)] == [2 * cell, 2 * 4 * cell, 3 * cell, 2 * cell]
+    assert c.page_draws(4, 10**6) > 10**6 and c.page_draws(5, 10**6) > 10**6
+
+
+def test_fonts_and_patterns_reach_the_forms_drawn_after_them_and_page_resources_are_found():
+    """A form inherits the font and fill of the content that draws it (it may show text without
+    Tf); and a content without a kind of resource finds it in the page's, as pdfium does, so a
+    form with /Resources but no /XObject still draws the page's forms."""
+    import pikepdf
+
+    from padoc_ray.pdf import DrawCounter
+
+    from .pdf_factory import _form, _form_tree, _page, drawn_pdf
+
+    def inherited_font(pdf):
+        proc = pdf.make_stream(b"10 0 d0 /X Do /X Do")
+        font = pdf.make_indirect(pikepdf.Dictionary(
+            Type=pikepdf.Name.Font, Subtype=pikepdf.Name.Type3, FontBBox=[0, 0, 10, 10],
+            FontMatrix=[0.1, 0, 0, 0.1, 0, 0], FirstChar=97, LastChar=97, Widths=[10],
+            Encoding=pikepdf.Dictionary(Differences=[97, pikepdf.Name.a]), CharProcs=pikepdf.Dictionary(a=proc),
+            Resources=pikepdf.Dictionary(XObject=pikepdf.Dictionary(X=_form_tree(pdf, 3, 10)))))
+        text = _form(pdf, b"BT (aaaa) Tj ET")  # no Tf: the font in force where it is drawn
+        _page(pdf, b"/S Do BT /T 12 Tf ET /S Do", pikepdf.Dictionary(
+            Font=pikepdf.Dictionary(T=font), XObject=pikepdf.Dictionary(S=text)))
+
+    def page_fallback(pdf):
+        loop = _form(pdf, b" ".join([b"/X Do"] * 10))
+        loop.Resources = pikepdf.Dictionary(Font=pikepdf.Dictionary())  # no /XObject: pdfium looks in the page's
+        _page(pdf, b"/L Do", pikepdf.Dictionary(XObject=pikepdf.Dictionary(L=loop, X=_form_tree(pdf, 3, 10))))
+
+    c = DrawCounter(drawn_pdf(inherited_font, page_fallback))
+    glyph = 1 + 2 * (1 + 10 + 100)
+    assert c.page_draws(0, 10**9) == 1 + 1 + 4 * glyph  # the first /S Do shows its glyphs in no Type 3 font
+    assert c.page_draws(1, 10**9) == 1 + 10 * (1 + 10 + 100)
+
+
+def test_pdfiums_form_nesting_limit_is_the_one_the_counter_prices_cycles_with():
+    """A form that draws itself once, shifted 2 pt, painting a 1 pt bar each time: pdfium paints
+    exactly _FORM_LEVELS bars (kMaxFormLevel in cpdf_streamcontentparser.cpp). If a pypdfium2
+    upgrade changes that, the cycle pricing must follow."""
+    import numpy as np
+    import pikepdf
+
+    from padoc_ray.pdf import DrawCounter
+    from padoc_ray.pdf_draws import _FORM_LEVELS
+
+    from .pdf_factory import _page, drawn_pdf
+
+    def self_drawing(pdf):
+        f = pdf.make_stream(b"1 0 0 1 2 0 cm 0 0 1 10 re f /X Do")
+        f.Type, f.Subtype, f.BBox = pikepdf.Name.XObject, pikepdf.Name.Form, [-1000, -1000, 1000, 1000]
+        f.Resources = pikepdf.Dictionary(XObject=pikepdf.Dictionary(X=f))
+        _page(pdf, b"/X Do", pikepdf.Dictionary(XObject=pikepdf.Dictionary(X=f)), size=(300, 20))
+
+    data = drawn_pdf(self_drawing)
+    img = np.asarray(render_page(open_pdf(data), 0, RenderConfig(dpi=72)).image.convert("L"))
+    assert _FORM_LEVELS == 40 and np.count_nonzero(img[img.shape[0] - 5] < 128) == _FORM_LEVELS
+    c = DrawCounter(data)
+    assert c.page_draws(0, 10**9) == 1 + _FORM_LEVELS and c.cyclic(0)  # the last level's Do parses nothing
+
+
+def test_a_cycle_is_priced_by_what_pdfium_does_with_it():
+    """Two forms drawing each other once (a real third-party file does this) cost pdfium 40 levels
+    of nesting: the page renders. Drawing each other twice is 1 + 2 + ... + 2**40 draws: refused,
+    at once."""
+    import time
+    from functools import partial
+
+    from padoc_ray.pdf import DrawCounter
+
+    from .pdf_factory import drawn_pdf, form_cycle_page
+
+    once = drawn_pdf(form_cycle_page)
+    c = DrawCounter(once)
+    assert c.page_draws(0, 10**6) == 1 + 40 and c.cyclic(0)
+    t = time.monotonic()
+    page = render_page(open_pdf(once), 0, RenderConfig(longest_side=200))
+    assert time.monotonic() - t < 2 and page.image.size == (200, 200)
+
+    twice = drawn_pdf(partial(form_cycle_page, fanout=2))
+    c = DrawCounter(twice)
+    t = time.monotonic()
+    assert c.page_draws(0, 10**60) == sum(2**k for k in range(41)) and c.cyclic(0)  # 1 + 2 + ... + 2**40
+    with pytest.raises(PdfError) as ei:
+        render_page(open_pdf(twice), 0, RenderConfig(longest_side=200))
+    assert time.monotonic() - t < 1
+    assert ei.value.code == "page_too_complex" and "draws itself" in ei.value.message
+    assert "depth limit of 40 form levels" in ei.value.message
+
+
+def test_the_work_of_counting_is_bounded(monkeypatch):
+    """A page whose walk would visit more distinct nestings than _MAX_WALKS is taken as over the
+    limit, whatever its count so far: the counter's own work stays bounded."""
+    import padoc_ray.pdf_draws as pdf_module
+
+    from .pdf_factory import form_bomb_pdf
+
+    data = form_bomb_pdf(1, depth=12, fanout=1)  # 12 distinct forms, 12 draws
+    assert pdf_module.DrawCounter(data).page_draws(0, 100) == 12
+    monkeypatch.setattr(pdf_module, "_MAX_WALKS", 5)
+    c = pdf_module.DrawCounter(data)
+    assert c.page_draws(0, 100) == 101 and "too many to count" in c.describe(0, 100)
+
+
 def test_corrupt_image_messages_say_what_is_wrong_without_object_addresses():
     from padoc_ray.pdf import open_document
 

@@ -363,6 +363,74 @@ def test_a_form_xobject_bomb_gets_page_too_complex_quickly_and_good_files_render
     assert r.restarts == 0 if isinstance(r, IsolatedRenderer) else True
 
 
+def _drawing_bombs() -> bytes:
+    """Issue 46: seven pages of 2 KB each, whose costs hide outside the page's content, beside plain
+    ones: page 1's annotation appearance draws 1,111,111 forms (32 s of pypdfium2 at 1600 px), page
+    2 fills 10 times with a tiling pattern whose cell draws 111,111 (20 s), page 3 shows 10 glyphs of
+    a Type 3 font whose procedure does (8.5 s); page 5 holds two forms drawing each other once
+    (pdfium cuts that cycle at 40 levels: 0.07 s), page 6 two drawing each other twice (2**41 draws)."""
+    from functools import partial
+
+    from .pdf_factory import (annotation_bomb_page, drawn_pdf, form_cycle_page, pattern_bomb_page,
+                              type3_bomb_page)
+
+    def plain(pdf):
+        pdf.add_blank_page(page_size=(200, 200))
+
+    return drawn_pdf(plain, partial(annotation_bomb_page, depth=6), pattern_bomb_page, type3_bomb_page, plain,
+                     form_cycle_page, partial(form_cycle_page, fanout=2))
+
+
+def test_annotation_pattern_and_glyph_bombs_get_page_too_complex_quickly_and_good_pages_render():
+    """Through both renderers: every bomb page is refused before pdfium loads it, in well under a
+    second of counting, the cycle pdfium cuts renders, and the good pages and files render."""
+    from padoc_ray.pdf import DrawCounter
+
+    bombs = _drawing_bombs()
+    c = DrawCounter(bombs)
+    t = time.monotonic()
+    counts = [c.page_draws(i, 1_000_000) for i in range(7)]
+    assert time.monotonic() - t < 1, "counting must stay cheap"
+    assert counts[0] == counts[4] == 0 and counts[5] == 41 and all(counts[i] > 1_000_000 for i in (1, 2, 3, 6))
+    for r in (IsolatedRenderer(), InProcessRenderer()):
+        try:
+            assert _summary(_events(r, text_pdf(2), "a.pdf")) == [("opened", 2), (0, "ok"), (1, "ok")]
+            t = time.monotonic()
+            ev = _events(r, bombs, "bombs.pdf")
+            assert time.monotonic() - t < 10
+            assert _summary(ev) == [("opened", 7), (0, "ok"), (1, "page_too_complex"), (2, "page_too_complex"),
+                                    (3, "page_too_complex"), (4, "ok"), (5, "ok"), (6, "page_too_complex")]
+            assert "in its annotations' appearance streams" in ev[2].message and "--page-draw-limit" in ev[2].message
+            assert "in its content" in ev[3].message and "draws itself" in ev[7].message
+            assert _summary(_events(r, text_pdf(2), "b.pdf")) == [("opened", 2), (0, "ok"), (1, "ok")]
+        finally:
+            r.close()
+    assert r.restarts == 0 if isinstance(r, IsolatedRenderer) else True
+
+
+def test_drawing_bombs_cost_their_own_rows_in_the_batch_jobs_raster_stage(tmp_path):
+    """The same pages through the batch job's raster stage (its own isolated renderer), between two
+    good files: the bombs' pages get page_too_complex, every other page is rendered."""
+    import pyarrow as pa
+
+    from padoc_ray.pipeline.config import BatchConfig
+    from padoc_ray.pipeline.stages import rasterize
+
+    files = {"a.pdf": text_pdf(2), "bombs.pdf": _drawing_bombs(), "b.pdf": text_pdf(3)}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    cfg = BatchConfig(input=str(tmp_path), output=str(tmp_path.parent / (tmp_path.name + "_out")), model="m")
+    batch = pa.Table.from_pylist([{"uri": str(tmp_path / n), "size": len(d), "done": []} for n, d in files.items()])
+    t = time.monotonic()
+    got = [(os.path.basename(r["source_uri"]), r["page_index"], r["status"])
+           for tab in rasterize(batch, cfg, "m") for r in tab.to_pylist()]
+    assert time.monotonic() - t < 30
+    refused = {1, 2, 3, 6}
+    assert got == ([("a.pdf", i, None) for i in range(2)]
+                   + [("bombs.pdf", i, "page_too_complex" if i in refused else None) for i in range(7)]
+                   + [("b.pdf", i, None) for i in range(3)])
+
+
 def _mixed_size_pdf(sizes) -> bytes:
     import io
 
