@@ -157,13 +157,13 @@ def run(args: argparse.Namespace) -> int:
 
     from ray import serve
 
-    from padoc_ray.ray_init import init_ray
+    from padoc_ray.ray_init import init_ray, is_loopback, listeners_beyond_loopback
     from padoc_ray.serve.app import build_app
 
     if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
         die(f"--metrics-port: {args.metrics_port} is not a port", prog=PROG)
     extra = {"_metrics_export_port": args.metrics_port} if args.metrics_port else {}
-    info = init_ray("local", verbose=args.verbose, include_dashboard=False, **extra)
+    info = init_ray("local", verbose=args.verbose, include_dashboard=False, local_only=is_loopback(args.host), **extra)
     import ray
 
     # after ray.init, whose core worker installs its own SIGTERM handler (it would end us uncleanly)
@@ -188,8 +188,12 @@ def run(args: argparse.Namespace) -> int:
             auth = "bearer token required" if cfg.token_sha256 else "no auth (set PADOC_RAY_API_TOKEN to require one)"
             port = (info or {}).get("metrics_export_port") or args.metrics_port
             where = f"; metrics at http://127.0.0.1:{port}/metrics" if port else ""
+            if port and not is_loopback(args.host):
+                where += " (on every interface, without auth)"
             print(f"padoc-ray serve: ready at {url} (model {cfg.served_model_id}; {auth}; API docs at {url}/docs"
                   f"{where})", flush=True)
+            for note in listeners_beyond_loopback() if is_loopback(args.host) else ():
+                print(f"padoc-ray serve: note: {note}", file=sys.stderr, flush=True)
             stop.wait()
             print("padoc-ray serve: stopping", file=sys.stderr, flush=True)
     finally:
