@@ -417,15 +417,20 @@ def check_family(model_protocol, cfg: HostConfig) -> None:
 
 
 def model_problem(model: str, cfg: HostConfig) -> str | None:
-    """What stops ``cfg`` running on the checkpoint ``model``, said before a job starts (None: nothing seen).
-    Checks local folders (an s3:// checkpoint is checked by its engine hosts once fetched)."""
+    """What stops ``cfg`` running on the checkpoint ``model``, said before a job starts (None: nothing seen):
+    a mode or setting its family cannot honour. Checks local folders of a family it recognizes (an s3://
+    checkpoint, or a folder that is none, is the engine hosts' to refuse once they load it)."""
     if "://" in model or not os.path.isdir(model):
         return None
     from padoc_ray.protocol import ProtocolError
     from padoc_ray.protocol.family import recognize
 
     try:
-        check_family(recognize(model).family, cfg)
+        family = recognize(model).family
+    except (ProtocolError, OSError):
+        return None
+    try:
+        check_family(family, cfg)
     except ProtocolError as e:
         return f"{model}: {e}"
     return None
