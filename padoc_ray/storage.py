@@ -98,6 +98,11 @@ class NotRegularFile(OSError):
     """The path is (now) a FIFO, socket, device or folder: it is never read."""
 
 
+class LinkAtRead(OSError):
+    """The path is (now) a symbolic link, and links are not followed: it is never read (a listed file
+    swapped for a link after the listing would otherwise be read wherever the link points)."""
+
+
 class ChangedDuringRead(OSError):
     """The file changed while it was read (size, modification time or identity): the bytes are a mix."""
 
@@ -105,14 +110,25 @@ class ChangedDuringRead(OSError):
 _CHUNK = 4 << 20
 
 
-def _read_local(path: str, limit: int | None, deadline: float) -> bytes:
-    """Open without blocking (a FIFO swapped in after the listing would block ``open``), check the
-    opened descriptor (not the path: no window between check and use), read in chunks against the
-    deadline, and compare the file before and after the read."""
+def _read_local(path: str, limit: int | None, deadline: float, follow_links: bool = True) -> bytes:
+    """Open without blocking (a FIFO swapped in after the listing would block ``open``) and, unless
+    ``follow_links``, without following a link in the file's own place (``O_NOFOLLOW``: a file swapped
+    for a link after the listing is refused, not read where the link points), check the opened
+    descriptor (not the path: no window between check and use), read in chunks against the deadline,
+    and compare the file before and after the read."""
+    import errno
     import stat
     import time
 
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow_links:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if not follow_links and e.errno == errno.ELOOP:
+            raise LinkAtRead(f"{path} is a symbolic link, which this run does not follow: not read") from None
+        raise
     try:
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
@@ -129,7 +145,7 @@ def _read_local(path: str, limit: int | None, deadline: float) -> bytes:
             parts.append(b)
             n += len(b)
         after = os.fstat(fd)
-        now = os.stat(path)
+        now = os.stat(path, follow_symlinks=follow_links)
     finally:
         os.close(fd)
     same = (before.st_size, before.st_mtime_ns) == (after.st_size, after.st_mtime_ns) and \
@@ -157,13 +173,15 @@ def _read_stream(fs, path: str, limit: int | None, deadline: float) -> bytes:
     return b"".join(parts)
 
 
-def read_bytes(uri: str, cfg: StorageConfig = StorageConfig(), *, max_bytes: int | None = None) -> bytes:
+def read_bytes(uri: str, cfg: StorageConfig = StorageConfig(), *, max_bytes: int | None = None,
+               follow_links: bool = True) -> bytes:
     """The file's bytes; with ``max_bytes``, at most ``max_bytes + 1`` of them (so a caller can tell
     a file that grew past a limit without holding all of it). The whole read has a deadline
     (``cfg.read_timeout_s``), on local disks and on S3: it runs in a helper thread, so even a read
     that blocks in the kernel (a stuck network mount) costs the caller the deadline, not forever.
-    Raises :class:`NotRegularFile`, :class:`ChangedDuringRead`, ``TimeoutError`` (all OSErrors) or
-    the storage's own OSError."""
+    ``follow_links=False``: a local file that is a symbolic link is refused (:class:`LinkAtRead`).
+    Raises :class:`NotRegularFile`, :class:`ChangedDuringRead`, :class:`LinkAtRead`, ``TimeoutError``
+    (all OSErrors) or the storage's own OSError."""
     import concurrent.futures
     import time
 
@@ -173,7 +191,7 @@ def read_bytes(uri: str, cfg: StorageConfig = StorageConfig(), *, max_bytes: int
         fs, path = filesystem(uri, cfg)
         job = lambda: _read_stream(fs, path, limit, deadline)  # noqa: E731
     else:
-        job = lambda: _read_local(os.path.abspath(uri), limit, deadline)  # noqa: E731
+        job = lambda: _read_local(os.path.abspath(uri), limit, deadline, follow_links)  # noqa: E731
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="padoc-read")
     try:
         return pool.submit(job).result(timeout=cfg.read_timeout_s + 1)

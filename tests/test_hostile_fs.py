@@ -20,6 +20,7 @@ from padoc_ray.storage import (
     SYMLINK,
     SYMLINK_OUTSIDE,
     ChangedDuringRead,
+    LinkAtRead,
     NotRegularFile,
     StorageConfig,
     list_inputs,
@@ -282,6 +283,47 @@ def test_a_file_swapped_for_a_fifo_after_the_listing_does_not_hang_the_run(local
     summary, s = _timed(lambda: _run(inp, out, model=tiny_model_dir), limit_s=180)
     docs = {os.path.basename(r["source_uri"]): r["status"] for r in pq.read_table(out / "documents").to_pylist()}
     assert docs == {"a.pdf": "ok", "b.pdf": "not_regular_file"} and summary["all_inputs_accounted"]
+
+
+def test_a_file_swapped_for_a_link_is_not_read_where_the_link_points(tmp_path):
+    """The read itself: with links not followed, a file that is (now) a link is refused, whatever it points to
+    (before, the read followed it)."""
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (tmp_path / "secret.pdf").write_bytes(text_pdf(3))
+    (inp / "b.pdf").symlink_to(tmp_path / "secret.pdf")
+    with pytest.raises(LinkAtRead, match="symbolic link"):
+        read_bytes(str(inp / "b.pdf"), follow_links=False)
+    assert read_bytes(str(inp / "b.pdf")) == (tmp_path / "secret.pdf").read_bytes()  # followed when asked
+
+
+def test_a_file_swapped_for_a_link_after_the_listing_is_refused_in_a_run(local_ray, tiny_model_dir, tmp_path,
+                                                                        monkeypatch):
+    """The review's repro as a run: once the run has its plan, in/b.pdf (2 pages) becomes a link to
+    outside/secret.pdf (30 pages). The documents table said "b.pdf ok, 30 pages" (the secret's); now b.pdf
+    gets the listing's own code and no page of the secret is written."""
+    from padoc_ray.pipeline import job
+
+    inp, out, outside = tmp_path / "in", tmp_path / "out", tmp_path / "outside"
+    inp.mkdir()
+    outside.mkdir()
+    (inp / "a.pdf").write_bytes(text_pdf(1))
+    (inp / "b.pdf").write_bytes(text_pdf(2))
+    (outside / "secret.pdf").write_bytes(text_pdf(30))
+    real = job.list_inputs
+
+    def list_then_swap(*a, **kw):
+        listed = real(*a, **kw)
+        (inp / "b.pdf").unlink()
+        (inp / "b.pdf").symlink_to(outside / "secret.pdf")
+        return listed
+
+    monkeypatch.setattr(job, "list_inputs", list_then_swap)
+    summary, _ = _timed(lambda: _run(inp, out, model=tiny_model_dir), limit_s=180)
+    docs = {os.path.basename(r["source_uri"]): r["status"] for r in pq.read_table(out / "documents").to_pylist()}
+    assert docs == {"a.pdf": "ok", "b.pdf": "symlink"} and summary["all_inputs_accounted"]
+    pages = [r for r in pq.read_table(out / "pages").to_pylist() if r["source_uri"].endswith("b.pdf")]
+    assert pages and all(r["page_index"] == -1 and r["status"] == "symlink" for r in pages)
 
 
 def test_an_s3_read_has_its_deadline_too(s3, monkeypatch):
