@@ -272,6 +272,15 @@ def is_manifest(spec: str) -> bool:
     return spec.endswith((".txt", ".manifest")) and not any(c in spec for c in "*?")
 
 
+def walks_folder(spec: str) -> bool:
+    """Whether ``spec`` is listed by walking a local folder or glob, where a link is a row of its own (not a
+    manifest, one named file, or s3://): its files are read without following a link in their place."""
+    if is_s3(spec) or is_manifest(spec):
+        return False
+    last = spec.rstrip("/").rsplit("/", 1)[-1]
+    return any(c in last for c in "*?[") or os.path.isdir(spec)
+
+
 def output_inside_input(input_spec: str, output: str) -> bool:
     """Whether the job's outputs would be listed as its own inputs: ``output`` at or below a folder
     ``--input`` (listed recursively), or equal to the folder of a glob (which lists that folder only)."""

@@ -29,7 +29,7 @@ from padoc_ray.output import rows
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline import limits
 from padoc_ray.pipeline.limits import listing_refusal
-from padoc_ray.storage import ChangedDuringRead, LinkAtRead, NotRegularFile, read_bytes
+from padoc_ray.storage import ChangedDuringRead, LinkAtRead, NotRegularFile, read_bytes, walks_folder
 from padoc_ray.raster import DocFailed, renderer_for
 from padoc_ray.raster.document import DocumentOpened, PageChoice, document_error_row, document_rows
 
@@ -71,7 +71,7 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
     cost one Ray object per page."""
     try:
         data = read_bytes(uri, cfg.storage, max_bytes=cfg.inputs.limits.max_file_bytes,
-                          follow_links=cfg.inputs.follow_symlinks)
+                          follow_links=cfg.inputs.follow_symlinks or not walks_folder(cfg.input))
     except LinkAtRead as e:  # swapped for a link after a listing that follows none: the listing's own code
         yield _doc_error(base, None, limits.SYMLINK, str(e))
         return
