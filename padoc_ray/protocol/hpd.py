@@ -288,11 +288,10 @@ class HpdVocab:
     @classmethod
     def from_spec(cls, spec: HpdSpec, tokenizer: TextTokenizer) -> "HpdVocab":
         t = spec.tokens
-        ids = {name: tokenizer.token_to_id(tok) for name, tok in
-               (("region_open", t.block), ("region_close", t.fork), ("branch_start", t.child),
-                ("end_of_stream", t.end_of_stream))}
-        missing = [getattr(t, {"region_open": "block", "region_close": "fork", "branch_start": "child",
-                                "end_of_stream": "end_of_stream"}[k]) for k, v in ids.items() if v is None]
+        names = (("region_open", t.block), ("region_close", t.fork), ("branch_start", t.child),
+                 ("end_of_stream", t.end_of_stream))
+        ids = {name: tokenizer.token_to_id(tok) for name, tok in names}
+        missing = [tok for name, tok in names if ids[name] is None]
         if missing:
             raise ProtocolError(f"tokenizer lacks HPD protocol tokens: {', '.join(missing)}")
         if len(set(ids.values())) != 4:
