@@ -1,5 +1,5 @@
 """What the batch-job tests (tests/test_pipeline*.py, tests/test_metrics.py) share: the `padoc-ray
-parse` command line, reading a run's page rows back, teacher-forced ground truth for example pages
+parse` command line, the raster stage run over a few files, reading a run's page rows back, teacher-forced ground truth for example pages
 and copies of them, and a search of a test cluster's logs. No fixtures: the tests' own ``ray_cluster``
 (module scope, tests/conftest.py) is the cluster each file starts once."""
 
@@ -83,3 +83,23 @@ def logged(ray_cluster, text: str) -> bool:
         except (IsADirectoryError, OSError):
             continue
     return False
+
+
+def raster_statuses(folder, files: dict[str, bytes]) -> tuple[list[tuple[str, int, str | None]], float]:
+    """Write ``files`` (name -> bytes) into ``folder`` and run them through the batch job's raster stage (its
+    own isolated renderer): each row's (file name, page index, status), in order, and the seconds it took."""
+    import time
+
+    import pyarrow as pa
+
+    from padoc_ray.pipeline.config import BatchConfig
+    from padoc_ray.pipeline.stages import rasterize
+
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    cfg = BatchConfig(input=str(folder), output=str(folder.parent / (folder.name + "_out")), model="m")
+    batch = pa.Table.from_pylist([{"uri": str(folder / n), "size": len(d), "done": []} for n, d in files.items()])
+    t = time.monotonic()
+    got = [(os.path.basename(r["source_uri"]), r["page_index"], r["status"])
+           for tab in rasterize(batch, cfg, "m") for r in tab.to_pylist()]
+    return got, time.monotonic() - t
