@@ -110,26 +110,75 @@ class ChangedDuringRead(OSError):
 _CHUNK = 4 << 20
 
 
-def _read_local(path: str, limit: int | None, deadline: float, follow_links: bool = True) -> bytes:
+class LinkOutside(LinkAtRead):
+    """With links followed, the path now leads outside the input folder (a link swapped after the listing)."""
+
+
+def _open_beneath(root: str, path: str, flags: int) -> tuple[int, int, str]:
+    """Open ``path`` (below ``root``) one component at a time from a descriptor of ``root``, following no
+    link on the way (``O_NOFOLLOW`` on each folder and on the file): a folder on the path swapped for a
+    link after the listing is refused like the file itself. Returns (file descriptor, descriptor of its
+    folder, its name there); the caller closes both."""
+    import errno
+
+    rel = os.path.relpath(path, root)
+    parts = rel.split(os.sep)
+    if rel.startswith("..") or os.path.isabs(rel) or not parts or "" in parts:
+        raise LinkAtRead(f"{path} is not below the input folder {root}: not read")
+    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))  # the root as the user named it
+    try:
+        for i, part in enumerate(parts[:-1]):
+            try:
+                nfd = os.open(part, dir_flags, dir_fd=dfd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(os.path.join(root, *parts[:i + 1])):
+                    raise LinkAtRead(f"{os.path.join(root, *parts[:i + 1])} (a folder on the path of {path}) is a "
+                                     f"symbolic link, which this run does not follow: not read") from None
+                raise
+            os.close(dfd)
+            dfd = nfd
+        try:
+            fd = os.open(parts[-1], flags | os.O_NOFOLLOW, dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise LinkAtRead(f"{path} is a symbolic link, which this run does not follow: not read") from None
+            raise
+    except BaseException:
+        os.close(dfd)
+        raise
+    return fd, dfd, parts[-1]
+
+
+def _read_local(path: str, limit: int | None, deadline: float, follow_links: bool = True,
+                root: str | None = None) -> bytes:
     """Open without blocking (a FIFO swapped in after the listing would block ``open``) and, unless
     ``follow_links``, without following a link in the file's own place (``O_NOFOLLOW``: a file swapped
-    for a link after the listing is refused, not read where the link points), check the opened
-    descriptor (not the path: no window between check and use), read in chunks against the deadline,
-    and compare the file before and after the read."""
+    for a link after the listing is refused, not read where the link points); with ``root`` as well,
+    without following one on the folders between ``root`` and the file either (:func:`_open_beneath`).
+    With ``follow_links`` and ``root``, the file opened must still be inside ``root`` (:class:`LinkOutside`).
+    Check the opened descriptor (not the path: no window between check and use), read in chunks
+    against the deadline, and compare the file before and after the read."""
     import errno
     import stat
     import time
 
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    if not follow_links:
-        flags |= os.O_NOFOLLOW
+    dfd, name = None, path
+    if root is not None and not follow_links:
+        fd, dfd, name = _open_beneath(root, path, flags)
+    else:
+        if not follow_links:
+            flags |= os.O_NOFOLLOW
+        try:
+            fd = os.open(path, flags)
+        except OSError as e:
+            if not follow_links and e.errno == errno.ELOOP:
+                raise LinkAtRead(f"{path} is a symbolic link, which this run does not follow: not read") from None
+            raise
     try:
-        fd = os.open(path, flags)
-    except OSError as e:
-        if not follow_links and e.errno == errno.ELOOP:
-            raise LinkAtRead(f"{path} is a symbolic link, which this run does not follow: not read") from None
-        raise
-    try:
+        if root is not None and follow_links:
+            _check_inside(fd, path, root)
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
             kind = "a FIFO" if stat.S_ISFIFO(before.st_mode) else "a folder" if stat.S_ISDIR(before.st_mode) else \
@@ -145,9 +194,12 @@ def _read_local(path: str, limit: int | None, deadline: float, follow_links: boo
             parts.append(b)
             n += len(b)
         after = os.fstat(fd)
-        now = os.stat(path, follow_symlinks=follow_links)
+        now = os.stat(name, dir_fd=dfd, follow_symlinks=False) if dfd is not None else \
+            os.stat(path, follow_symlinks=follow_links)
     finally:
         os.close(fd)
+        if dfd is not None:
+            os.close(dfd)
     same = (before.st_size, before.st_mtime_ns) == (after.st_size, after.st_mtime_ns) and \
         (now.st_ino, now.st_dev) == (before.st_ino, before.st_dev)
     if not same or (limit is None or n < limit) and n != after.st_size:
@@ -155,6 +207,16 @@ def _read_local(path: str, limit: int | None, deadline: float, follow_links: boo
                                 f"{before.st_mtime_ns} before, {after.st_size} bytes and mtime {after.st_mtime_ns} after"
                                 f"{'' if (now.st_ino, now.st_dev) == (before.st_ino, before.st_dev) else ', replaced'})")
     return b"".join(parts)
+
+
+def _check_inside(fd: int, path: str, root: str) -> None:
+    """The opened file's real place (Linux: /proc/self/fd) is inside ``root``'s real place."""
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc: the path's real place, checked just after the open
+        real = os.path.realpath(path)
+    if not under_prefix(real, os.path.realpath(root)):
+        raise LinkOutside(f"{path} now leads outside the input folder {root} (to {real}): not read")
 
 
 def _read_stream(fs, path: str, limit: int | None, deadline: float) -> bytes:
@@ -174,12 +236,14 @@ def _read_stream(fs, path: str, limit: int | None, deadline: float) -> bytes:
 
 
 def read_bytes(uri: str, cfg: StorageConfig = StorageConfig(), *, max_bytes: int | None = None,
-               follow_links: bool = True) -> bytes:
+               follow_links: bool = True, root: str | None = None) -> bytes:
     """The file's bytes; with ``max_bytes``, at most ``max_bytes + 1`` of them (so a caller can tell
     a file that grew past a limit without holding all of it). The whole read has a deadline
     (``cfg.read_timeout_s``), on local disks and on S3: it runs in a helper thread, so even a read
     that blocks in the kernel (a stuck network mount) costs the caller the deadline, not forever.
-    ``follow_links=False``: a local file that is a symbolic link is refused (:class:`LinkAtRead`).
+    ``follow_links=False``: a local file that is a symbolic link is refused (:class:`LinkAtRead`); with
+    ``root`` (the input folder it was listed from) so is one reached through a folder that is a link,
+    and with ``follow_links`` and ``root``, one that now leads outside ``root`` (:class:`LinkOutside`).
     Raises :class:`NotRegularFile`, :class:`ChangedDuringRead`, :class:`LinkAtRead`, ``TimeoutError``
     (all OSErrors) or the storage's own OSError."""
     import concurrent.futures
@@ -191,7 +255,8 @@ def read_bytes(uri: str, cfg: StorageConfig = StorageConfig(), *, max_bytes: int
         fs, path = filesystem(uri, cfg)
         job = lambda: _read_stream(fs, path, limit, deadline)  # noqa: E731
     else:
-        job = lambda: _read_local(os.path.abspath(uri), limit, deadline, follow_links)  # noqa: E731
+        job = lambda: _read_local(os.path.abspath(uri), limit, deadline, follow_links,  # noqa: E731
+                                  os.path.abspath(root) if root is not None else None)
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="padoc-read")
     try:
         return pool.submit(job).result(timeout=cfg.read_timeout_s + 1)
@@ -281,6 +346,17 @@ def walks_folder(spec: str) -> bool:
     return any(c in last for c in "*?[") or os.path.isdir(spec)
 
 
+def walk_root(spec: str) -> str | None:
+    """The folder a folder or glob ``spec`` is walked from (every listed file is below it), else None."""
+    if not walks_folder(spec):
+        return None
+    spec = spec.rstrip("/") or "/"
+    folder, _, last = spec.rpartition("/")
+    if any(c in last for c in "*?["):
+        return os.path.abspath(folder or ("/" if spec.startswith("/") else "."))
+    return os.path.abspath(spec)
+
+
 def output_inside_input(input_spec: str, output: str) -> bool:
     """Whether the job's outputs would be listed as its own inputs: ``output`` at or below a folder
     ``--input`` (listed recursively), or equal to the folder of a glob (which lists that folder only)."""
@@ -294,7 +370,7 @@ def output_inside_input(input_spec: str, output: str) -> bool:
     return under_prefix(out, normalize_uri(spec))
 
 
-def _walk_local(root: str, pattern: str | None, follow_symlinks: bool) -> list[tuple[str, int]]:
+def _walk_local(root: str, pattern: str | None, follow_symlinks: bool) -> list[tuple[str, int, int]]:
     """Every entry below ``root`` (``pattern``: only its own entries matching it), without following
     symbolic links unless asked, and then only to targets inside ``root``: nothing outside the input
     folder is read, the walk ends (a folder is entered once, by device and inode), and no file is
@@ -305,7 +381,7 @@ def _walk_local(root: str, pattern: str | None, follow_symlinks: bool) -> list[t
     root = os.path.abspath(root)
     real_root = os.path.realpath(root)
     st0 = os.stat(root)
-    out: list[tuple[str, int]] = []
+    out: list[tuple[str, int, int]] = []
     seen_dirs, seen_files = {(st0.st_dev, st0.st_ino)}, set()
     stack, links = [root], []
 
@@ -317,9 +393,9 @@ def _walk_local(root: str, pattern: str | None, follow_symlinks: bool) -> list[t
                 stack.append(path)
         elif stat.S_ISREG(st.st_mode):
             seen_files.add(key)
-            out.append((path, st.st_size))
+            out.append((path, st.st_size, st.st_mtime_ns // 1_000_000))
         else:
-            out.append((path, NOT_REGULAR))
+            out.append((path, NOT_REGULAR, -1))
 
     while stack or links:
         while stack:
@@ -336,32 +412,41 @@ def _walk_local(root: str, pattern: str | None, follow_symlinks: bool) -> list[t
                     continue
                 try:
                     if e.is_symlink():
-                        links.append(e.path) if follow_symlinks else out.append((e.path, SYMLINK))
+                        links.append(e.path) if follow_symlinks else out.append((e.path, SYMLINK, -1))
                         continue
                     take(e.path, e.stat(follow_symlinks=False))
                 except OSError:
-                    out.append((e.path, MISSING))  # gone since its folder was read
+                    out.append((e.path, MISSING, -1))  # gone since its folder was read
         links.sort()
         while links and not stack:
             path = links.pop(0)
             if not under_prefix(os.path.realpath(path), real_root):
-                out.append((path, SYMLINK_OUTSIDE))
+                out.append((path, SYMLINK_OUTSIDE, -1))
                 continue
             try:
                 st = os.stat(path)  # the target
             except OSError:
-                out.append((path, MISSING))  # dangling
+                out.append((path, MISSING, -1))  # dangling
                 continue
             if (st.st_dev, st.st_ino) in (seen_dirs if stat.S_ISDIR(st.st_mode) else seen_files):
-                out.append((path, DUPLICATE))
+                out.append((path, DUPLICATE, -1))
             else:
                 take(path, st)
     return sorted(out)
 
 
-def list_inputs(spec: str, cfg: StorageConfig = StorageConfig(),
-                allowed_prefixes: Sequence[str] = (), *, follow_symlinks: bool = False) -> list[tuple[str, int]]:
-    """(uri, size) of every file named by ``spec``, sorted by uri; local URIs are absolute paths.
+def _mtime_ms(info) -> int:
+    """A FileInfo's modification time in ms since the epoch (-1: the store gives none)."""
+    ns = getattr(info, "mtime_ns", None)
+    return ns // 1_000_000 if ns is not None else -1
+
+
+def list_inputs(spec: str, cfg: StorageConfig = StorageConfig(), allowed_prefixes: Sequence[str] = (), *,
+                follow_symlinks: bool = False, mtimes: bool = False) -> list[tuple]:
+    """(uri, size) of every file named by ``spec``, sorted by uri; local URIs are absolute paths. With
+    ``mtimes``: (uri, size, modification time in ms since the epoch; -1 when unknown or for a sentinel
+    size). The batch job records size and time with each input's rows, and reads an input again when
+    either differs in a later listing (a file replaced under the same name).
 
     A local folder or glob is walked without following symbolic links: each link is listed with
     size :data:`SYMLINK` (a row of its own, never read). With ``follow_symlinks`` a link is
@@ -377,24 +462,29 @@ def list_inputs(spec: str, cfg: StorageConfig = StorageConfig(),
     may not name gets size :data:`DISALLOWED` (and is never looked at), a missing file
     :data:`MISSING`; the same file named twice is listed once.
     """
+    out = _list(spec, cfg, allowed_prefixes, follow_symlinks)
+    return out if mtimes else [(u, size) for u, size, _ in out]
+
+
+def _list(spec: str, cfg: StorageConfig, allowed_prefixes: Sequence[str], follow_symlinks: bool) -> list[tuple]:
     if is_manifest(spec):
         text = read_bytes(spec, cfg).decode("utf-8")
         lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-        out: dict[str, int] = {}
+        found: dict[str, tuple[int, int]] = {}
         for line in lines:
             uri, ok = manifest_entry(line, spec, allowed_prefixes)
-            if uri in out:
+            if uri in found:
                 continue
             if not ok:
-                out[uri] = DISALLOWED
+                found[uri] = (DISALLOWED, -1)
                 continue
             fs, path = filesystem(uri, cfg)
             info = fs.get_file_info(path)
             if info.type == pafs.FileType.Unknown and not is_s3(uri):  # a FIFO, socket or device
-                out[uri] = NOT_REGULAR
+                found[uri] = (NOT_REGULAR, -1)
                 continue
-            out[uri] = info.size if info.type == pafs.FileType.File else MISSING  # recorded later
-        return sorted(out.items())
+            found[uri] = (info.size, _mtime_ms(info)) if info.type == pafs.FileType.File else (MISSING, -1)
+        return sorted((u, size, t) for u, (size, t) in found.items())
     pattern = None
     base = spec
     last = spec.rstrip("/").rsplit("/", 1)[-1]
@@ -403,9 +493,9 @@ def list_inputs(spec: str, cfg: StorageConfig = StorageConfig(),
     fs, path = filesystem(base, cfg)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.File and pattern is None:
-        return [(normalize_uri(spec), info.size)]
+        return [(normalize_uri(spec), info.size, _mtime_ms(info))]
     if info.type == pafs.FileType.Unknown and pattern is None and not is_s3(base):
-        return [(normalize_uri(spec), NOT_REGULAR)]
+        return [(normalize_uri(spec), NOT_REGULAR, -1)]
     if info.type != pafs.FileType.Directory and not (is_s3(base) and info.type == pafs.FileType.NotFound):
         raise InputError(f"--input {spec}: no such file or folder")
     if not is_s3(base):
@@ -426,7 +516,7 @@ def list_inputs(spec: str, cfg: StorageConfig = StorageConfig(),
             continue
         if fi.base_name.startswith(".") or fi.base_name.endswith(".tmp"):
             continue
-        out.append((to_uri(base, fi.path), fi.size))
+        out.append((to_uri(base, fi.path), fi.size, _mtime_ms(fi)))
     if not out:
         raise InputError(f"--input {spec}: no files found")
     return sorted(out)

@@ -326,6 +326,60 @@ def test_a_file_swapped_for_a_link_after_the_listing_is_refused_in_a_run(local_r
     assert pages and all(r["page_index"] == -1 and r["status"] == "symlink" for r in pages)
 
 
+def test_a_folder_on_the_path_swapped_for_a_link_is_not_followed_either(tmp_path):
+    """The read from the input folder opens each folder on the way without following a link: in/sub/ swapped
+    for a link to outside/ (which has a sub.pdf of the same name) is refused; with links followed, a path
+    that now leads outside the folder is refused too, one inside it is read."""
+    from padoc_ray.storage import LinkOutside
+
+    inp, outside = tmp_path / "in", tmp_path / "outside"
+    (inp / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (inp / "sub" / "b.pdf").write_bytes(text_pdf(2))
+    (outside / "b.pdf").write_bytes(text_pdf(30))
+    assert read_bytes(str(inp / "sub" / "b.pdf"), follow_links=False, root=str(inp)) == text_pdf(2)
+    (inp / "sub" / "b.pdf").rename(tmp_path / "kept.pdf")
+    (inp / "sub").rmdir()
+    (inp / "sub").symlink_to(outside)
+    assert read_bytes(str(inp / "sub" / "b.pdf")) == text_pdf(30)  # what a plain open does: the secret
+    with pytest.raises(LinkAtRead, match="a folder on the path"):
+        read_bytes(str(inp / "sub" / "b.pdf"), follow_links=False, root=str(inp))
+    with pytest.raises(LinkOutside, match="outside the input folder"):
+        read_bytes(str(inp / "sub" / "b.pdf"), follow_links=True, root=str(inp))
+    (inp / "deep").mkdir()
+    (inp / "deep" / "c.pdf").write_bytes(text_pdf(1))
+    (inp / "alias").symlink_to(inp / "deep")
+    assert read_bytes(str(inp / "alias" / "c.pdf"), follow_links=True, root=str(inp)) == text_pdf(1)
+
+
+def test_a_folder_swapped_for_a_link_after_the_listing_is_refused_in_a_run(local_ray, tiny_model_dir, tmp_path,
+                                                                          monkeypatch):
+    """The same as a run: once the run has its plan, in/sub/ (b.pdf, 2 pages) becomes a link to outside/
+    (b.pdf, 30 pages). b.pdf gets the listing's code for a link and nothing of outside/ is written."""
+    from padoc_ray.pipeline import job
+
+    inp, out, outside = tmp_path / "in", tmp_path / "out", tmp_path / "outside"
+    (inp / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (inp / "a.pdf").write_bytes(text_pdf(1))
+    (inp / "sub" / "b.pdf").write_bytes(text_pdf(2))
+    (outside / "b.pdf").write_bytes(text_pdf(30))
+    real = job.list_inputs
+
+    def list_then_swap(*a, **kw):
+        listed = real(*a, **kw)
+        (inp / "sub").rename(tmp_path / "old-sub")
+        (inp / "sub").symlink_to(outside)
+        return listed
+
+    monkeypatch.setattr(job, "list_inputs", list_then_swap)
+    summary, _ = _timed(lambda: _run(inp, out, model=tiny_model_dir), limit_s=180)
+    docs = {os.path.relpath(r["source_uri"], inp): r["status"] for r in pq.read_table(out / "documents").to_pylist()}
+    assert docs == {"a.pdf": "ok", "sub/b.pdf": "symlink"} and summary["all_inputs_accounted"]
+    pages = [r for r in pq.read_table(out / "pages").to_pylist() if r["source_uri"].endswith("b.pdf")]
+    assert [(r["page_index"], r["status"], r["page_count"]) for r in pages] == [(-1, "symlink", None)]
+
+
 def test_an_s3_read_has_its_deadline_too(s3, monkeypatch):
     """An S3 store that does not answer in time (a proxy that holds the object's GET for 20 s): the
     read ends at its deadline (pyarrow's request time-out, or our own deadline: an OSError either way,

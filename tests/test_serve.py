@@ -34,6 +34,7 @@ EXAMPLES = os.path.join(ROOT, "examples")
 LEAKS = re.compile(r"(?<![\w:/])/(?:tmp|home|root|usr|var|work|proc|etc|opt|srv|mnt)/|Traceback|File \"|padoc-in")
 GT = os.path.join(EXAMPLES, "ground_truth.json")
 TOKEN = "test-token-123"
+OTHER_TENANTS = ("tenant-b-token", "tenant-c-token")  # svc's other tenants
 LONG_PAGES = 40
 
 
@@ -56,12 +57,15 @@ def _long_pdf_and_truth(tmp) -> tuple[str, str]:
 
 
 class Service:
-    def __init__(self, tmp, model: str, gt: str, token: str | None, *extra: str, env: dict | None = None):
+    def __init__(self, tmp, model: str, gt: str, token: str | None, *extra: str, env: dict | None = None,
+                 other_tokens: tuple[str, ...] = ()):
+        """``other_tokens``: more accepted tokens, each a tenant of its own (``token`` is this client's)."""
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.out = open(os.path.join(tmp, f"serve-{self.port}.out"), "w")  # files, never unread pipes
         self.err = open(os.path.join(tmp, f"serve-{self.port}.err"), "w")
-        env = _env(PADOC_RAY_API_TOKEN=token, **(env or {})) if token else _env(**(env or {}))
+        env = _env(PADOC_RAY_API_TOKEN=",".join([token, *other_tokens]), **(env or {})) if token else \
+            _env(**(env or {}))
         if not token:
             env.pop("PADOC_RAY_API_TOKEN", None)
         self.job_store = os.path.join(tmp, f"jobs-{self.port}")
@@ -147,7 +151,8 @@ def services(tmp_path_factory, tiny_model_dir, long_doc, s3):
     svc = Service(tmp, tiny_model_dir, gt, TOKEN, "--max-upload-mb", "2", "--max-pages", "20", "--job-lease", "3",
                   "--metrics-port", str(metrics_port), "--max-requests-per-tenant", "40",  # 32 clients share one token
                   "--body-timeout", "5",
-                  "--allow-s3", "s3://padoc-in/allowed/", "--s3-endpoint", s3["endpoint"], env=s3["env"])
+                  "--allow-s3", "s3://padoc-in/allowed/", "--s3-endpoint", s3["endpoint"], env=s3["env"],
+                  other_tokens=OTHER_TENANTS)
     tight = Service(tmp, tiny_model_dir, gt, None, "--engine-max-ongoing", "1", "--engine-max-queued", "1",
                     "--pages-in-flight", "1", "--max-pages", "5")
     svc.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -677,6 +682,28 @@ def test_deleting_a_job_stops_its_engine_work(svc, long_doc):
     assert r.status_code == 409 and r.json()["error"]["code"] == "job_cancelled" and "retry-after" not in r.headers
     # another tenant (no token) cannot see it at all
     assert requests.get(f"{svc.url}/v1/jobs/{job['id']}", timeout=30).status_code == 401
+
+
+def test_two_tenants_annotation_bombs_do_not_hold_a_third_tenants_memo(svc, tmp_path):
+    """The review's repro through Serve: tenants b and c each send a page whose annotation appearance draws
+    1,111,111 form XObjects (it rendered for seconds a page and held both renderers: tenant a's one-page
+    memo took 10.3 s instead of 0.03 s). Both bombs get page_too_complex, the memo is parsed."""
+    from functools import partial
+
+    from .pdf_factory import annotation_bomb_page, drawn_pdf
+
+    bomb = tmp_path / "bomb.pdf"
+    bomb.write_bytes(drawn_pdf(partial(annotation_bomb_page, depth=6)))
+    memo = os.path.join(EXAMPLES, "memo.pdf")
+    with cf.ThreadPoolExecutor(3) as ex:
+        b, c = (ex.submit(svc.parse, str(bomb), headers={"Authorization": f"Bearer {t}"}) for t in OTHER_TENANTS)
+        a = ex.submit(svc.parse, memo)
+        a, b, c = a.result(), b.result(), c.result()
+    for r in (b, c):
+        assert r.status_code == 200, r.text
+        (page,) = r.json()["pages"]
+        assert page["status"] == "page_too_complex" and "appearance" in json.dumps(page), page
+    assert all(p["status"] == "ok" for p in _pages(a).values())
 
 
 def test_requests_share_no_prefix_cache(svc):

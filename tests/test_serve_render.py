@@ -18,7 +18,7 @@ from padoc_ray.raster import DocFailed, RendererConfig
 from padoc_ray.raster.document import DocumentOpened, PageChoice, PageRow
 from padoc_ray.serve.documents import RenderPool
 
-from .pdf_factory import form_bomb_pdf, text_pdf
+from .pdf_factory import annotation_bomb_page, drawn_pdf, form_bomb_pdf, text_pdf
 
 BASE = dict(run_id="request", uri="x.pdf", doc_id=None, mode="layout", model_id="tiny")
 BOMB = form_bomb_pdf(pages=3, depth=6, fanout=9)  # 9 + 81 + ... + 9**6 draws a page, a 2 KB file
@@ -68,6 +68,35 @@ def test_one_tenants_bombs_do_not_hold_up_another_tenants_page():
                 t.cancel()
             await asyncio.gather(*bombs, return_exceptions=True)
             assert pool.slots.held == 0 and pool.slots.waiting() == 0
+        finally:
+            pool.close()
+
+    asyncio.run(go())
+
+
+def test_two_tenants_annotation_bombs_are_refused_and_a_third_tenants_page_does_not_wait():
+    """The review's repro on the pool Serve renders with: tenants b and c each send a page whose annotation
+    appearance draws a 6-level form tree (1,111,111 draws, none in the page's content; it rendered 5 s a
+    page and held both renderers, so tenant a's one-page memo took 10.3 s instead of 0.03 s). The draw
+    counter now counts appearance streams: both bombs get page_too_complex without being rendered, and a's
+    page renders on a renderer they freed."""
+    from functools import partial
+
+    bomb = drawn_pdf(partial(annotation_bomb_page, depth=6))
+
+    async def go():
+        pool = RenderPool(RendererConfig(), 2, per_tenant=1)
+        try:
+            async def doc(data: bytes, tenant: str) -> list:
+                async with contextlib.aclosing(_render(pool, data, tenant)) as items:
+                    return [i async for i in items]
+
+            b, c, a = await asyncio.wait_for(asyncio.gather(doc(bomb, "b"), doc(bomb, "c"), doc(text_pdf(1), "a")),
+                                             120)
+            assert _statuses(b) == _statuses(c) == ["DocumentOpened", "page_too_complex"]
+            assert "appearance" in b[1].row["error_message"]
+            assert _statuses(a) == ["DocumentOpened", None]
+            assert all(r.restarts == 0 for r in pool.renderers)  # refused, not killed at a deadline
         finally:
             pool.close()
 

@@ -32,12 +32,13 @@ import pyarrow.parquet as pq
 
 from padoc_ray.status import CORRUPT_PDF, DEADLINE, NOT_PDF, OK, READ_FAILED, RUNAWAY, TOKEN_LIMIT
 
-FORMAT = 1  #: bump when the synthetic layout changes (the cache key holds it)
+FORMAT = 3  #: bump when the synthetic layout changes (the cache key holds it)
 BENCH_RUN = "bench-driver"  #: the measuring run's id
 LEFTOVER = "being-written.parquet"
 RUNS = ("0a1b2c3d4e5f", "9f8e7d6c5b4a")  #: the two runs that wrote pages/
 DOCS_PER_CHUNK = 50_000
 T0_MS = 1_780_000_000_000  # 2026-05-28
+MTIME_MS = T0_MS - 86_400_000
 
 
 def scratch_dir(scratch: str, pages: int, ppd: int, rows_per_file: int) -> str:
@@ -56,18 +57,32 @@ def uris(d: np.ndarray) -> pa.Array:
     return pc.binary_join_element_wise("s3://corpus-pdfs/crawl-2026-05/shard-", shard, "/doc-", num, ".pdf", "")
 
 
+def sizes_of(d: np.ndarray) -> np.ndarray:
+    return 100_000 + (d * 7919) % 900_000
+
+
+def mtimes_of(d: np.ndarray) -> np.ndarray:
+    """The inputs' modification times (ms) when the two runs listed them: a day before the first run."""
+    return MTIME_MS + (d * 104_729) % 86_400_000
+
+
 def listing(pages: int, ppd: int) -> pa.Table:
-    """The listing the driver would get: every synthetic input with a size."""
+    """The listing the driver would get: every synthetic input with a size and modification time; the
+    inputs of case 31 (see :func:`_doc_rows`) were replaced since (a newer time: read again)."""
     d = np.arange(n_docs(pages, ppd), dtype=np.int64)
     uri = pa.chunked_array([uris(d[i:i + 1_000_000]) for i in range(0, len(d), 1_000_000)], pa.string())
-    return pa.table({"uri": uri.combine_chunks(), "size": pa.array(100_000 + (d * 7919) % 900_000, pa.int64())})
+    mtime = mtimes_of(d) + np.where(d % 1000 == 31, 30 * 86_400_000, 0)
+    return pa.table({"uri": uri.combine_chunks(), "size": pa.array(sizes_of(d), pa.int64()),
+                     "mtime": pa.array(mtime, pa.int64())})
 
 
 def _doc_rows(d: np.ndarray, ppd: int, run: int) -> dict[str, np.ndarray]:
     """Rows (doc, page, status) that ``run`` (0 or 1) wrote for documents ``d``; the case of a
     document is ``d % 1000``: 1 corrupt_pdf, 2 not_pdf, 3 read_failed (run 0) then parsed (run 1),
     4 last page never written (incomplete), 999 nothing written (missing), 5-24 last page runaway,
-    25 every page token_limit, 26-30 page 0 deadline (run 0) then ok (run 1), else ok."""
+    25 every page token_limit, 26-30 page 0 deadline (run 0) then ok (run 1), 31 ok but replaced since
+    (the listing's time is newer than the rows'), 32 ok in rows written before sizes and times were
+    recorded (null: compared with nothing), else ok."""
     case = d % 1000
     if run == 0:
         n = np.where(np.isin(case, (1, 2, 3)), 1, np.where(case == 4, ppd - 1, np.where(case == 999, 0, ppd)))
@@ -125,6 +140,8 @@ def _table(r: dict, ppd: int, run: int, t_base: int) -> pa.Table:
         "prompt_tokens": pa.array(np.full(n, 1400, np.int32)),
         "cached_tokens": pa.array((out_tok // 2).astype(np.int32)),
         "n_branches": pa.array((out_tok % 20).astype(np.int32)),
+        "source_size": pa.array(sizes_of(doc), pa.int64(), mask=doc % 1000 == 32),
+        "source_mtime": pa.array(mtimes_of(doc), pa.timestamp("ms", tz="UTC"), mask=doc % 1000 == 32),
     }
     return pa.table([cols[f.name] if f.name in cols else pa.nulls(n, f.type) for f in PAGE_SCHEMA], schema=PAGE_SCHEMA)
 
@@ -171,9 +188,15 @@ def build(scratch: str, pages: int, ppd: int = 10, rows_per_file: int = 1000, wo
     finally:
         if pool:
             pool.shutdown()
-    for run in RUNS:  # what each run's driver recorded when it finished
+    from padoc_ray.pipeline import job
+
+    for run in RUNS:  # what each run's driver recorded when it finished: its commit record and its key index
         mine = [(n, s) for n, s in files if n.startswith(run + "_")]
         write_commit(os.path.join(out, "pages"), StorageConfig(), run, [n for n, _ in mine], [s for _, s in mine])
+        found = job.found_page_files(os.path.join(out, "pages"), StorageConfig())
+        job.write_index(os.path.join(out, "pages"), StorageConfig(), found,
+                        [os.path.join(out, "pages", n) for n, _ in mine], f"{run}-run")
+        log(f"  indexed run {run} ({time.perf_counter() - t0:.0f} s)")
     size = sum(s for _, s in files)
     with open(os.path.join(out, "BUILT"), "w") as f:
         json.dump({"pages": pages, "pages_per_doc": ppd, "rows_per_file": rows_per_file, "files": len(files),
@@ -204,20 +227,25 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
     pages_uri, st = os.path.join(folder, "pages"), StorageConfig()
     # planning: what _run_locked does before the pipeline
     t1 = time.perf_counter()
-    fs, files, _ = job.page_files_for_run(pages_uri, st, cleanup_for_run=BENCH_RUN)
+    found = job.found_page_files(pages_uri, st, cleanup_for_run=BENCH_RUN)
+    files = found.good
     t_proof = time.perf_counter() - t1
-    book = job.scan_pages(fs, files, listed.column("uri"), BENCH_RUN)
+    # the plan writes no key index here: the measured output stays as built (every file is in the runs' indexes)
+    book = job.read_ledger(pages_uri, st, found, files, listed.column("uri"), run_id=BENCH_RUN,
+                           stamps=ledger.stamps(listed), summary=False)
     t_scan = time.perf_counter() - t1 - t_proof
     todo, complete = ledger.plan(book, sizes, cfg.inputs.limits, cfg.inputs.pages, cfg.inputs.max_pages_per_doc)
+    restamped = book.facts.restamped
     t_plan = time.perf_counter() - t1
     rows_read = book.rows_read
     rss_plan = _peak_rss()
     # the documents table: what _run_locked does after the pipeline (list again, add the new files)
     t2 = time.perf_counter()
-    fs, now, _ = job.page_files_for_run(pages_uri, st, trust_run=BENCH_RUN)
+    after = job.found_page_files(pages_uri, st, trust_run=BENCH_RUN)
     seen = set(files)
-    book = job.scan_pages(fs, [f for f in now if f not in seen], listed.column("uri"), BENCH_RUN, book=book)
-    book.facts = ledger.analyze(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
+    book = job.read_ledger(pages_uri, st, after, [f for f in after.good if f not in seen], listed.column("uri"),
+                           run_id=BENCH_RUN, book=book, use_index=False)
+    book.facts = ledger.refresh(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
     book.drop_rows()
     counts, _ = job.write_documents(book, os.path.join(folder, "documents"), st, BENCH_RUN)
     t_docs = time.perf_counter() - t2
@@ -226,8 +254,10 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
         "breakdown": {"plan_s": round(t_plan, 2), "plan_proof_s": round(t_proof, 2), "plan_scan_s": round(t_scan, 2),
                       "documents_s": round(t_docs, 2), "untimed_listing_s": round(t_list, 2),
                       "peak_rss_after_listing_bytes": rss_listing, "peak_rss_after_plan_bytes": rss_plan},
-        "files": len(files), "footers_read": len(footers),
+        "files": len(files), "footers_read": len(footers), "rows_from_index": book.indexed_rows,
+        "files_read": book.files_read,
         "page_rows": rows_read, "inputs": listed.num_rows, "todo": len(todo), "complete": complete,
+        "restamped": restamped,
         "document_status": counts,
     }
 

@@ -30,7 +30,8 @@ def cmd_view(args) -> int:
         die(str(e))
     from padoc_ray.viewer.server import run
 
-    run(app, cfg.host, cfg.port, announce=lambda url: print(f"padoc-ray view: {url}", flush=True))
+    run(app, cfg.host, cfg.port, announce=lambda url: print(f"padoc-ray view: {url}", flush=True),
+        header_timeout_s=cfg.header_timeout_s)
     return 0
 
 
@@ -44,7 +45,7 @@ def register(sub) -> None:
                                 "counts, filters and search; each page with its region boxes and its Markdown, "
                                 "linked both ways; error rows. With --export DIR, a static HTML report instead.")
     p.add_argument("output", help="the batch job's --output (local folder or s3://)")
-    add_fields(p, ViewerConfig, ("host", "port", "allowed_hosts", "source_root", "any_source", "export",
-                                 "export_pages"))
+    add_fields(p, ViewerConfig, ("host", "port", "allowed_hosts", "header_timeout_s", "source_root", "any_source",
+                                 "export", "export_pages"))
     add_fields(p, StorageConfig, ("endpoint",))
     p.set_defaults(func=cmd_view)

@@ -82,6 +82,7 @@ class PageFiles:
     good: list[str] = field(default_factory=list)  #: complete Parquet files (filesystem paths)
     proven: list[tuple[str, int]] = field(default_factory=list)  #: (name under pages/, size) proven by a read
     unreadable: list[pafs.FileInfo] = field(default_factory=list)  #: skipped: torn or being written
+    size_of: dict[str, int] = field(default_factory=dict)  #: path -> size of each complete file
 
 
 def page_files(pages_uri: str, storage: StorageConfig, *, trust_run: str | None = None) -> PageFiles:
@@ -101,11 +102,13 @@ def page_files(pages_uri: str, storage: StorageConfig, *, trust_run: str | None 
     for f, name, known in zip(files, names, committed):
         if known:
             out.good.append(f.path)
+            out.size_of[f.path] = f.size
             continue
         m = RUN_FILE.match(f.base_name)
         ok = True if (trust_run is not None and m is not None and m["run"] == trust_run) else is_parquet(fs, f.path)
         if ok:
             out.good.append(f.path)
+            out.size_of[f.path] = f.size
             out.proven.append((name, f.size))
         elif ok is False:
             out.unreadable.append(f)

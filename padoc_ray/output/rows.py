@@ -73,6 +73,10 @@ PAGE_SCHEMA = pa.schema([
     # engine seconds the page used: its requests' shares of the engine's busy time (padoc_ray.scheduler.meter);
     # null: the page never reached the engine, or an output written before the column
     ("engine_s", pa.float32()),
+    # the input as the run's listing saw it: a listed input whose size or modification time differs from its
+    # newest rows' is read again, and parsed again when its bytes (doc_id) changed (null: outputs before them)
+    ("source_size", pa.int64()),
+    ("source_mtime", pa.timestamp("ms", tz="UTC")),
 ])
 
 DOCUMENT_SCHEMA = pa.schema([
@@ -130,10 +134,15 @@ def select_pages(page_count: int, ranges: Sequence[int] | None, max_pages: int |
 
 
 def base_row(*, run_id: str, uri: str, doc_id: str | None, page_index: int, page_count: int | None,
-             mode: str, model_id: str) -> dict:
+             mode: str, model_id: str, source_size: int | None = None, source_mtime: int | None = None) -> dict:
+    """The fields every row of an input has; ``source_size`` / ``source_mtime`` (ms since the epoch) are the
+    listing's (see :func:`padoc_ray.storage.list_inputs`), None when unknown."""
     row = {f.name: None for f in PAGE_SCHEMA}
     row.update(run_id=run_id, processed_at=now(), doc_id=doc_id, source_uri=uri, page_index=page_index,
-               page_count=page_count, mode=mode, model_id=model_id, valid=False, regions=[], spans=[])
+               page_count=page_count, mode=mode, model_id=model_id, valid=False, regions=[], spans=[],
+               source_size=source_size if source_size is not None and source_size >= 0 else None,
+               source_mtime=None if source_mtime is None or source_mtime < 0 else
+               dt.datetime.fromtimestamp(source_mtime / 1000, dt.timezone.utc))
     return row
 
 

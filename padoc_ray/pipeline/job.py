@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from padoc_ray import status
 from padoc_ray.output import commits, reader, rows
-from padoc_ray.pipeline import columns, ledger, limits
+from padoc_ray.pipeline import columns, keyindex, ledger, limits
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.lock import OutputLock
 from padoc_ray.storage import StorageConfig, filesystem, is_s3, join, list_inputs, write_bytes
@@ -52,7 +52,15 @@ def _leftover(name: str, age_s: float | None, run_id: str, grace_s: float) -> bo
 def page_files_for_run(pages_uri: str, storage: StorageConfig, *, cleanup_for_run: str | None = None,
                        grace_s: float = 3600.0, trust_run: str | None = None):
     """(filesystem, complete Parquet files under pages/, [(name, size)] of those proven here): the
-    driver's view of :func:`padoc_ray.output.reader.page_files`. With ``cleanup_for_run`` (the run
+    driver's view of :func:`padoc_ray.output.reader.page_files` (:func:`found_page_files`)."""
+    found = found_page_files(pages_uri, storage, cleanup_for_run=cleanup_for_run, grace_s=grace_s,
+                             trust_run=trust_run)
+    return found.fs, found.good, found.proven
+
+
+def found_page_files(pages_uri: str, storage: StorageConfig, *, cleanup_for_run: str | None = None,
+                     grace_s: float = 3600.0, trust_run: str | None = None) -> reader.PageFiles:
+    """:func:`padoc_ray.output.reader.page_files`, for the driver. With ``cleanup_for_run`` (the run
     holding the output's lock; only the driver passes it) the unreadable files :func:`_leftover`
     allows are deleted; the others are skipped. A storage error is retried and then raised, never
     a reason to delete."""
@@ -65,7 +73,7 @@ def page_files_for_run(pages_uri: str, storage: StorageConfig, *, cleanup_for_ru
             found.fs.delete_file(f.path)
         else:
             logger.warning("skipping unreadable %s (a leftover of a killed run, or being written)", f.path)
-    return found.fs, found.good, found.proven
+    return found
 
 
 def read_pages(pages_uri: str, storage: StorageConfig, columns=KEY_COLUMNS, *, cleanup_for_run: str | None = None,
@@ -87,17 +95,80 @@ _SCAN_FORMAT = pads.ParquetFileFormat(read_options=pads.ParquetReadOptions(dicti
 
 
 def scan_pages(fs: pafs.FileSystem, files: list[str], listed_uris, run_id: str | None = None,
-               book: ledger.Ledger | None = None) -> ledger.Ledger:
+               book: ledger.Ledger | None = None, stamps=None, summary: bool = True,
+               index: keyindex.IndexWriter | None = None) -> ledger.Ledger:
     """The page rows of ``files`` as a :class:`~padoc_ray.pipeline.ledger.Ledger` of the inputs
-    ``listed_uris`` (or added to ``book``), read a group of files at a time, only the key columns."""
-    book = book if book is not None else ledger.Ledger(listed_uris, run_id)
+    ``listed_uris`` with their ``stamps`` (:func:`ledger.stamps`; or added to ``book``), read a group of
+    files at a time, only the key columns; without ``summary``, not those of ``run_id``'s summary (the scan
+    before a run: none of the rows is this run's, and three columns fewer read a quarter faster). With
+    ``index``, what is read is written to that key index too (:mod:`~padoc_ray.pipeline.keyindex`)."""
+    book = book if book is not None else ledger.Ledger(listed_uris, run_id, stamps)
     for i in range(0, len(files), SCAN_FILES):  # a dataset keeps each file's footer once read: a group at a time
         ds = pads.dataset(files[i:i + SCAN_FILES], schema=_SCAN_SCHEMA, filesystem=fs, format=_SCAN_FORMAT)
-        book.add(ds.to_table(columns=ledger.COLUMNS).unify_dictionaries())  # one dictionary per column
+        cols = ledger.COLUMNS if summary else ledger.PLAN_COLUMNS
+        table = ds.to_table(columns=cols).unify_dictionaries()  # one dictionary per column
+        if index is not None:
+            index.write(table)
+        book.add(table)
+        del table
         del ds
         if (i // SCAN_FILES) % 16 == 15:
             columns.trim()
     return book.finish()
+
+
+INDEX_SCHEMA = pa.schema([_SCAN_SCHEMA.field(c) for c in ledger.PLAN_COLUMNS])
+
+
+def read_ledger(pages_uri: str, storage: StorageConfig, found: reader.PageFiles, files: list[str], listed_uris, *,
+                run_id: str, stamps=None, summary: bool = True, book: ledger.Ledger | None = None,
+                use_index: bool = True, index_name: str | None = None) -> ledger.Ledger:
+    """The rows of ``files`` (complete page files of ``found``) in a ledger (new, or ``book``): those a
+    usable key index holds read from the index, the others file by file (:func:`scan_pages`), and, with
+    ``index_name``, written as a new key index for the next plan (:mod:`~padoc_ray.pipeline.keyindex`;
+    an index that cannot be written is logged and skipped: it only saves time)."""
+    book = book if book is not None else ledger.Ledger(listed_uris, run_id, stamps)
+    indexed = keyindex.usable(pages_uri, storage, files, found.size_of) if use_index else keyindex.Indexed()
+    for batch in keyindex.read_batches(pages_uri, storage, indexed, INDEX_SCHEMA, ledger.PLAN_COLUMNS):
+        book.add(batch)
+    rest = [f for f in files if f not in indexed.covered]
+    writer = None
+    if index_name and rest:
+        try:
+            writer = keyindex.IndexWriter(pages_uri, storage, index_name, rest, found.size_of, INDEX_SCHEMA)
+        except OSError as e:
+            logger.warning("cannot write the key index %s (%s); the next plan reads the page files", index_name, e)
+    try:
+        scan_pages(found.fs, rest, listed_uris, run_id, book=book, summary=summary, index=writer)
+    except BaseException:
+        if writer is not None:
+            writer.abandon()
+        raise
+    if writer is not None:
+        try:
+            writer.close()
+        except OSError as e:
+            writer.abandon()
+            logger.warning("cannot write the key index %s (%s); the next plan reads the page files", index_name, e)
+    book.indexed_rows += indexed.rows
+    book.files_read += len(rest)
+    return book
+
+
+def write_index(pages_uri: str, storage: StorageConfig, found: reader.PageFiles, files: list[str], name: str) -> int:
+    """Index ``files`` (complete page files of ``found``) as :func:`read_ledger` does after reading them one
+    by one, without a ledger (what a run's driver left; the driver benchmark builds its outputs so);
+    returns the rows indexed."""
+    writer = keyindex.IndexWriter(pages_uri, storage, name, files, found.size_of, INDEX_SCHEMA)
+    try:
+        for i in range(0, len(files), SCAN_FILES):
+            ds = pads.dataset(files[i:i + SCAN_FILES], schema=_SCAN_SCHEMA, filesystem=found.fs, format=_SCAN_FORMAT)
+            writer.write(ds.to_table(columns=ledger.PLAN_COLUMNS).unify_dictionaries())
+    except BaseException:
+        writer.abandon()
+        raise
+    writer.close()
+    return writer.rows
 
 
 def plan(listed: list[tuple[str, int]], existing: pa.Table, cfg: BatchConfig) -> tuple[list[dict], int]:
@@ -106,10 +177,11 @@ def plan(listed: list[tuple[str, int]], existing: pa.Table, cfg: BatchConfig) ->
     An input whose current row (:func:`ledger.current_rows`) is document-level is complete, unless a
     rerun can change it (:func:`limits.retried`: a failed read, a missing or refused listing, a cap
     no longer exceeded). Inputs the listing refuses are to do (the driver writes their rows) unless
-    the same refusal is already recorded. (The driver runs the same rules on a scan:
-    :func:`~padoc_ray.pipeline.ledger.plan`.)"""
+    the same refusal is already recorded. An input listed with another size or modification time than
+    its newest rows recorded is to do (read again; a changed doc_id parses it again). (The driver runs
+    the same rules on a scan: :func:`~padoc_ray.pipeline.ledger.plan`.)"""
     lt = ledger.listing_table(listed)
-    book = ledger.from_table(existing, lt.column("uri"))
+    book = ledger.from_table(existing, lt.column("uri"), stamps=ledger.stamps(lt))
     inp = cfg.inputs
     return ledger.plan(book, lt.column("size").to_numpy(), inp.limits, inp.pages, inp.max_pages_per_doc)
 
@@ -195,18 +267,24 @@ def run_batch(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
 def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
     t0 = time.perf_counter()
     listed = ledger.listing_table(list_inputs(cfg.input, cfg.storage, cfg.inputs.manifest_allow,
-                                              follow_symlinks=cfg.inputs.follow_symlinks))
+                                              follow_symlinks=cfg.inputs.follow_symlinks, mtimes=True))
     sizes = listed.column("size").to_numpy()
     pages_uri = join(cfg.output, "pages")
-    fs, files, proven = page_files_for_run(pages_uri, cfg.storage, cleanup_for_run=cfg.run_id,
-                                           grace_s=cfg.outputs.leftover_grace_s)
+    found = found_page_files(pages_uri, cfg.storage, cleanup_for_run=cfg.run_id, grace_s=cfg.outputs.leftover_grace_s)
+    files, proven = found.good, found.proven
     commits.write_commit(pages_uri, cfg.storage, cfg.run_id, [n for n, _ in proven], [s for _, s in proven])
-    book = scan_pages(fs, files, listed.column("uri"), cfg.run_id)
+    # the files of earlier runs (a rerun under the same --run-id included): no summary columns, none is this run's;
+    # what no key index holds yet is read file by file, and indexed for the next plan
+    book = read_ledger(pages_uri, cfg.storage, found, files, listed.column("uri"), run_id=cfg.run_id,
+                       stamps=ledger.stamps(listed), summary=False, index_name=f"{cfg.run_id}-plan")
     todo, complete = ledger.plan(book, sizes, cfg.inputs.limits, cfg.inputs.pages, cfg.inputs.max_pages_per_doc)
     model_id = cfg.model.rstrip("/").rsplit("/", 1)[-1]
     refused = [t for t in todo if limits.listing_refusal(t["size"], cfg.inputs.limits) is not None]
+    restamped = book.facts.restamped
     log(f"padoc-ray batch run {cfg.run_id}: {listed.num_rows} inputs, {complete} already complete, "
-        f"{len(todo)} to do ({len(refused)} refused from the listing); output {cfg.output}")
+        f"{len(todo)} to do ({len(refused)} refused from the listing"
+        f"{f', {restamped} read again: size or time changed since their rows' if restamped else ''}); "
+        f"output {cfg.output}")
     if refused:
         _write_listing_rows(refused, cfg, model_id)
     work = [t for t in todo if limits.listing_refusal(t["size"], cfg.inputs.limits) is None]
@@ -217,12 +295,14 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
         _pipeline(work, cfg, model_id)
     wall = time.perf_counter() - t0
     if work or refused:  # add the files written since: this run's are complete now (the write returned)
-        fs, now, mine = page_files_for_run(pages_uri, cfg.storage, trust_run=cfg.run_id)
-        proven = sorted(set(proven) | set(mine))
+        after = found_page_files(pages_uri, cfg.storage, trust_run=cfg.run_id)
+        proven = sorted(set(proven) | set(after.proven))
         commits.write_commit(pages_uri, cfg.storage, cfg.run_id, [n for n, _ in proven], [s for _, s in proven])
         seen = set(files)
-        book = scan_pages(fs, [f for f in now if f not in seen], listed.column("uri"), cfg.run_id, book=book)
-        book.facts = ledger.analyze(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
+        book = read_ledger(pages_uri, cfg.storage, after, [f for f in after.good if f not in seen],
+                           listed.column("uri"), run_id=cfg.run_id, book=book, use_index=False,
+                           index_name=f"{cfg.run_id}-run")
+        book.facts = ledger.refresh(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
     changed = ledger.changed_inputs(book, [(t["uri"], t["doc_id"]) for t in work if t.get("doc_id")])
     book.drop_rows()  # the documents table needs the facts only
     doc_status, unaccounted = write_documents(book, join(cfg.output, "documents"), cfg.storage, cfg.run_id)
@@ -230,8 +310,12 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
         "run_id": cfg.run_id, "input": cfg.input, "output": cfg.output, "model": cfg.model, "mode": cfg.mode,
         "inputs": listed.num_rows, "inputs_already_complete": complete, "inputs_processed": len(work) + len(refused),
         "inputs_refused_from_listing": len(refused),
+        # complete inputs listed with another size or modification time than their rows': read again
+        "inputs_restamped": restamped,
         "inputs_changed": changed,  # inputs whose bytes changed since pages of theirs were written: parsed again
         "rows_written": book.run_rows, "pages_written": book.run_pages,
+        # how the driver read pages/: rows from its key indexes, and page files read one by one (then indexed)
+        "ledger_rows_from_index": book.indexed_rows, "ledger_files_read": book.files_read,
         "page_status": {str(k): v for k, v in book.run_status.items()}, "document_status": doc_status,
         "all_inputs_accounted": not unaccounted,
         "unaccounted": unaccounted[:100],

@@ -45,8 +45,11 @@ from padoc_ray.pipeline.docids import DocIds
 
 #: the columns the driver reads (strings as dictionaries)
 COLUMNS = ["source_uri", "page_index", "processed_at", "page_count", "status", "error_code", "doc_id", "run_id",
-           "output_tokens", "engine_s"]
+           "output_tokens", "engine_s", "source_size", "source_mtime"]
 DICT_COLUMNS = ["source_uri", "status", "error_code", "doc_id", "run_id"]
+#: the columns of the run summary (``run_id``'s own rows): not read where no row can be the run's (planning)
+SUMMARY_COLUMNS = ["run_id", "output_tokens", "engine_s"]
+PLAN_COLUMNS = [c for c in COLUMNS if c not in SUMMARY_COLUMNS]
 #: rows sorted at once (bounds the sort's temporary memory; inputs are never split)
 PART_ROWS = 4_000_000
 #: map rows to input numbers whenever this many URI dictionary entries are pending (bounds memory,
@@ -54,6 +57,8 @@ PART_ROWS = 4_000_000
 MAP_EVERY = 4_000_000
 _BIG = np.iinfo(np.int64).max
 _NOPAGE = np.iinfo(np.int32).min  # a row without page_index: ignored
+# a row's stamp (its input's size and time as its run listed it) against this listing's: -1 unknown (no stamp,
+# or the listing has none), 0 the same, 1 different
 
 
 class Ledger:
@@ -61,13 +66,24 @@ class Ledger:
 
     Feed it record batches (:meth:`add`), then :meth:`finish`. Rows whose ``source_uri`` is not
     listed are dropped (neither the plan nor the documents table looks at them) but still count
-    in the summary of ``run_id``'s rows."""
+    in the summary of ``run_id``'s rows.
 
-    def __init__(self, listed_uris, run_id: str | None = None):
+    ``stamps`` (sizes, modification times in ms; -1 unknown), one per listed input: each row's own
+    ``source_size`` / ``source_mtime`` is compared with its input's (1 byte a row once its input is
+    known; until then a 64-bit hash of the pair, :func:`stamp_hash`), so the plan can read again an
+    input whose newest rows were written for another size or time."""
+
+    def __init__(self, listed_uris, run_id: str | None = None, stamps: tuple | None = None):
         if isinstance(listed_uris, pa.ChunkedArray):  # one chunk: no copy
             listed_uris = listed_uris.chunk(0) if listed_uris.num_chunks == 1 else listed_uris.combine_chunks()
         self.listed = listed_uris
         self.n = len(self.listed)
+        if stamps is not None:
+            self.listed_mtime = np.asarray(stamps[1], np.int64)
+            self.listed_hash = stamp_hash(np.asarray(stamps[0], np.int64), self.listed_mtime)
+        else:
+            self.listed_mtime = np.full(self.n, -1, np.int64)
+            self.listed_hash = np.zeros(self.n, np.uint64)
         self.run_id = run_id
         self.codes: list[str] = []  # status and error strings
         self._code_of: dict[str, int] = {}
@@ -76,8 +92,11 @@ class Ledger:
         self._uri_off = 0
         self._last_uri = self._last_doc = None  # (dictionary, its offset / positions)
         self._t0: int | None = None  # times are kept as offsets from the first one seen
-        self._cols: dict[str, list] = {k: [] for k in ("gpos", "u", "page", "t", "count", "status", "err", "doc")}
+        self._cols: dict[str, list] = {k: [] for k in ("gpos", "hash", "u", "page", "t", "count", "status", "err",
+                                                       "doc", "stamp")}
         self.rows_read = 0
+        self.indexed_rows = 0  # rows read from key indexes (padoc_ray.pipeline.keyindex), of rows_read
+        self.files_read = 0  # page files read one by one
         self.footers_read = 0
         self.run_rows = self.run_pages = self.run_tokens = 0
         #: ``run_id``'s pages that reached the engine (engine_s not null), and the sum of their engine_s
@@ -85,6 +104,8 @@ class Ledger:
         self.run_engine_s = 0.0
         self.run_status: Counter = Counter()
         self.facts = None
+        self._analyzed: tuple | None = None  # (facts, rows analyzed) of the last analysis of all rows: refresh()
+        self._rows_at_facts = 0
 
     # ---- reading -------------------------------------------------------------------------------------------
     def _code(self, s: str) -> int:
@@ -137,7 +158,7 @@ class Ledger:
         self.rows_read += n
         st_codes = self._lut(col("status", pa.string()))
         page = ints(col("page_index", pa.int32()), _NOPAGE, np.int32)
-        if self.run_id is not None:
+        if self.run_id is not None and "run_id" in names:
             mine = equals(col("run_id", pa.string()), self.run_id)
             if mine.any():
                 real = mine & (page >= 0)
@@ -151,6 +172,8 @@ class Ledger:
                 self.run_engine_pages += int(timed.sum())
                 self.run_engine_s += float(engine_s[timed].sum())
         c = self._cols
+        c["hash"].append(stamp_hash(ints(col("source_size", pa.int64()), -1, np.int64), ints(
+            pc.cast(col("source_mtime", pa.timestamp("ms", tz="UTC")), pa.int64()), -1, np.int64)))
         c["gpos"].append(self._uri_positions(col("source_uri", pa.string())))
         if self._uri_off > MAP_EVERY:
             self._map_uris()
@@ -180,6 +203,12 @@ class Ledger:
         else:
             mapping = np.array([-1], np.int32)
         c["u"].extend(mapping[g] for g in c["gpos"])  # -1 (a null uri) hits the appended -1
+        for k in range(len(c["gpos"])):  # each row's stamp against its input's in this listing, the hash dropped
+            h, u = c["hash"][k], c["u"][len(c["u"]) - len(c["gpos"]) + k]
+            lh = self.listed_hash[np.maximum(u, 0)] if self.n else np.zeros(len(u), np.uint64)
+            c["stamp"].append(np.where((h == 0) | (u < 0) | (lh == 0), -1, h != lh).astype(np.int8))
+            c["hash"][k] = None
+        c["hash"] = []
         c["gpos"], self._uri_dicts, self._uri_off, self._last_uri = [], [], 0, None
 
     def finish(self) -> "Ledger":
@@ -197,7 +226,7 @@ class Ledger:
         new = {"u": joined("u"), "page": joined("page")}
         keep = (new["u"] >= 0) & (new["page"] != _NOPAGE)
         everything = bool(keep.all())
-        for k in ("u", "page", "t", "count", "status", "err", "doc"):
+        for k in ("u", "page", "t", "count", "status", "err", "doc", "stamp"):
             col = new.pop(k) if k in new else joined(k)
             if not everything:
                 col = col[keep]
@@ -209,6 +238,8 @@ class Ledger:
             setattr(self, k, col)
             del old, col
         self._last_doc = None
+        if self.facts is not None and self._analyzed is None:
+            self._analyzed = (self.facts, self._rows_at_facts)
         self.facts = None
         trim()
         return self
@@ -216,13 +247,28 @@ class Ledger:
     def drop_rows(self) -> None:
         """Free the per-row columns once the facts are computed (the documents table needs only the
         facts, the listing and the doc_ids); the ledger can no longer be analyzed."""
-        for k in ("u", "page", "t", "count", "status", "err", "doc"):
+        for k in ("u", "page", "t", "count", "status", "err", "doc", "stamp"):
             setattr(self, k, None)
         trim()
 
 
-def from_table(table: pa.Table, listed_uris, run_id: str | None = None) -> Ledger:
-    book = Ledger(listed_uris, run_id)
+def stamp_hash(size: np.ndarray, mtime: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each (size, modification time) pair (splitmix64 finalizer of each, combined); 0 where
+    either is unknown (negative). Two different pairs share a hash with probability about 2**-64."""
+    def mix(x):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+    with np.errstate(over="ignore"):
+        h = mix(mix(size.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)) ^ mtime.astype(np.uint64))
+    h[h == 0] = 1
+    h[(size < 0) | (mtime < 0)] = 0
+    return h
+
+
+def from_table(table: pa.Table, listed_uris, run_id: str | None = None, stamps=None) -> Ledger:
+    book = Ledger(listed_uris, run_id, stamps)
     for b in table.to_batches(max_chunksize=1 << 20):
         book.add(b)
     return book.finish()
@@ -245,6 +291,7 @@ class Facts:
     todo_done: dict  # input -> pages with a row, for inputs that are not complete (plan only)
     present: np.ndarray  # selected pages with a row
     complete: int = 0  # inputs complete (plan only)
+    restamped: int = 0  # inputs that would be complete but whose newest rows have another size or time (plan only)
 
 
 def current_mask(u: np.ndarray, page: np.ndarray, t: np.ndarray, doc: np.ndarray | None = None) -> np.ndarray:
@@ -257,17 +304,20 @@ def current_mask(u: np.ndarray, page: np.ndarray, t: np.ndarray, doc: np.ndarray
     return mask
 
 
-def _stale(us: np.ndarray, ts: np.ndarray, ds: np.ndarray, ustarts: np.ndarray) -> np.ndarray:
-    """Rows (in sorted order) of an older version of their input: a doc_id other than the one of the
-    input's newest row that has a doc_id (ties: the later row). Rows without a doc_id are never stale."""
+def _stale(us: np.ndarray, ts: np.ndarray, ds: np.ndarray, ustarts: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Rows (in sorted order; ``order``: their rows in the table) of an older version of their input: a
+    doc_id other than the one of the input's newest row that has a doc_id (ties: the later row in the
+    table). Rows without a doc_id are never stale."""
     lowest = np.iinfo(np.int64).min
     n = len(us)
     ugid = np.repeat(np.arange(len(ustarts)), np.diff(np.append(ustarts, n)))
     has = ds != -1
     key = np.where(has, ts.astype(np.int64), lowest)
     newest = np.maximum.reduceat(key, ustarts)
-    last = np.maximum.reduceat(np.where(has & (key == newest[ugid]), np.arange(n), -1), ustarts)
-    latest = np.where(last >= 0, ds[np.maximum(last, 0)], -1)
+    where = np.empty(len(order), np.int64)
+    where[order] = np.arange(n)  # a table row's place in the sorted order
+    last = np.maximum.reduceat(np.where(has & (key == newest[ugid]), order, -1), ustarts)
+    latest = np.where(last >= 0, ds[where[np.maximum(last, 0)]], -1)
     return has & (ds != latest[ugid])
 
 
@@ -288,12 +338,15 @@ def _pick(u, page, t, *, current: bool, doc=None):
     lowest = np.iinfo(np.int64).min
     ustarts = seg_starts(us)
     tt = t[order]
-    live = ~_stale(us, tt, doc[order], ustarts) if doc is not None else np.ones(n, bool)
+    live = ~_stale(us, tt, doc[order], ustarts, order) if doc is not None else np.ones(n, bool)
     tmax = np.maximum.reduceat(np.where(live, tt, np.iinfo(tt.dtype).min), starts)  # the dtype's null time
     gid = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
     chosen = np.maximum.reduceat(np.where(live & (tt == tmax[gid]), idx, -1), starts)
     del gid
     chosen = chosen[chosen >= 0]  # a page only an older version has: not current (to do again)
+    # in int64: an int32 array with the int64 lowest would wrap it to 0 (numpy 2 keeps the array's dtype), and
+    # a doc row would lose to pages written before the first time read (negative offsets)
+    tt = tt.astype(np.int64)
     doc_t = np.maximum.reduceat(np.where((ps < 0) & live, tt, lowest), ustarts)
     page_t = np.maximum.reduceat(np.where((ps >= 0) & live, tt, lowest), ustarts)
     has_doc = np.logical_or.reduceat((ps < 0) & live, ustarts)
@@ -315,6 +368,41 @@ def analyze(book: Ledger, *, ranges=None, max_pages=None, current: bool = True, 
     for lo, hi, rows in _partitions(book.u, n):
         _partition(book, f, f.present, lo, hi, rows, ranges, max_pages, current, sizes, cfg_limits)
         trim()
+    if current and isinstance(book, Ledger):
+        book._rows_at_facts, book._analyzed = len(book.u), None
+    return f
+
+
+_FACT_FIELDS = ("doc_level", "doc_err", "doc_count", "count", "doc", "n_sel", "ok", "failed", "fail_code", "present")
+
+
+class _Subset:
+    """The rows of some inputs of a ledger, those inputs numbered from 0 (what :func:`analyze` reads)."""
+
+    def __init__(self, book: Ledger, inputs: np.ndarray):
+        at = np.full(book.n, -1, np.int64)
+        at[inputs] = np.arange(len(inputs))
+        mine = at[book.u]
+        rows = np.flatnonzero(mine >= 0)
+        self.n, self.u = len(inputs), small(mine[rows])
+        for k in ("page", "t", "count", "status", "err", "doc"):
+            setattr(self, k, getattr(book, k)[rows])
+        self.stamp, self.doc_ids, self.codes, self._code_of = None, book.doc_ids, book.codes, book._code_of
+
+
+def refresh(book: Ledger, *, ranges=None, max_pages=None) -> Facts:
+    """The documents table's facts after rows were added (:meth:`Ledger.finish`) to a ledger analyzed
+    before (the driver's plan): only the inputs the added rows are of are analyzed again, the others keep
+    their facts (their rows did not change). Without an earlier analysis: :func:`analyze`."""
+    if book._analyzed is None:
+        return book.facts if book.facts is not None else analyze(book, ranges=ranges, max_pages=max_pages)
+    f, done = book._analyzed
+    touched = np.unique(book.u[done:]) if len(book.u) > done else np.zeros(0, np.int64)
+    if len(touched):
+        g = analyze(_Subset(book, touched), ranges=ranges, max_pages=max_pages)
+        for k in _FACT_FIELDS:
+            getattr(f, k)[touched] = getattr(g, k)
+    book._rows_at_facts, book._analyzed = len(book.u), None
     return f
 
 
@@ -340,12 +428,14 @@ def _partition(book, f: Facts, present, lo, hi, rows, ranges, max_pages, current
     if len(u) == 0 and sizes is None:
         return
     t = g(book.t) if current else None
+    stamp = g(book.stamp) if sizes is not None else None
     count, st_codes, err, doc = g(book.count), g(book.status), g(book.err), g(book.doc)
     versions = book.doc_ids.fingerprint(doc) if current else None  # equal exactly when the doc_ids are
     chosen, order = _pick(u, page, t, current=current, doc=versions) if len(u) else (np.zeros(0, np.int64),
                                                                                      np.zeros(0, np.int64))
     del versions
-    del t
+    changed = _restamped(u, t, stamp, order, lo, hi) if stamp is not None and len(u) else np.zeros(hi - lo, bool)
+    del t, stamp
     # rows of the table (current: the current rows; else all rows), sorted by input and page
     table_pos = chosen if current else np.arange(len(order))
     rows_t = order[table_pos]  # row numbers (row order within an input = ascending)
@@ -386,7 +476,23 @@ def _partition(book, f: Facts, present, lo, hi, rows, ranges, max_pages, current
     if failed_doc.any():
         _fail_codes(book, f, lo, failed_doc, pu, bad, err[prow], st)
     if sizes is not None:
-        _plan_part(book, f, present, lo, hi, sizes, cfg_limits, ranges, max_pages, pu, pp)
+        _plan_part(book, f, present, lo, hi, sizes, cfg_limits, ranges, max_pages, pu, pp, changed)
+
+
+def _restamped(u, t, stamp, order, lo, hi) -> np.ndarray:
+    """Per input of [lo, hi): a row of its newest stamped ones (equal times: any of them) says another size
+    or time than the listing's."""
+    us, ss = u[order], stamp[order]
+    has = ss >= 0
+    out = np.zeros(hi - lo, bool)
+    if not has.any():
+        return out
+    ustarts = seg_starts(us)
+    tt = np.where(has, t[order].astype(np.int64), np.iinfo(np.int64).min)
+    newest = np.maximum.reduceat(tt, ustarts)
+    ugid = np.repeat(np.arange(len(ustarts)), np.diff(np.append(ustarts, len(us))))
+    out[us[ustarts] - lo] = np.logical_or.reduceat(has & (tt == newest[ugid]) & (ss == 1), ustarts)
+    return out
 
 
 def _fail_codes(book, f, lo, failed_doc, pu, bad, perr, pst) -> None:
@@ -408,8 +514,10 @@ def _fail_codes(book, f, lo, failed_doc, pu, bad, perr, pst) -> None:
     f.fail_code[ku[best]] = inv[kr[best]]
 
 
-def _plan_part(book, f, present, lo, hi, sizes, cfg_limits, ranges, max_pages, pu, pp) -> None:
-    """Which inputs of [lo, hi) are complete; the pages done of the others (rules of job.plan)."""
+def _plan_part(book, f, present, lo, hi, sizes, cfg_limits, ranges, max_pages, pu, pp, changed) -> None:
+    """Which inputs of [lo, hi) are complete; the pages done of the others (rules of job.plan). An input
+    ``changed`` since its newest rows (another size or time in the listing) is never complete: it is read
+    again, and its doc_id decides whether its pages are parsed again."""
     s = sizes[lo:hi]
     code_of = book._code_of
     lim = cfg_limits
@@ -445,6 +553,9 @@ def _plan_part(book, f, present, lo, hi, sizes, cfg_limits, ranges, max_pages, p
     doc_final = ~refused & dl & ~retried
     pagewise = ~refused & ~dl & (f.count[lo:hi] >= 0) & (present[lo:hi] == f.n_sel[lo:hi])
     complete |= doc_final | pagewise
+    restamped = complete & changed & ~refused
+    complete &= ~restamped
+    f.restamped += int(restamped.sum())
     f.complete += int(complete.sum())
     todo = np.flatnonzero(~complete) + lo
     # pages already done (inputs with page rows as their verdict)
@@ -463,7 +574,8 @@ def _plan_part(book, f, present, lo, hi, sizes, cfg_limits, ranges, max_pages, p
 
 # ---- the outputs ------------------------------------------------------------------------------------------
 def plan(book: Ledger, sizes: np.ndarray, cfg_limits: limits.InputLimits, ranges, max_pages) -> tuple[list[dict], int]:
-    """(inputs to do as {"uri", "size", "done"}, number of complete inputs), in listing order."""
+    """(inputs to do as {"uri", "size", "mtime", "done", "doc_id"}, number of complete inputs), in listing
+    order; ``book.facts.restamped`` says how many are to do only because their size or time changed."""
     f = analyze(book, ranges=ranges, max_pages=max_pages, sizes=np.asarray(sizes, np.int64), cfg_limits=cfg_limits)
     book.facts = f
     idx = sorted(f.todo_done)
@@ -471,8 +583,8 @@ def plan(book: Ledger, sizes: np.ndarray, cfg_limits: limits.InputLimits, ranges
     # the doc_id the done pages belong to: a raster task that reads other bytes parses them all again
     docs = book.doc_ids.take(np.array([f.doc[i] if f.todo_done[i] else -1 for i in idx], np.int64)).to_pylist() \
         if idx else []
-    return ([{"uri": u, "size": int(sizes[i]), "done": f.todo_done[i], "doc_id": d}
-             for u, i, d in zip(uris, idx, docs)], f.complete)
+    return ([{"uri": u, "size": int(sizes[i]), "mtime": int(book.listed_mtime[i]), "done": f.todo_done[i],
+              "doc_id": d} for u, i, d in zip(uris, idx, docs)], f.complete)
 
 
 def changed_inputs(book: Ledger, recorded: Sequence[tuple[str, str]]) -> int:
@@ -530,11 +642,19 @@ def documents(book: Ledger, ranges, max_pages, *, current: bool = True) -> pa.Ta
     return pa.Table.from_batches(list(document_batches(book, f)), schema=DOCUMENT_SCHEMA)
 
 
-def listing_table(listed: Sequence[tuple[str, int]] | pa.Table) -> pa.Table:
+def listing_table(listed: Sequence[tuple] | pa.Table) -> pa.Table:
+    """The listing as a table: ``uri``, ``size`` and ``mtime`` (ms; -1 unknown) from (uri, size[, mtime]) rows."""
     if isinstance(listed, pa.Table):
-        return listed
-    return pa.table({"uri": pa.array([u for u, _ in listed], pa.string()),
-                     "size": pa.array([s for _, s in listed], pa.int64())})
+        return listed if "mtime" in listed.column_names else listed.append_column(
+            "mtime", pa.array(np.full(listed.num_rows, -1, np.int64)))
+    return pa.table({"uri": pa.array([r[0] for r in listed], pa.string()),
+                     "size": pa.array([r[1] for r in listed], pa.int64()),
+                     "mtime": pa.array([r[2] if len(r) > 2 else -1 for r in listed], pa.int64())})
+
+
+def stamps(listing: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(sizes, modification times) of a :func:`listing_table`, for :class:`Ledger`."""
+    return (ints(listing.column("size"), -1, np.int64), ints(listing.column("mtime"), -1, np.int64))
 
 
 # ---- the same rules on a whole table (tests and small outputs; the driver streams the ledger) ------

@@ -29,7 +29,8 @@ from padoc_ray.output import rows
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline import limits
 from padoc_ray.pipeline.limits import listing_refusal
-from padoc_ray.storage import ChangedDuringRead, LinkAtRead, NotRegularFile, read_bytes, walks_folder
+from padoc_ray.storage import (ChangedDuringRead, LinkAtRead, LinkOutside, NotRegularFile, read_bytes, walk_root,
+                               walks_folder)
 from padoc_ray.raster import DocFailed, renderer_for
 from padoc_ray.raster.document import DocumentOpened, PageChoice, document_error_row, document_rows
 
@@ -52,11 +53,13 @@ def page_choice(cfg: BatchConfig) -> PageChoice:
 
 
 def rasterize(batch: pa.Table, cfg: BatchConfig, model_id: str) -> Iterator[pa.Table]:
-    """Input rows: ``uri``, ``size``, ``done`` (page indices already written) and ``doc_id`` (the version
-    those pages are of; a file whose bytes differ now is parsed again in full). Yields page rows."""
+    """Input rows: ``uri``, ``size`` and ``mtime`` (the listing's, recorded in every row), ``done`` (page
+    indices already written) and ``doc_id`` (the version those pages are of; a file whose bytes differ now
+    is parsed again in full). Yields page rows."""
     for item in batch.to_pylist():
         uri, done = item["uri"], set(item["done"] or ())
-        base = dict(run_id=cfg.run_id, uri=uri, mode=cfg.mode, model_id=model_id)
+        base = dict(run_id=cfg.run_id, uri=uri, mode=cfg.mode, model_id=model_id, source_size=item["size"],
+                    source_mtime=item.get("mtime"))
         if item["size"] is not None and item["size"] < 0:
             yield _doc_error(base, None, *listing_refusal(item["size"], cfg.inputs.limits))
             continue
@@ -70,8 +73,14 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
     ``raster_block_mb`` of images), so a large document is never held whole and small ones do not
     cost one Ray object per page."""
     try:
+        # a folder or glob's files are read from its folder, following no link on the way (unless links are
+        # followed: then the file must still be inside it); a manifest line or one named file as named
         data = read_bytes(uri, cfg.storage, max_bytes=cfg.inputs.limits.max_file_bytes,
-                          follow_links=cfg.inputs.follow_symlinks or not walks_folder(cfg.input))
+                          follow_links=cfg.inputs.follow_symlinks or not walks_folder(cfg.input),
+                          root=walk_root(cfg.input))
+    except LinkOutside as e:  # a followed link (or folder) swapped to lead outside after the listing
+        yield _doc_error(base, None, limits.SYMLINK_OUTSIDE, str(e))
+        return
     except LinkAtRead as e:  # swapped for a link after a listing that follows none: the listing's own code
         yield _doc_error(base, None, limits.SYMLINK, str(e))
         return

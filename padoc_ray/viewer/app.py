@@ -42,6 +42,13 @@ class ViewerConfig:
     #: names besides 127.0.0.1, localhost and ``host`` that the viewer answers to (the request's Host header);
     #: any other name gets 400, so a web page that rebinds its own name to this address reads nothing
     allowed_hosts: tuple[str, ...] = ()
+    #: seconds a connection gets to send a whole request head (after it opens, or after its last answer); a
+    #: client that sends part of one and then nothing is cut off then, not held open (uvicorn has no such limit)
+    header_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.header_timeout_s > 0:
+            raise ValueError(f"--header-timeout-s must be positive, got {self.header_timeout_s}")
 
 
 def page_images(out: Output, cfg: ViewerConfig, storage: StorageConfig) -> PageImages:
