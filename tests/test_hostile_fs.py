@@ -244,6 +244,39 @@ def test_a_file_replaced_between_runs_is_parsed_again_in_full(local_ray, tiny_mo
     assert third["inputs_changed"] == 0 and third["inputs_already_complete"] == 3
 
 
+def test_a_complete_input_replaced_between_runs_is_read_and_parsed_again(local_ray, tiny_model_dir, tmp_path):
+    """The review's repro: report.pdf was parsed in full, then replaced by a different file; the rerun said
+    "1 already complete, 0 to do" and documents.parquet kept the old doc_id. Rows now carry the size and
+    time the listing saw: the rerun reads it again and its doc_id decides. A file that was not a PDF and
+    became one is parsed; a file only touched (same bytes) is read, nothing is parsed."""
+    from padoc_ray.pdf import doc_id_of
+
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    old, new = text_pdf(2, label="Old"), text_pdf(3, label="New")
+    (inp / "report.pdf").write_bytes(old)
+    (inp / "memo.pdf").write_bytes(text_pdf(1))
+    (inp / "notes.pdf").write_bytes(b"not a pdf at all")
+    first = _run(inp, out, model=tiny_model_dir)
+    assert first["document_status"] == {"ok": 2, "skipped": 1} and first["inputs_restamped"] == 0  # not_pdf: skipped
+    (inp / "report.pdf").write_bytes(new)
+    (inp / "notes.pdf").write_bytes(text_pdf(1, label="Now a PDF"))
+    second = _run(inp, out, model=tiny_model_dir)
+    assert second["inputs_already_complete"] == 1 and second["inputs_restamped"] == 2  # memo.pdf stands
+    assert second["inputs_changed"] == 1 and second["document_status"] == {"ok": 3}  # report's done pages: other bytes
+    docs = {os.path.basename(r["source_uri"]): r for r in pq.read_table(out / "documents").to_pylist()}
+    assert docs["report.pdf"]["doc_id"] == doc_id_of(new) and docs["report.pdf"]["pages_ok"] == 3
+    assert docs["notes.pdf"]["status"] == "ok"
+    third = _run(inp, out, model=tiny_model_dir)
+    assert third["inputs_already_complete"] == 3 and third["inputs_restamped"] == 0 and third["pages_written"] == 0
+    # touched, not changed: read and hashed again, nothing parsed, the rows stand
+    st = os.stat(inp / "memo.pdf")
+    os.utime(inp / "memo.pdf", ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    fourth = _run(inp, out, model=tiny_model_dir)
+    assert fourth["inputs_restamped"] == 1 and fourth["inputs_changed"] == 0 and fourth["pages_written"] == 0
+    assert fourth["document_status"] == {"ok": 3}
+
+
 def test_current_rows_keep_only_the_newest_version_of_an_input():
     from padoc_ray.pipeline.ledger import current_rows
 

@@ -4,8 +4,9 @@
 size): ``pages/`` as many Parquet files in the job's own schema and file naming, written by two
 runs, with the cases the driver must get right mixed in (document-level errors, a read that
 failed and was retried, incomplete and never-written documents, failed and partial documents,
-pages retried by a later run so the newest row wins, an unreadable leftover), plus the commit
-records the job writes (:mod:`padoc_ray.output.commits`). Text columns are short (the driver
+pages retried by a later run so the newest row wins, an input replaced since its rows, rows from
+before sizes and times were recorded, an unreadable leftover), plus the commit records and the key
+indexes the two runs' drivers wrote (:mod:`padoc_ray.output.commits`, :mod:`padoc_ray.pipeline.keyindex`). Text columns are short (the driver
 never reads them), so files are smaller than a real job's.
 
 ``measure`` runs in a fresh process (so its peak RSS is the driver's alone) and does what the

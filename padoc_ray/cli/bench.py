@@ -86,7 +86,7 @@ def cmd_bench_driver(args) -> int:
     b = res["breakdown"]
     print(f"{res['page_rows']} page rows, {res['inputs']} inputs, {res['files']} files: plan {b['plan_s']} s "
           f"+ documents table {b['documents_s']} s = {res['seconds']} s; peak RSS "
-          f"{res['peak_rss_bytes'] / 2**30:.2f} GiB; footers read {res['footers_read']}; load {res['load_avg']}")
+          f"{res['peak_rss_bytes'] / 2**30:.2f} GiB; footers read {res['footers_read']}; rows from key indexes {res['rows_from_index']}, page files read {res['files_read']}; load {res['load_avg']}")
     _write_json(args.json, res, announce=False)
     return 0
 
