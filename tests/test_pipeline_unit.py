@@ -61,7 +61,9 @@ def test_plan_skips_complete_documents_and_done_pages(tmp_path):
     todo, complete = plan(listed, existing, cfg)
     assert complete == 2
     # done pages carry the version they are of: a raster task that reads other bytes parses them all again
-    assert todo == [{"uri": "b", "size": 1, "done": [0], "doc_id": "db"}, {"uri": "d", "size": 1, "done": [], "doc_id": None}]
+    # (mtime: the listing's, -1 when it gave none; every row records it)
+    assert todo == [{"uri": "b", "size": 1, "mtime": -1, "done": [0], "doc_id": "db"},
+                    {"uri": "d", "size": 1, "mtime": -1, "done": [], "doc_id": None}]
     cfg2 = BatchConfig.from_flat(input="x", output="y", model="m", max_pages_per_doc=1)
     assert [t["uri"] for t in plan(listed, existing, cfg2)[0]] == ["d"]
 
