@@ -14,10 +14,10 @@ import sys
 
 import pytest
 
-from padoc_ray.bench.model.plan import ForkMismatch, plan_page
-from padoc_ray.bench.model.sim import Envelope, simulate
-from padoc_ray.bench.model.step import StepLoad
-from padoc_ray.bench.model.trace import (
+from padoc_ray.perfmodel.plan import ForkMismatch, plan_page
+from padoc_ray.perfmodel.sim import Envelope, simulate
+from padoc_ray.perfmodel.step import StepLoad
+from padoc_ray.perfmodel.trace import (
     PROCESSORS,
     ImageProcessor,
     TraceError,
@@ -280,7 +280,7 @@ def test_image_tokens_follow_the_processor_s_resize():
 def test_hpd_1b_counts_256_tokens_a_tile_of_hpds_grid_and_its_thumbnail():
     """hpd-1b's processor is HPD's own rule (protocol.hpd_image): the grid's tiles plus a thumbnail when there
     is more than one, 256 tokens each."""
-    from padoc_ray.bench.model.trace import TiledImageProcessor, image_processor
+    from padoc_ray.perfmodel.trace import TiledImageProcessor, image_processor
     from padoc_ray.protocol.hpd_image import hpd_tile_grid
 
     proc = image_processor("hpd-1b")
@@ -299,7 +299,7 @@ def test_hpd_1b_counts_256_tokens_a_tile_of_hpds_grid_and_its_thumbnail():
 
 
 def test_the_tiny_model_s_processor_is_read_from_its_config(tiny_model_dir):
-    from padoc_ray.bench.model.trace import image_processor
+    from padoc_ray.perfmodel.trace import image_processor
 
     proc = image_processor(tiny_model_dir)
     assert (proc.patch_size, proc.merge_size, proc.min_pixels, proc.max_pixels) == (16, 2, 4096, 262144)
@@ -375,13 +375,13 @@ def test_the_command_models_a_ground_truth_file_and_compares_a_measured_run(tmp_
 
 
 def test_the_paper_workload_rows_carry_the_paper_s_table(tmp_path, tiny_model_dir):
-    from padoc_ray.bench.model.report import PAPER_TABLE3
+    from padoc_ray.perfmodel.report import PAPER_TABLE3
 
     out = tmp_path / "paper"
     assert _model("--workload", "paper384", "--gpu", "A800-80G", "--model-config", "qwen3-vl-2b", "--model",
                   tiny_model_dir, "--concurrency", "16,48", "--pages", "6", "--out", str(out)) == 0
     report = json.loads((out / "report.json").read_text())
-    from padoc_ray.bench.model.roofline import kv_cache_blocks
+    from padoc_ray.perfmodel.roofline import kv_cache_blocks
 
     kv = kv_cache_blocks("A800-80G", "qwen3-vl-2b", 16)
     assert report["config"]["envelope"] == {"max_num_seqs": 384, "max_num_batched_tokens": 24576, "block_size": 16,
@@ -476,7 +476,7 @@ def test_bad_input_is_refused_with_exit_2(argv, message, tmp_path, capsys):
 
 
 def test_compare_needs_a_bench_serve_output(tmp_path):
-    from padoc_ray.bench.model.report import add_measured
+    from padoc_ray.perfmodel.report import add_measured
 
     with pytest.raises(ValueError, match="not a bench serve output"):
         add_measured([], str(tmp_path))
@@ -485,7 +485,7 @@ def test_compare_needs_a_bench_serve_output(tmp_path):
 def test_the_speed_probe_takes_the_machines_drift_out_of_the_comparison(tmp_path):
     """A cell measured while the machine ran 1.25x slower than during bench steps: its modeled steps are
     scaled by that before measured / modeled, so the drift is not read as the host's inefficiency."""
-    from padoc_ray.bench.model.report import add_measured
+    from padoc_ray.perfmodel.report import add_measured
 
     def rows():
         return [{"mode": "fork", "concurrency": 16, "valid_pages_per_s": 2.0},
@@ -520,7 +520,7 @@ def test_the_model_is_pure():
 
     from .test_pure_imports import BLOCKER
 
-    mods = [f"padoc_ray.bench.model.{m}" for m in ("step", "trace", "plan", "sim", "report")]
+    mods = [f"padoc_ray.perfmodel.{m}" for m in ("step", "trace", "plan", "sim", "report")]
     proc = subprocess.run([sys.executable, "-c", BLOCKER, *mods], capture_output=True, text=True, cwd=ROOT,
                           timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from padoc_ray.bench.serve_report import (
+from padoc_ray.perfmodel.table3 import (
     add_pairs,
     format_markdown,
     legacy_summary,

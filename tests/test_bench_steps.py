@@ -111,7 +111,7 @@ def test_cli_refuses_bad_input_before_starting_an_engine(tiny_model_dir, tmp_pat
 def test_the_model_series_on_the_real_engine(cpu_engine, model_protocol, loop_thread):
     """Prefill prompts are new to the cache, context prefixes are served from it, and a new image costs
     more than the same page cached; image tokens are what Qwen's processor makes of the image's size."""
-    from padoc_ray.bench.model.workload import image_tokens
+    from padoc_ray.perfmodel.workload import image_tokens
     from padoc_ray.bench.steps_series import measure_admit, measure_context, measure_prefill, measure_vision
 
     text = lambda n: forced_tokens(model_protocol.tokenizer, n)  # noqa: E731

@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("engine", "output"),
     ("scheduler", "raster", "eval", "checkpoint"),
     ("host", "corpus", "trainer", "viewer"),  # viewer: Serve's page view draws with it
-    ("inputs", "doctor", "pipeline", "serve"),
+    ("inputs", "doctor", "pipeline", "serve", "perfmodel"),  # perfmodel: the engine model and the Table 3 writer
     ("bench",),
     ("cli",),
 ]
@@ -88,3 +88,78 @@ def test_the_readme_drawing_names_every_layer_in_order():
         assert f"layer {i}:" in drawing, f"the README's drawing lacks the heading of layer {i}"
         for part in layer:
             assert f"  {part}" in drawing, f"the README's drawing does not show {part}"
+
+
+# ---- no import circles, between parts or inside one -------------------------------------------------------
+def _runtime_imports(path: pathlib.Path, modules: set[str]) -> set[str]:
+    """The padoc_ray modules ``path`` imports at run time (every statement, also inside functions, but not
+    under ``if TYPE_CHECKING:``); ``from pkg import name`` is the module ``pkg.name`` when there is one."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+                   for n in ast.walk(node)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = (".".join(package.split(".")[: len(package.split(".")) - node.level + 1] +
+                             ([node.module] if node.module else [])) if node.level else node.module or "")
+            for a in node.names:
+                out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base)
+    resolved = set()
+    for m in out:  # a name inside a module: the module
+        bits = m.split(".")
+        while bits and ".".join(bits) not in modules:
+            bits.pop()
+        if bits and ".".join(bits) != name:
+            resolved.add(".".join(bits))
+    return resolved
+
+
+def import_cycles() -> list[list[str]]:
+    """The groups of padoc_ray modules that import one another, directly or around a circle (Tarjan)."""
+    paths = {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+    graph = {m: sorted(_runtime_imports(p, set(paths))) for m, p in paths.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_module_imports_itself_around_a_circle():
+    """A package's __init__ that imports its own modules is no circle; a module that imports one that
+    imports it back (here: at function level, which hides it from the interpreter) is."""
+    assert import_cycles() == [], "modules importing one another: " + "; ".join(" <-> ".join(c)
+                                                                                 for c in import_cycles())

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from padoc_ray.bench.model.fitted import FittedStepTime, StepsJsonError, fit_steps, points
-from padoc_ray.bench.model.step import StepLoad
+from padoc_ray.perfmodel.fitted import FittedStepTime, StepsJsonError, fit_steps, points
+from padoc_ray.perfmodel.step import StepLoad
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORDED = os.path.join(ROOT, "tests", "data", "bench_steps_tiny.json")

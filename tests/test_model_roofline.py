@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from padoc_ray.bench.model.gpus import GPUS, SHAPES, Gpu, gpu, model_shape
-from padoc_ray.bench.model.roofline import DTYPE_BYTES, Efficiency, RooflineStepTime
-from padoc_ray.bench.model.step import StepLoad
+from padoc_ray.perfmodel.gpus import GPUS, SHAPES, Gpu, gpu, model_shape
+from padoc_ray.perfmodel.roofline import DTYPE_BYTES, Efficiency, RooflineStepTime
+from padoc_ray.perfmodel.step import StepLoad
 
 DECODE = StepLoad(decode_seqs=64, prefill_tokens=0, context_tokens=64 * 3000)  # 64 pages' streams at 3k context
 PREFILL = StepLoad(decode_seqs=0, prefill_tokens=16384, context_tokens=16384)  # a big chunked prefill
@@ -157,7 +157,7 @@ def test_bad_names_and_efficiencies_are_refused(tmp_path):
 def test_the_kv_cache_is_what_vllm_leaves_of_the_gpus_memory():
     """90% of the memory, less the weights (decoder, tied LM head, vision encoder) and the reserve, in blocks
     of block_size tokens of every layer's K and V."""
-    from padoc_ray.bench.model.roofline import GPU_MEMORY_UTILIZATION, NON_KV_BYTES, kv_cache_blocks
+    from padoc_ray.perfmodel.roofline import GPU_MEMORY_UTILIZATION, NON_KV_BYTES, kv_cache_blocks
 
     g, s = GPUS["A800-80G"], SHAPES["qwen3-vl-2b"]
     weights = 2 * (s.layers * s.layer_params + s.lm_head_params + s.vit_params)

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from padoc_ray.bench.model.plan import plan_page
-from padoc_ray.bench.model.workload import (
+from padoc_ray.perfmodel.plan import plan_page
+from padoc_ray.perfmodel.workload import (
     PAGE_SIZES,
     PAPER_384,
     SEQUENTIAL_RUNAWAY_PAGES,
@@ -84,7 +84,7 @@ def test_page_sizes_can_come_from_a_ground_truths_page_info(model_protocol):
 
 def test_another_models_processor_counts_the_image_tokens(model_protocol):
     """bench model --gpu G --model-config hpd-1b: the same pages, their image tokens HPD-Parsing's tiles."""
-    from padoc_ray.bench.model.trace import PROCESSORS
+    from padoc_ray.perfmodel.trace import PROCESSORS
 
     got = paper384(model_protocol, seed=0, pages=16, proc=PROCESSORS["hpd-1b"])
     plain = paper384(model_protocol, seed=0, pages=16)

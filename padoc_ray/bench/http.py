@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from padoc_ray import status
-from padoc_ray.bench.serve_report import quantile
+from padoc_ray.perfmodel.table3 import quantile
 
 
 @dataclass

@@ -12,7 +12,7 @@ Ray over HTTP (``http``: the same pages, so the HTTP cost shows).
 
 Measured here: per page, its status, validity and latency (from sending it to its record); per run,
 the wall time and the engine's generation-token counter every 0.2 s (direct only). The figures and
-report files are made by :mod:`padoc_ray.bench.serve_report`. Holds no engine or scheduler code.
+report files are made by :mod:`padoc_ray.perfmodel.table3`. Holds no engine or scheduler code.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from padoc_ray.bench.serve_report import (
+from padoc_ray.perfmodel.table3 import (
     STEP_COUNTERS,
     add_pairs,
     format_markdown,

@@ -2,7 +2,7 @@
 leaks (RSS slope per process), server errors and lost or duplicated job pages.
 
 It starts ``padoc-ray serve`` itself (:class:`~padoc_ray.bench.soak_procs.ServeProcess`), runs
-``clients`` closed-loop HTTP clients for ``minutes`` (the mix: :data:`MIX`, requests in
+``clients`` closed-loop HTTP clients for ``minutes`` (the mix: :data:`~padoc_ray.bench.soak_traffic.MIX`, requests in
 :mod:`padoc_ray.bench.soak_traffic`), lets unfinished jobs drain, samples RSS all along, stops the
 server with SIGTERM and writes the report (:func:`~padoc_ray.bench.soak_report.build_report`).
 It talks only HTTP, so it measures whatever server the checkout has.
@@ -19,11 +19,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from padoc_ray.bench.soak_report import build_report, warmup_seconds
+from padoc_ray.bench.soak_traffic import MIX, Client, Shared, drain_jobs, soak_inputs, write_replay_truth
 
 ENGINES = ("noop", "vllm")
 
-#: request kinds and their shares of the client loop's picks (bad inputs about 1%)
-MIX = {"parse": 0.30, "stream": 0.20, "job": 0.17, "chat": 0.15, "disconnect": 0.06, "meta": 0.11, "bad": 0.01}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +65,6 @@ def replay_source(cfg: SoakConfig, examples_dir: str) -> str | None:
 def serve_flags(cfg: SoakConfig, examples_dir: str, inputs, tmp: str) -> list[str]:
     """The ``padoc-ray serve`` flags of the run (besides --model, --port and --job-store). With a
     replay truth, the generated PDFs' pages are added to it (a copy in ``tmp``)."""
-    from padoc_ray.bench.soak_traffic import write_replay_truth
 
     flags = ["--engine", cfg.engine]
     replay = replay_source(cfg, examples_dir)
@@ -78,7 +76,6 @@ def serve_flags(cfg: SoakConfig, examples_dir: str, inputs, tmp: str) -> list[st
 def run(cfg: SoakConfig, root: str, log: Callable[[str], None] = print) -> dict:
     """The whole soak; ``root``: the checkout (for examples/ and models/tiny). Returns the report."""
     from padoc_ray.bench.soak_procs import RssSampler, ServeProcess
-    from padoc_ray.bench.soak_traffic import Client, Shared, drain_jobs, soak_inputs
 
     model = cfg.model or os.path.join(root, "models", "tiny")
     if not os.path.isfile(os.path.join(model, "padoc_protocol.json")):

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from padoc_ray import status
-from padoc_ray.bench.serve_report import quantile
+from padoc_ray.perfmodel.table3 import quantile
 
 #: the classes a response falls in (:func:`classify`)
 OK, CLIENT_ERROR, SERVER_ERROR, BACKPRESSURE, NO_RESPONSE = "2xx", "4xx", "5xx", "503_retry_after", "no_response"

@@ -1,5 +1,5 @@
 """The soak benchmark's traffic: its inputs and one closed-loop HTTP client (blocking ``requests``
-in a thread), which picks a request kind from :data:`~padoc_ray.bench.soak.MIX` each round.
+in a thread), which picks a request kind from :data:`MIX` each round.
 
 Kinds: ``parse`` (sync /v1/parse), ``stream`` (NDJSON, read to its ``result`` line), ``job`` (create,
 poll, fetch the result; a quarter cancelled soon after creation), ``chat`` (one page image as a
@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 
 from padoc_ray import status
 from padoc_ray.bench.soak_report import JobTrace, Response
+
+#: request kinds and their shares of the client loop's picks (bad inputs about 1%)
+MIX = {"parse": 0.30, "stream": 0.20, "job": 0.17, "chat": 0.15, "disconnect": 0.06, "meta": 0.11, "bad": 0.01}
 
 CANCEL_SHARE = 0.25  #: jobs cancelled by the client soon after creation
 POLL_S = 0.3  #: job polling interval
@@ -129,8 +132,6 @@ class Shared:
 class Client:
     def __init__(self, shared: Shared, rng: random.Random, stop: threading.Event):
         import requests
-
-        from padoc_ray.bench.soak import MIX
 
         self.sh, self.rng, self.stop = shared, rng, stop
         self.s = requests.Session()

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .model.fitted import NEEDED_SERIES, fit_steps
+from padoc_ray.perfmodel.fitted import NEEDED_SERIES, fit_steps
 from .steps_series import EXTRA_SERIES, series_fits
 
 DEFAULT_BATCHES = (1, 4, 16, 64, 128, 256)

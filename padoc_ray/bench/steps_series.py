@@ -1,6 +1,6 @@
 """The step-time series beyond decode vs batch that ``padoc-ray bench steps`` measures for the engine model.
 
-The engine model (:mod:`padoc_ray.bench.model`) needs what a step costs as a function of its whole
+The engine model (:mod:`padoc_ray.perfmodel`) needs what a step costs as a function of its whole
 load, not only of its batch. Each series varies one thing on the real engine, everything else held:
 
 * ``prefill``: one request whose prompt of P text tokens is not cached (a cache salt of its own),
@@ -231,7 +231,7 @@ async def measure_vision(engine, prompt: Sequence[int], text: Callable[[int], li
 
 def series_fits(series: dict) -> dict:
     """Each series' own straight-line fit (in milliseconds), beside the joint model of :mod:`.model.fitted`."""
-    from .model.fitted import line_fit
+    from padoc_ray.perfmodel.fitted import line_fit
 
     fits = {}
     if "prefill" in series:

@@ -250,7 +250,7 @@ def cmd_bench_replay(args) -> int:
     import json
 
     from padoc_ray.bench.serve import ModeError, PageSetError, ServeBenchConfig, run
-    from padoc_ray.bench.serve_report import format_table, legacy_summary
+    from padoc_ray.perfmodel.table3 import format_table, legacy_summary
 
     for path, what in ((args.gt, "--gt"), (args.images, "--images"), (args.model, "--model")):
         if not os.path.exists(path):

@@ -1,4 +1,4 @@
-"""``bench model``: what a serving run will do before it starts (:mod:`padoc_ray.bench.model`)."""
+"""``bench model``: what a serving run will do before it starts (:mod:`padoc_ray.perfmodel`)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ def _fail(msg: str):
 
 def _step_time(args):
     """(step-time function, the envelope of its machine, image processor, what the report calls it)."""
-    from padoc_ray.bench.model.sim import Envelope
-    from padoc_ray.bench.model.trace import TraceError, image_processor
+    from padoc_ray.perfmodel.sim import Envelope
+    from padoc_ray.perfmodel.trace import TraceError, image_processor
 
     try:
         if args.steps:
-            from padoc_ray.bench.model.fitted import FittedStepTime
+            from padoc_ray.perfmodel.fitted import FittedStepTime
             from padoc_ray.engine.config import cpu_engine_config
 
             st = FittedStepTime.from_steps_json(args.steps)
@@ -36,7 +36,7 @@ def _step_time(args):
                             max_num_batched_tokens=eng.get("max_num_batched_tokens") or cpu.max_num_batched_tokens,
                             block_size=eng.get("block_size") or cpu.block_size)
             return st, base, image_processor(args.model), f"step time fitted on this machine: {args.steps}"
-        from padoc_ray.bench.model.roofline import RooflineStepTime, kv_cache_blocks, model_shape
+        from padoc_ray.perfmodel.roofline import RooflineStepTime, kv_cache_blocks, model_shape
 
         shape = model_shape(args.model_config)
         st = RooflineStepTime(args.gpu, shape)
@@ -57,7 +57,7 @@ def _steps_probe(path: str | None) -> dict | None:
 
 def _page_sizes(path: str) -> list[tuple[int, int]]:
     """(width, height) of every page in an OmniDocBench-format ground truth's page_info."""
-    from padoc_ray.bench.model.trace import TraceError, read_truth
+    from padoc_ray.perfmodel.trace import TraceError, read_truth
 
     entries = read_truth(path, "--page-sizes")
     sizes = [(t.page.width, t.page.height) for t in entries if t.page is not None and t.page.width and t.page.height]
@@ -68,11 +68,11 @@ def _page_sizes(path: str) -> list[tuple[int, int]]:
 
 def _traces(args, mp, proc, cfg, sched):
     """(traces, where the pages came from, where their image tokens came from)."""
-    from padoc_ray.bench.model.trace import TraceError, image_tokens_from_run, traces_from_gt
+    from padoc_ray.perfmodel.trace import TraceError, image_tokens_from_run, traces_from_gt
 
     try:
         if args.workload == "paper384":
-            from padoc_ray.bench.model.workload import paper384_traces
+            from padoc_ray.perfmodel.workload import paper384_traces
 
             sizes = _page_sizes(args.page_sizes) if args.page_sizes else None
             # the modeled model's processor with --gpu/--model-config; with --steps the paper's (Qwen3-VL's)
@@ -111,7 +111,7 @@ def _paper_envelopes(cfg, env):
 def cmd_bench_model(args) -> int:
     from dataclasses import asdict
 
-    from padoc_ray.bench.model.report import (
+    from padoc_ray.perfmodel.report import (
         ASSUMPTIONS,
         PAPER_TABLE3,
         ModelBenchConfig,
@@ -120,7 +120,7 @@ def cmd_bench_model(args) -> int:
         run_model,
         write_report,
     )
-    from padoc_ray.bench.model.workload import ASSUMPTIONS as WORKLOAD_ASSUMPTIONS
+    from padoc_ray.perfmodel.workload import ASSUMPTIONS as WORKLOAD_ASSUMPTIONS
     from padoc_ray.tokenizer import load_model_protocol
 
     if bool(args.gt) == bool(args.workload):
@@ -180,7 +180,7 @@ def cmd_bench_model(args) -> int:
 
 def register_model(bsub) -> None:
     """``bench model`` under the ``bench`` group's sub-parsers."""
-    from padoc_ray.bench.model.report import ModelBenchConfig
+    from padoc_ray.perfmodel.report import ModelBenchConfig
 
     p = add_command(
         bsub, "model", help="a discrete-event model of one engine: pages/s, P95, tokens/s and $ per page before a run",

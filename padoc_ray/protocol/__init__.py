@@ -29,7 +29,8 @@ from .hpd import HpdSpec, HpdVocab
 from .hpd_image import hpd_tile_grid
 from .page import Box, Page, PageFormatError, Region, load_omnidocbench, page_from_omnidocbench, page_to_omnidocbench
 from .render import markdown_spans, to_json, to_markdown
-from .spec import SPEC_FILENAME, ProtocolError, ProtocolSpec, TextTokenizer, Vocab
+from .spec import SPEC_FILENAME, ProtocolError, ProtocolSpec, TextTokenizer
+from .vocab import Vocab
 
 __all__ = [
     "ERROR_CODES", "PaDocSample", "ParsedBranch", "RawRegion", "SerializeError", "StreamParser",

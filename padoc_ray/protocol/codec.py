@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from .page import Box, Page, Region
-from .spec import BOX_FIELDS, TextTokenizer, Vocab
+from .spec import BOX_FIELDS, TextTokenizer
+
+if TYPE_CHECKING:  # a Vocab builds this module's parsers: the module names it in annotations only
+    from .vocab import Vocab
 
 # ---- error codes (stable strings; they end up in Parquet rows and HTTP answers) -----------------
 TRUNCATED = "truncated"  # a stream ended without its end-of-stream token

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-from .spec import Vocab
+from .vocab import Vocab
 
 
 class Kind(IntEnum):

@@ -13,7 +13,7 @@ tokens. Its layout stream is text between special tokens::
 
 That is padoc-ray's fork rule (page prompt + layout tokens before the region's close + branch start)
 with ``<FORK>`` as the close and ``<CHILD>`` as the branch start, so the scheduler runs it unchanged:
-:class:`HpdVocab` offers what :class:`~padoc_ray.protocol.spec.Vocab` offers (ids, a stream parser,
+:class:`HpdVocab` offers what :class:`~padoc_ray.protocol.vocab.Vocab` offers (ids, a stream parser,
 boxes, content formats, serialization for teacher-forced replay).
 
 What the sources do not settle is a field of :class:`HpdSpec` with a documented default: the box
@@ -272,7 +272,7 @@ class HpdStreamParser(ParserBooks):
 @dataclass(frozen=True)
 class HpdVocab:
     """:class:`HpdSpec` bound to a tokenizer: the ids and rules the scheduler needs, under the names
-    the padoc :class:`~padoc_ray.protocol.spec.Vocab` uses (``region_open`` is ``<BLOCK>``,
+    the padoc :class:`~padoc_ray.protocol.vocab.Vocab` uses (``region_open`` is ``<BLOCK>``,
     ``region_close`` ``<FORK>``, ``branch_start`` ``<CHILD>``)."""
 
     family: ClassVar[str] = FAMILY

@@ -1,4 +1,7 @@
-"""The serving benchmark's figures and report files, from per-page results (pure aggregation).
+"""The serving report: the figures and files of the paper's Table 3, from per-page results (pure aggregation).
+
+Shared by what is measured (``bench serve``, ``bench http``, the soak) and what is modeled (``bench model``,
+:mod:`padoc_ray.perfmodel.report`), so both write the same rows and can be laid side by side.
 
 Input: one dict per timed page (see :func:`padoc_ray.bench.serve.page_result`) with at least
 ``page``, ``status``, ``valid``, ``e2e_s``, ``t_start``/``t_end`` (seconds from the run's start),
@@ -182,7 +185,8 @@ def add_pairs(rows: list[dict], results: dict[tuple[str, int], list[dict]]) -> N
 
 
 # ---- report.md ------------------------------------------------------------------------------------------
-def _f(x, n: int = 3) -> str:
+def fmt(x, n: int = 3) -> str:
+    """A table cell: ``x`` rounded to ``n`` places, "-" for None (what every report table here writes)."""
     return "-" if x is None else f"{x:.{n}f}"
 
 
@@ -215,8 +219,8 @@ def table3_lines(by: dict, cs: Sequence[int], modes: Sequence[str], extras: dict
                 ch = None
                 if m == "fork" and s and s.get(key) and r.get(key) is not None:
                     ch = r[key] / s[key] - 1
-                extra = [_f(r.get(k), n) for k in (extras or {}).get(key, ()) if k in r]
-                cells.append(_f(r.get(key), n) + _pct(ch) + (f" [{' / '.join(extra)}]" if extra else ""))
+                extra = [fmt(r.get(k), n) for k in (extras or {}).get(key, ()) if k in r]
+                cells.append(fmt(r.get(key), n) + _pct(ch) + (f" [{' / '.join(extra)}]" if extra else ""))
             lines.append(f"| {label} | {m} | " + " | ".join(cells) + " |")
     return lines
 
@@ -251,22 +255,22 @@ def format_markdown(report: dict) -> str:
                 continue
             sp = ""
             if r.get("paired_median_speedup") is not None:
-                sp = (f"{_f(r['paired_median_speedup'], 2)}x ({_f(r['paired_p25_speedup'], 2)}-"
-                      f"{_f(r['paired_p75_speedup'], 2)}), n={r['paired_pages']}")
+                sp = (f"{fmt(r['paired_median_speedup'], 2)}x ({fmt(r['paired_p25_speedup'], 2)}-"
+                      f"{fmt(r['paired_p75_speedup'], 2)}), n={r['paired_pages']}")
             st = ", ".join(f"{k} {v}" for k, v in r["statuses"].items())
-            lines.append(f"| {c} | {m} | {r['valid_pages']} / {r['pages']} | {_f(r['valid_pages_per_s'])} | "
-                         f"{_f(r['p50_e2e_s'], 2)} | {_f(r['p90_e2e_s'], 2)} | {_f(r['p95_e2e_s'], 2)} | "
-                         f"{_f(r['p99_e2e_s'], 2)} | {_f(r['mean_output_tokens_per_s'], 0)} | "
-                         f"{_f(r['peak_output_tokens_per_s'], 0)} ({_f(r['peak_window_s'], 1)}) | "
-                         f"{_f(r['prefix_cache_hit_rate'])} | {sp} | {st} |")
+            lines.append(f"| {c} | {m} | {r['valid_pages']} / {r['pages']} | {fmt(r['valid_pages_per_s'])} | "
+                         f"{fmt(r['p50_e2e_s'], 2)} | {fmt(r['p90_e2e_s'], 2)} | {fmt(r['p95_e2e_s'], 2)} | "
+                         f"{fmt(r['p99_e2e_s'], 2)} | {fmt(r['mean_output_tokens_per_s'], 0)} | "
+                         f"{fmt(r['peak_output_tokens_per_s'], 0)} ({fmt(r['peak_window_s'], 1)}) | "
+                         f"{fmt(r['prefix_cache_hit_rate'])} | {sp} | {st} |")
     stepped = [by[(m, c)] for c in cs for m in modes if (m, c) in by and by[(m, c)].get("engine_steps")]
     if stepped:
         lines += ["", "## The engine's steps (its scheduler's own counters)", "",
                   "| C | mode | steps | mean step ms | mean running seqs | mean waiting seqs | preempted | "
                   "prefill tokens |", "|---|---|---|---|---|---|---|---|"]
         for r in stepped:
-            lines.append(f"| {r['concurrency']} | {r['mode']} | {r['engine_steps']} | {_f(r['mean_step_ms'], 2)} | "
-                         f"{_f(r['mean_running_seqs'], 1)} | {_f(r['mean_waiting_seqs'], 1)} | "
+            lines.append(f"| {r['concurrency']} | {r['mode']} | {r['engine_steps']} | {fmt(r['mean_step_ms'], 2)} | "
+                         f"{fmt(r['mean_running_seqs'], 1)} | {fmt(r['mean_waiting_seqs'], 1)} | "
                          f"{r['preempted_requests']} | {r['prefill_tokens']} |")
     fork = [by[("fork", c)] for c in cs if ("fork", c) in by]
     if fork:
@@ -277,10 +281,10 @@ def format_markdown(report: dict) -> str:
         for r in fork:
             med = r.get("paired_median_speedup")
             lines.append(
-                f"| {r['concurrency']} | {r['step_pages']} | {_f(r['median_f_seq'], 1)} | {_f(r['median_f_padoc'], 1)} | "
+                f"| {r['concurrency']} | {r['step_pages']} | {fmt(r['median_f_seq'], 1)} | {fmt(r['median_f_padoc'], 1)} | "
                 f"{_share(r['median_step_reduction'])} ({_share(r['p25_step_reduction'])}-"
-                f"{_share(r['p75_step_reduction'])}) | {_f(r['median_sequential_run_steps'], 1)} | "
-                f"{_f(med, 2)}x ({_f(r.get('paired_p25_speedup'), 2)}-{_f(r.get('paired_p75_speedup'), 2)}) | "
+                f"{_share(r['p75_step_reduction'])}) | {fmt(r['median_sequential_run_steps'], 1)} | "
+                f"{fmt(med, 2)}x ({fmt(r.get('paired_p25_speedup'), 2)}-{fmt(r.get('paired_p75_speedup'), 2)}) | "
                 f"{_share(1 - 1 / med if med else None)} |")
     if report.get("plots"):
         lines += ["", "## Figure 2 analogue", ""] + [f"![{p}]({p})" for p in report["plots"]]
@@ -349,10 +353,10 @@ def format_table(summary: dict) -> str:
             m = block[mode]
             sp = red = ""
             if mode == "fork" and paired:
-                sp = (f"{_f(paired['median_speedup'], 2)}x ({_f(paired['p25_speedup'], 2)}-"
-                      f"{_f(paired['p75_speedup'], 2)}), n={paired['paired_pages']}")
-                red = _f(paired.get("median_step_reduction"), 3)
-            rows.append(f"| {c} | {mode} | {_f(m['pages_per_s'])} | {_f(m['valid_pages_per_s'])} | "
-                        f"{_f(m['p50_e2e_s'], 2)} | {_f(m['p95_e2e_s'], 2)} | {_f(m['output_tokens_per_s'], 0)} | "
-                        f"{_f(m['prefix_cache_hit_rate'])} | {sp} | {red} |")
+                sp = (f"{fmt(paired['median_speedup'], 2)}x ({fmt(paired['p25_speedup'], 2)}-"
+                      f"{fmt(paired['p75_speedup'], 2)}), n={paired['paired_pages']}")
+                red = fmt(paired.get("median_step_reduction"), 3)
+            rows.append(f"| {c} | {mode} | {fmt(m['pages_per_s'])} | {fmt(m['valid_pages_per_s'])} | "
+                        f"{fmt(m['p50_e2e_s'], 2)} | {fmt(m['p95_e2e_s'], 2)} | {fmt(m['output_tokens_per_s'], 0)} | "
+                        f"{fmt(m['prefix_cache_hit_rate'])} | {sp} | {red} |")
     return "\n".join(rows)

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from padoc_ray.bench.serve_report import STEP_FIGURES, _f, add_pairs, mode_row, plot_report, table3_lines
+from padoc_ray.perfmodel.table3 import STEP_FIGURES, add_pairs, fmt, mode_row, plot_report, table3_lines
 
 from .plan import plan_page
 from .sim import Envelope, simulate
@@ -231,12 +231,12 @@ def format_markdown(report: dict) -> str:
             if r is None:
                 continue
             lines.append(
-                f"| {c} | {m} | {r['valid_pages']} / {r['pages']} | {_f(r['valid_pages_per_s'])} | "
-                f"{_f(r['p50_e2e_s'], 2)} | {_f(r['p95_e2e_s'], 2)} | {_f(r['tokens_per_s'], 0)} | "
-                f"{_f(r['peak_output_tokens_per_s'], 0)} | {r['steps']} | {_f(r['mean_batch'], 1)} | "
-                f"{_f(r['engine_utilization'], 2)} ({_f(r['seq_fill'], 2)} / {_f(r['token_fill'], 2)}) | "
-                f"{_f(r['prefix_cache_hit_rate'])} | {_f(r.get('usd_per_million_pages'), 2)} | "
-                f"{_f(r.get('measured_over_modeled'))} | {_f(r.get('modeled_over_paper'))} |")
+                f"| {c} | {m} | {r['valid_pages']} / {r['pages']} | {fmt(r['valid_pages_per_s'])} | "
+                f"{fmt(r['p50_e2e_s'], 2)} | {fmt(r['p95_e2e_s'], 2)} | {fmt(r['tokens_per_s'], 0)} | "
+                f"{fmt(r['peak_output_tokens_per_s'], 0)} | {r['steps']} | {fmt(r['mean_batch'], 1)} | "
+                f"{fmt(r['engine_utilization'], 2)} ({fmt(r['seq_fill'], 2)} / {fmt(r['token_fill'], 2)}) | "
+                f"{fmt(r['prefix_cache_hit_rate'])} | {fmt(r.get('usd_per_million_pages'), 2)} | "
+                f"{fmt(r.get('measured_over_modeled'))} | {fmt(r.get('modeled_over_paper'))} |")
     compared = [by[(m, c)] for c in cs for m in modes if by.get((m, c), {}).get("measured_engine_steps")]
     if compared:
         lines += ["", "## Measured against modeled, step by step", "",
@@ -250,12 +250,12 @@ def format_markdown(report: dict) -> str:
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in compared:
             lines.append(
-                f"| {r['concurrency']} | {r['mode']} | {_f(r['measured_over_modeled'])} | "
-                f"{r['measured_engine_steps']} ({r['engine_steps']}) | {_f(r['measured_mean_step_ms'], 2)} "
-                f"({_f(r['mean_step_ms'], 2)}) | {_f(r['measured_mean_running_seqs'], 1)} "
-                f"({_f(r['mean_running_seqs'], 1)}) | {_f(r['measured_mean_waiting_seqs'], 1)} | "
+                f"| {r['concurrency']} | {r['mode']} | {fmt(r['measured_over_modeled'])} | "
+                f"{r['measured_engine_steps']} ({r['engine_steps']}) | {fmt(r['measured_mean_step_ms'], 2)} "
+                f"({fmt(r['mean_step_ms'], 2)}) | {fmt(r['measured_mean_running_seqs'], 1)} "
+                f"({fmt(r['mean_running_seqs'], 1)}) | {fmt(r['measured_mean_waiting_seqs'], 1)} | "
                 f"{r['measured_preempted_requests']} | {r['measured_prefill_tokens']} ({r['prefill_tokens']}) | "
-                f"{_f(r.get('machine_speed_ratio'))} | {_f(r.get('measured_over_modeled_at_cell_speed'))} |")
+                f"{fmt(r.get('machine_speed_ratio'))} | {fmt(r.get('measured_over_modeled_at_cell_speed'))} |")
         probe = (report.get("compare") or {}).get("speed_probe")
         if probe:
             lines += ["", f"Speed probe: {probe}."]
@@ -265,9 +265,9 @@ def format_markdown(report: dict) -> str:
                   "| C | fork / sequential pages/s | paper's | paired median speedup | median F_seq | median F_PaDoc |",
                   "|---|---|---|---|---|---|"]
         for r in fork:
-            lines.append(f"| {r['concurrency']} | {_f(r.get('valid_pages_per_s_vs_sequential'))} | "
-                         f"{_f(r.get('paper_fork_over_sequential'))} | {_f(r.get('paired_median_speedup'), 2)}x | "
-                         f"{_f(r.get('median_f_seq'), 1)} | {_f(r.get('median_f_padoc'), 1)} |")
+            lines.append(f"| {r['concurrency']} | {fmt(r.get('valid_pages_per_s_vs_sequential'))} | "
+                         f"{fmt(r.get('paper_fork_over_sequential'))} | {fmt(r.get('paired_median_speedup'), 2)}x | "
+                         f"{fmt(r.get('median_f_seq'), 1)} | {fmt(r.get('median_f_padoc'), 1)} |")
     lines += ["", "engine_utilization: the time-weighted mean over steps of the larger of running sequences / "
                   "max_num_seqs and scheduled tokens / max_num_batched_tokens (how full the binding limit was; "
                   "the engine itself is never idle in the model).", "", "## Assumptions", ""]
