@@ -180,3 +180,23 @@ def test_a_job_stored_with_the_old_vocabulary_reads_as_today(tmp_path):
     for old, new in status.LEGACY_DOCUMENT_STATUSES.items():
         store.put({**st, "status": status.JOB_DONE, "document_status": old})  # signed as jobs always were
         assert store.get(st["id"])["document_status"] == new
+
+
+def test_serve_error_codes_are_spelled_only_in_serve_errors_py():
+    """Serve's request-level codes (``padoc_ray/serve/errors.py``'s constants) appear as string literals
+    nowhere else in the package: every route refers to the one home of its code (docstrings aside)."""
+    from padoc_ray.serve import errors
+
+    codes = {v for k, v in vars(errors).items() if k.isupper() and isinstance(v, str)} - {errors.ERROR}
+    assert {"too_many_jobs", "job_cancelled", "bad_image_url", "not_found"} <= codes
+    offenders = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG).as_posix()
+        if rel == "serve/errors.py" or rel.startswith("compat/"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docs = _docstrings(tree)
+        keys = {id(k) for node in ast.walk(tree) if isinstance(node, ast.Dict) for k in node.keys if k is not None}
+        offenders += [f"padoc_ray/{rel}:{n.lineno}: {n.value!r}" for n in ast.walk(tree)
+                      if isinstance(n, ast.Constant) and n.value in codes and id(n) not in docs and id(n) not in keys]
+    assert not offenders, "serve error codes spelled outside serve/errors.py:\n" + "\n".join(offenders)

@@ -158,7 +158,7 @@ def make_ingress(cfg: ServeConfig):
             except EngineBusy:  # loaded, not broken: stay in rotation
                 return {**ready, "engine": "busy"}
             except Exception as e:  # noqa: BLE001
-                return JSONResponse({"status": "not_ready", "reason": type(e).__name__}, status_code=503,
+                return JSONResponse({"status": errors.NOT_READY, "reason": type(e).__name__}, status_code=503,
                                     headers={"Retry-After": "5"})
             # other clients' activity is nobody's business but the operator's (or everyone's, without auth)
             return {**ready, "engine": stats} if authenticated(request.scope, guard) else ready
@@ -254,7 +254,7 @@ def make_ingress(cfg: ServeConfig):
             except BadRequest as e:
                 return self._fail("jobs", e)
             except TooManyJobs as e:
-                return self._answer("jobs", errors.error(429, "too_many_jobs", str(e), headers={"Retry-After": "30"}))
+                return self._answer("jobs", errors.error(429, errors.TOO_MANY_JOBS, str(e), headers={"Retry-After": "30"}))
             where = f"{request.scope.get('root_path', '')}/v1/jobs/{view['id']}"
             return self._answer("jobs", JSONResponse(view, status_code=202, headers={"Location": where}))
 
@@ -271,7 +271,7 @@ def make_ingress(cfg: ServeConfig):
         @api.get("/v1/jobs/{job_id}", summary="a job's progress")
         async def get_job(self, job_id: str, request: Request):
             view = await self.jobs.view(job_id, request.state.tenant)
-            return view if view is not None else errors.error(404, "job_not_found", "no such job")
+            return view if view is not None else errors.error(404, errors.JOB_NOT_FOUND, "no such job")
 
         @api.get("/v1/jobs/{job_id}/result", summary="a finished job's result (as /v1/parse answers)")
         async def job_result(self, job_id: str, request: Request, format: Format | None = None,
@@ -279,7 +279,7 @@ def make_ingress(cfg: ServeConfig):
                                                 "no page image: jobs keep none)")):
             got = await self.jobs.rows(job_id, request.state.tenant)
             if got is None:
-                return errors.error(404, "job_not_found", "no such job")
+                return errors.error(404, errors.JOB_NOT_FOUND, "no such job")
             st, page_rows = got
             refused = result_refusal(st, status.http_status)
             if refused is not None:
@@ -292,7 +292,7 @@ def make_ingress(cfg: ServeConfig):
         @api.delete("/v1/jobs/{job_id}", summary="cancel a job: its engine work stops")
         async def cancel_job(self, job_id: str, request: Request):
             view = await self.jobs.cancel(job_id, request.state.tenant)
-            return view if view is not None else errors.error(404, "job_not_found", "no such job")
+            return view if view is not None else errors.error(404, errors.JOB_NOT_FOUND, "no such job")
 
         # ---- OpenAI-compatible ----
         @api.post("/v1/chat/completions", summary="OpenAI-compatible: a page image in, its Markdown out")

@@ -11,7 +11,9 @@ import os
 import re
 
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse
+
+from padoc_ray.serve import errors
 
 #: the Swagger UI files a page needs (nothing else of the bundle's folder is served)
 ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "favicon-32x32.png": "image/png"}
@@ -49,6 +51,6 @@ def page(request, title: str):
 
 def asset(name: str):
     if name not in ASSETS:
-        return JSONResponse({"error": {"code": "not_found", "message": "no such asset"}}, status_code=404)
+        return errors.error(404, errors.NOT_FOUND, "no such asset")
     return FileResponse(os.path.join(_folder(), name), media_type=ASSETS[name],
                         headers={"Cache-Control": "public, max-age=86400"})

@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator
 from padoc_ray.output import rows
 from padoc_ray.raster import DocFailed, IsolatedRenderer, RendererConfig, decode_image
 from padoc_ray.raster.document import DocumentItem, PageChoice, document_rows
+from padoc_ray.serve import errors
 from padoc_ray.serve.fair import FairGate
 from padoc_ray.status import PAGE_OUT_OF_RANGE, RENDER_FAILED, TOO_MANY_PAGES, http_status
 from padoc_ray.status import document_status as status_rollup
@@ -44,7 +45,7 @@ def parse_page_spec(spec: str | None, limit: int) -> tuple[int, ...] | None:
         return rows.parse_page_ranges(spec, limit)
     except rows.PageRangeError as e:
         raise BadRequest(TOO_MANY_PAGES, f"pages: {e}", http_status(TOO_MANY_PAGES)) if e.too_many else \
-            BadRequest("bad_pages", f"pages: {e}", 422) from None
+            BadRequest(errors.BAD_PAGES, f"pages: {e}", 422) from None
 
 
 def page_choice(wanted: tuple[int, ...] | None, max_pages: int) -> PageChoice:

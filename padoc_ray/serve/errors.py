@@ -40,6 +40,8 @@ STREAM_UNSUPPORTED = "stream_unsupported"  #: chat: stream=true
 MODEL_NOT_FOUND = "model_not_found"  #: chat: a model other than the served one
 JOB_NOT_FOUND = "job_not_found"  #: 404: no such job (or another tenant's)
 JOB_NOT_FINISHED = "job_not_finished"  #: 409: the job's result is not ready (with Retry-After)
+JOB_CANCELLED = "job_cancelled"  #: 409: the job was cancelled: it has no result
+TOO_MANY_JOBS = "too_many_jobs"  #: 429: the service's or the tenant's job limits are reached (with Retry-After)
 ERROR = "error"  #: a framework error whose status has no code of its own
 
 #: the code of a framework error (an HTTPException without a code of its own), by status

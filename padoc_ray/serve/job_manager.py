@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 from padoc_ray import status
+from padoc_ray.serve import errors
 from padoc_ray.serve.documents import BadRequest
 from padoc_ray.serve.jobs import FINAL, InvalidJob, JobStore, tenant_key
 
@@ -65,8 +66,8 @@ def result_refusal(view: dict, error_status: Callable[[str], int]) -> Refusal | 
         code = err.get("code") or status.JOB_FAILED
         return Refusal(error_status(code), code, err.get("message", ""))
     if state == status.JOB_CANCELLED:
-        return Refusal(409, "job_cancelled", "the job was cancelled; it has no result")
-    return Refusal(409, "job_not_finished", f"the job is {state}", {"Retry-After": "2"})
+        return Refusal(409, errors.JOB_CANCELLED, "the job was cancelled; it has no result")
+    return Refusal(409, errors.JOB_NOT_FINISHED, f"the job is {state}", {"Retry-After": "2"})
 
 
 #: why a local run is stopped: a cancel (it ends ``cancelled``), the manager closing or a lost lease (it stays

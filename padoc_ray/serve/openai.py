@@ -24,7 +24,7 @@ def _image(body: ChatRequest) -> str:
     urls = [p.image_url.url for m in body.messages if isinstance(m.content, list)
             for p in m.content if p.type == "image_url" and p.image_url is not None]
     if len(urls) != 1:
-        raise BadRequest("one_image", f"send exactly one page image (image_url); got {len(urls)}")
+        raise BadRequest(errors.ONE_IMAGE, f"send exactly one page image (image_url); got {len(urls)}")
     return urls[0]
 
 
@@ -32,12 +32,12 @@ async def _document(url: str, cfg) -> tuple[bytes, str]:
     if url.startswith("data:"):
         header, sep, payload = url.partition(",")
         if not sep or ";base64" not in header:
-            raise BadRequest("bad_image_url", "image_url must be a base64 data URL or an allowed s3:// URI")
-        data, name = decode_base64(payload, "the data URL", "bad_image_url"), "image"
+            raise BadRequest(errors.BAD_IMAGE_URL, "image_url must be a base64 data URL or an allowed s3:// URI")
+        data, name = decode_base64(payload, "the data URL", errors.BAD_IMAGE_URL), "image"
     elif url.startswith("s3://"):
         data, name = await fetch_s3(url, cfg)
     else:
-        raise BadRequest("bad_image_url", "this service fetches no URLs: send a base64 data URL (or an allowed "
+        raise BadRequest(errors.BAD_IMAGE_URL, "this service fetches no URLs: send a base64 data URL (or an allowed "
                                           "s3:// URI)")
     check_size(data, cfg)
     return data, name
@@ -47,9 +47,9 @@ async def chat(body: ChatRequest, *, cfg, runner: DocumentRunner, tenant: str, m
     """``model_info``: the served checkpoint's family and modes (:func:`padoc_ray.serve.engine.model_info`);
     a ``padoc.mode`` it lacks gets 422 ``unsupported_mode`` before anything is rendered."""
     if body.stream:
-        return errors.openai_error(400, "stream_unsupported", "stream=true is not supported; send stream=false")
+        return errors.openai_error(400, errors.STREAM_UNSUPPORTED, "stream=true is not supported; send stream=false")
     if body.model not in (None, cfg.served_model_id):
-        return errors.openai_error(404, "model_not_found", f"the model {body.model!r} does not exist; see /v1/models")
+        return errors.openai_error(404, errors.MODEL_NOT_FOUND, f"the model {body.model!r} does not exist; see /v1/models")
     try:
         data, name = await _document(_image(body), cfg)
         padoc = body.padoc or PadocOptions()

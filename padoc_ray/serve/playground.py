@@ -19,8 +19,9 @@ from __future__ import annotations
 import html
 import os
 
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.responses import FileResponse, HTMLResponse
 
+from padoc_ray.serve import errors
 from padoc_ray.viewer.app import STATIC as VIEWER_STATIC
 from padoc_ray.viewer.pageview import page_view
 
@@ -53,7 +54,7 @@ def page(request, model: str) -> HTMLResponse:
 
 def asset(name: str):
     if name not in ASSETS:
-        return JSONResponse({"error": {"code": "not_found", "message": "no such asset"}}, status_code=404)
+        return errors.error(404, errors.NOT_FOUND, "no such asset")
     folder, media = ASSETS[name]
     return FileResponse(os.path.join(folder, name), media_type=media,
                         headers={"Cache-Control": "no-cache", **_HEADERS})

@@ -20,6 +20,7 @@ import time
 from typing import AsyncIterator
 
 from padoc_ray import metrics, status
+from padoc_ray.serve import errors
 from padoc_ray.serve.documents import BadRequest, document_status, row_json
 from padoc_ray.serve.runner import Document, DocumentRunner, RunOptions
 
@@ -43,7 +44,7 @@ def stream_mode(value: str | None) -> str | None:
         return PAGES
     if v == REGIONS:
         return REGIONS
-    raise BadRequest("bad_request", "stream is true, false or regions", 422)
+    raise BadRequest(errors.BAD_REQUEST, "stream is true, false or regions", 422)
 
 
 async def page_lines(runner: DocumentRunner, doc: Document, opt: RunOptions, budget: float, *,

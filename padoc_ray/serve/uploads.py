@@ -12,6 +12,7 @@ import binascii
 import os
 
 from padoc_ray import status
+from padoc_ray.serve import errors
 from padoc_ray.serve.config import ServeConfig
 from padoc_ray.serve.documents import BadRequest
 from padoc_ray.serve.runner import Document
@@ -73,28 +74,28 @@ async def read_document(request, cfg: ServeConfig) -> tuple[Document, dict]:
         try:
             body = ParseJSON.model_validate_json(await request.body())
         except ValueError as e:
-            raise BadRequest("bad_request", f"invalid JSON body: {str(e)[:500]}", 422) from None
+            raise BadRequest(errors.BAD_REQUEST, f"invalid JSON body: {str(e)[:500]}", 422) from None
         for k in OPTIONS:
             if getattr(body, k):
                 opts[k] = getattr(body, k)
         if (body.content_base64 is None) == (body.uri is None):
-            raise BadRequest("bad_request", "give exactly one of content_base64 and uri")
+            raise BadRequest(errors.BAD_REQUEST, "give exactly one of content_base64 and uri")
         if body.uri is not None:
             data, name = await fetch_s3(body.uri, cfg)
         else:
             data, name = decode_base64(body.content_base64, "content_base64"), "document"
         name = label(body.filename, name)
     else:
-        raise BadRequest("unsupported_media_type", "send multipart/form-data (field 'file') or application/json", 415)
+        raise BadRequest(errors.UNSUPPORTED_MEDIA_TYPE, "send multipart/form-data (field 'file') or application/json", 415)
     if opts["mode"] not in (None, "fork", "sequential"):
-        raise BadRequest("bad_request", "mode is fork or sequential", 422)
+        raise BadRequest(errors.BAD_REQUEST, "mode is fork or sequential", 422)
     if opts["format"] not in (None, "json", "markdown"):
-        raise BadRequest("bad_request", "format is json or markdown", 422)
+        raise BadRequest(errors.BAD_REQUEST, "format is json or markdown", 422)
     check_size(data, cfg)
     return Document(data, name), opts
 
 
-def decode_base64(text: str, what: str, code: str = "bad_request") -> bytes:
+def decode_base64(text: str, what: str, code: str = errors.BAD_REQUEST) -> bytes:
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
