@@ -175,7 +175,8 @@ class PageHost:
         a :class:`~padoc_ray.storage.StorageConfig`), with the teacher-forcing truth of ``replay_gt``
         (OmniDocBench-format ground truth) when given. Await it in the loop that will run pages."""
         from padoc_ray.groundtruth import truth_from_json
-        from padoc_ray.storage import StorageConfig, local_model_dir, read_bytes
+        from padoc_ray.storage import read_bytes, StorageConfig
+        from padoc_ray.modelstore import local_model_dir
 
         storage_cfg = storage_cfg if storage_cfg is not None else StorageConfig()
         truth = truth_from_json(read_bytes(replay_gt, storage_cfg)) if replay_gt else {}

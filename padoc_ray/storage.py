@@ -1,41 +1,28 @@
 """Where bytes live: local paths and ``s3://`` URIs through pyarrow filesystems.
 
-Listing inputs (a folder, a glob, an ``s3://bucket/prefix``, or a manifest file of URIs), reading
-one file's bytes, and fetching a model directory from S3 into a local cache. S3-compatible stores
+Reading one file's bytes (with a deadline, refusing a file that changes while it is read or, from a
+walked input folder, one reached through a link), writing bytes, URIs as keys, and S3 clients. Listing
+inputs is :mod:`padoc_ray.listing`'s, fetching a model from S3 :mod:`padoc_ray.modelstore`'s. S3-compatible stores
 are reached through an endpoint setting; credentials come from the standard AWS chain (env vars,
 config files, instance roles) as pyarrow's S3 client resolves them, with its standard retry
 strategy (exponential backoff) for transient errors. Knows nothing of PDFs, models or Ray.
 
-Inputs written by someone else are not trusted: a manifest may only name URIs under allowed
-prefixes (by default its own folder), URIs are normalized before they become keys, and a model
-copied from object storage refuses keys that would land outside its cache folder.
+Inputs written by someone else are not trusted: URIs are normalized before they become keys, and a
+read never follows what it was told not to follow.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import hashlib
-import json
 import logging
 import os
 import re
-import shutil
 import uuid
 from dataclasses import dataclass
-from typing import Sequence
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
 logger = logging.getLogger(__name__)
-
-#: listing sizes that are not sizes (each becomes a row with its own code, see pipeline/limits.py):
-MISSING = -1  #: a manifest line naming nothing (or a dangling link that is followed)
-DISALLOWED = -2  #: a manifest line naming a URI it may not name
-SYMLINK = -3  #: a symbolic link, not followed (--follow-symlinks is off)
-SYMLINK_OUTSIDE = -4  #: a symbolic link whose target is outside the input folder (never read)
-DUPLICATE = -5  #: a followed link to a file or folder listed already (listed once)
-NOT_REGULAR = -6  #: not a regular file: a FIFO, socket or device (never opened)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,6 +273,11 @@ class InputError(ValueError):
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
+def has_scheme(uri: str) -> bool:
+    """Whether ``uri`` starts with a scheme (``s3://``, ``http://``, ...): not a local path."""
+    return bool(_SCHEME.match(uri))
+
+
 def normalize_uri(uri: str) -> str:
     """The key form of a URI: an absolute, normalized local path (``./a.pdf`` and ``a.pdf`` are one
     file), or an ``s3://`` URI as given (object keys are literal)."""
@@ -310,223 +302,7 @@ def under_prefix(uri: str, prefix: str) -> bool:
     return u == p or u.startswith(p.rstrip(os.sep) + os.sep)
 
 
-def _parent(uri: str) -> str:
-    return uri.rsplit("/", 1)[0] if is_s3(uri) else os.path.dirname(os.path.abspath(uri))
-
-
-def manifest_entry(line: str, manifest: str, allowed: Sequence[str]) -> tuple[str, bool]:
-    """(normalized URI, whether the manifest may name it) for one manifest line.
-
-    A line without a scheme is relative to the manifest's folder: a local path in a local
-    manifest, a key in an ``s3://`` one. A line is allowed only when it lies under one of
-    ``allowed`` (default: the manifest's own folder, hence of the manifest's own scheme); other
-    schemes, and ``s3://`` keys with empty, ``.`` or ``..`` parts, never are.
-    """
-    if _SCHEME.match(line):
-        uri = line
-    elif is_s3(manifest):
-        uri = _parent(manifest) + "/" + line if not line.startswith("/") else line  # "/x": no key, refused below
-    else:
-        uri = os.path.normpath(os.path.join(_parent(manifest), line))
-    prefixes = [normalize_uri(p) for p in allowed] or [_parent(normalize_uri(manifest))]
-    ok = (not is_s3(uri) or s3_key_is_plain(uri)) and any(under_prefix(uri, p) for p in prefixes)
-    return uri, ok
-
-
-def is_manifest(spec: str) -> bool:
-    return spec.endswith((".txt", ".manifest")) and not any(c in spec for c in "*?")
-
-
-def walks_folder(spec: str) -> bool:
-    """Whether ``spec`` is listed by walking a local folder or glob, where a link is a row of its own (not a
-    manifest, one named file, or s3://): its files are read without following a link in their place."""
-    if is_s3(spec) or is_manifest(spec):
-        return False
-    last = spec.rstrip("/").rsplit("/", 1)[-1]
-    return any(c in last for c in "*?[") or os.path.isdir(spec)
-
-
-def walk_root(spec: str) -> str | None:
-    """The folder a folder or glob ``spec`` is walked from (every listed file is below it), else None."""
-    if not walks_folder(spec):
-        return None
-    spec = spec.rstrip("/") or "/"
-    folder, _, last = spec.rpartition("/")
-    if any(c in last for c in "*?["):
-        return os.path.abspath(folder or ("/" if spec.startswith("/") else "."))
-    return os.path.abspath(spec)
-
-
-def output_inside_input(input_spec: str, output: str) -> bool:
-    """Whether the job's outputs would be listed as its own inputs: ``output`` at or below a folder
-    ``--input`` (listed recursively), or equal to the folder of a glob (which lists that folder only)."""
-    if not input_spec or not output or is_manifest(input_spec):
-        return False
-    spec, out = input_spec.rstrip("/") or "/", normalize_uri(output)
-    folder, _, last = spec.rpartition("/")
-    if any(c in last for c in "*?["):
-        base = normalize_uri(folder or ("/" if spec.startswith("/") else "."))
-        return under_prefix(out, base) and under_prefix(base, out)
-    return under_prefix(out, normalize_uri(spec))
-
-
-def _walk_local(root: str, pattern: str | None, follow_symlinks: bool) -> list[tuple[str, int, int]]:
-    """Every entry below ``root`` (``pattern``: only its own entries matching it), without following
-    symbolic links unless asked, and then only to targets inside ``root``: nothing outside the input
-    folder is read, the walk ends (a folder is entered once, by device and inode), and no file is
-    listed twice (real paths first: links are followed after the plain walk, and a link to something
-    listed already is the duplicate). Entries not listed as files get a sentinel size (each a row)."""
-    import stat
-
-    root = os.path.abspath(root)
-    real_root = os.path.realpath(root)
-    st0 = os.stat(root)
-    out: list[tuple[str, int, int]] = []
-    seen_dirs, seen_files = {(st0.st_dev, st0.st_ino)}, set()
-    stack, links = [root], []
-
-    def take(path: str, st) -> None:
-        key = (st.st_dev, st.st_ino)
-        if stat.S_ISDIR(st.st_mode):
-            if pattern is None:  # a glob lists its folder's files only
-                seen_dirs.add(key)
-                stack.append(path)
-        elif stat.S_ISREG(st.st_mode):
-            seen_files.add(key)
-            out.append((path, st.st_size, st.st_mtime_ns // 1_000_000))
-        else:
-            out.append((path, NOT_REGULAR, -1))
-
-    while stack or links:
-        while stack:
-            folder = stack.pop()
-            try:
-                entries = sorted(os.scandir(folder), key=lambda e: e.name)
-            except OSError as e:
-                logger.warning("cannot list %s: %s", folder, e)
-                continue
-            for e in entries:
-                if e.name.startswith(".") or e.name.endswith(".tmp"):
-                    continue
-                if pattern is not None and not fnmatch.fnmatch(e.name, pattern):
-                    continue
-                try:
-                    if e.is_symlink():
-                        links.append(e.path) if follow_symlinks else out.append((e.path, SYMLINK, -1))
-                        continue
-                    take(e.path, e.stat(follow_symlinks=False))
-                except OSError:
-                    out.append((e.path, MISSING, -1))  # gone since its folder was read
-        links.sort()
-        while links and not stack:
-            path = links.pop(0)
-            if not under_prefix(os.path.realpath(path), real_root):
-                out.append((path, SYMLINK_OUTSIDE, -1))
-                continue
-            try:
-                st = os.stat(path)  # the target
-            except OSError:
-                out.append((path, MISSING, -1))  # dangling
-                continue
-            if (st.st_dev, st.st_ino) in (seen_dirs if stat.S_ISDIR(st.st_mode) else seen_files):
-                out.append((path, DUPLICATE, -1))
-            else:
-                take(path, st)
-    return sorted(out)
-
-
-def _mtime_ms(info) -> int:
-    """A FileInfo's modification time in ms since the epoch (-1: the store gives none)."""
-    ns = getattr(info, "mtime_ns", None)
-    return ns // 1_000_000 if ns is not None else -1
-
-
-def list_inputs(spec: str, cfg: StorageConfig = StorageConfig(), allowed_prefixes: Sequence[str] = (), *,
-                follow_symlinks: bool = False, mtimes: bool = False) -> list[tuple]:
-    """(uri, size) of every file named by ``spec``, sorted by uri; local URIs are absolute paths. With
-    ``mtimes``: (uri, size, modification time in ms since the epoch; -1 when unknown or for a sentinel
-    size). The batch job records size and time with each input's rows, and reads an input again when
-    either differs in a later listing (a file replaced under the same name).
-
-    A local folder or glob is walked without following symbolic links: each link is listed with
-    size :data:`SYMLINK` (a row of its own, never read). With ``follow_symlinks`` a link is
-    followed only when its target is inside the folder (else :data:`SYMLINK_OUTSIDE`), a folder is
-    entered once (a link back to one walked already, or to a file listed already, is
-    :data:`DUPLICATE`), so the walk ends and lists no file twice. FIFOs, sockets and devices are
-    :data:`NOT_REGULAR` (never opened).
-
-    ``spec`` is a folder or ``s3://bucket/prefix`` (every file below it, recursively), a glob
-    (``dir/*.pdf``; ``*`` and ``?`` within the last path part), or a manifest: a text file whose
-    name ends in ``.txt`` or ``.manifest`` holding one URI per line (``#`` comments allowed).
-    Manifest lines are checked by :func:`manifest_entry` against ``allowed_prefixes``: a line it
-    may not name gets size :data:`DISALLOWED` (and is never looked at), a missing file
-    :data:`MISSING`; the same file named twice is listed once.
-    """
-    out = _list(spec, cfg, allowed_prefixes, follow_symlinks)
-    return out if mtimes else [(u, size) for u, size, _ in out]
-
-
-def _list(spec: str, cfg: StorageConfig, allowed_prefixes: Sequence[str], follow_symlinks: bool) -> list[tuple]:
-    if is_manifest(spec):
-        text = read_bytes(spec, cfg).decode("utf-8")
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-        found: dict[str, tuple[int, int]] = {}
-        for line in lines:
-            uri, ok = manifest_entry(line, spec, allowed_prefixes)
-            if uri in found:
-                continue
-            if not ok:
-                found[uri] = (DISALLOWED, -1)
-                continue
-            fs, path = filesystem(uri, cfg)
-            info = fs.get_file_info(path)
-            if info.type == pafs.FileType.Unknown and not is_s3(uri):  # a FIFO, socket or device
-                found[uri] = (NOT_REGULAR, -1)
-                continue
-            found[uri] = (info.size, _mtime_ms(info)) if info.type == pafs.FileType.File else (MISSING, -1)
-        return sorted((u, size, t) for u, (size, t) in found.items())
-    pattern = None
-    base = spec
-    last = spec.rstrip("/").rsplit("/", 1)[-1]
-    if any(c in last for c in "*?["):
-        base, pattern = spec.rstrip("/").rsplit("/", 1)
-    fs, path = filesystem(base, cfg)
-    info = fs.get_file_info(path)
-    if info.type == pafs.FileType.File and pattern is None:
-        return [(normalize_uri(spec), info.size, _mtime_ms(info))]
-    if info.type == pafs.FileType.Unknown and pattern is None and not is_s3(base):
-        return [(normalize_uri(spec), NOT_REGULAR, -1)]
-    if info.type != pafs.FileType.Directory and not (is_s3(base) and info.type == pafs.FileType.NotFound):
-        raise InputError(f"--input {spec}: no such file or folder")
-    if not is_s3(base):
-        out = _walk_local(path, pattern, follow_symlinks)
-        if not out:
-            raise InputError(f"--input {spec}: no files found")
-        return out
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-    except OSError as e:
-        raise InputError(f"--input {spec}: cannot list it ({e})") from e
-    out = []
-    for fi in infos:
-        if fi.type != pafs.FileType.File:
-            continue
-        if pattern is not None and (os.path.dirname(fi.path.rstrip("/")) != path.rstrip("/")
-                                    or not fnmatch.fnmatch(fi.base_name, pattern)):
-            continue
-        if fi.base_name.startswith(".") or fi.base_name.endswith(".tmp"):
-            continue
-        out.append((to_uri(base, fi.path), fi.size, _mtime_ms(fi)))
-    if not out:
-        raise InputError(f"--input {spec}: no files found")
-    return sorted(out)
-
-
-# ---- models from object storage -------------------------------------------------------------------------
-class UnsafeKeyError(ValueError):
-    """An object key that would be written outside the folder it is copied into."""
-
-
+# ---- S3 clients -----------------------------------------------------------------------------------------
 def split_s3(uri: str) -> tuple[str, str]:
     """(bucket, key or prefix without a trailing slash)."""
     u = urlparse(uri)
@@ -541,106 +317,3 @@ def s3_client(cfg: StorageConfig = StorageConfig()):
 
     return boto3.client("s3", endpoint_url=cfg.resolved_endpoint(), region_name=cfg.resolved_region(),
                         config=Config(retries={"mode": "standard", "max_attempts": cfg.retry_attempts}))
-
-
-def relative_key(key: str, prefix: str) -> str | None:
-    """``key`` relative to the folder ``prefix``; None for the folder's own marker object.
-    Raises :class:`UnsafeKeyError` for a key that is not below ``prefix`` or whose relative part
-    is absolute or has an empty, ``.`` or ``..`` part."""
-    if not key.startswith(prefix + "/"):
-        raise UnsafeKeyError(f"{key!r} is not below {prefix!r}/")
-    rel = key[len(prefix) + 1:]
-    if rel == "":
-        return None
-    parts = rel.rstrip("/").split("/") if rel.endswith("/") else rel.split("/")
-    if rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
-        raise UnsafeKeyError(f"unsafe object key {key!r}: absolute, or an empty, '.' or '..' part")
-    return None if rel.endswith("/") else rel
-
-
-def _list_model(client, bucket: str, prefix: str) -> list[dict]:
-    """Every object of the model folder (key, rel, size, etag); raises UnsafeKeyError before
-    anything is written."""
-    out = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
-        for o in page.get("Contents", []):
-            rel = relative_key(o["Key"], prefix)
-            if rel is not None:
-                out.append({"key": o["Key"], "rel": rel, "size": int(o["Size"]), "etag": o.get("ETag", "")})
-    return sorted(out, key=lambda o: o["rel"])
-
-
-def _inside(folder: str, rel: str) -> str:
-    """The path of ``rel`` in ``folder``, checked to resolve below it."""
-    dest = os.path.join(folder, *rel.split("/"))
-    root = os.path.realpath(folder)
-    if not os.path.realpath(dest).startswith(root + os.sep):
-        raise UnsafeKeyError(f"{rel!r} resolves outside {folder}")
-    return dest
-
-
-def _download_model(client, bucket: str, objects: list[dict], folder: str) -> None:
-    for o in objects:
-        dest = _inside(folder, o["rel"])
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        client.download_file(bucket, o["key"], dest)
-        if os.path.getsize(dest) != o["size"]:
-            raise OSError(f"s3://{bucket}/{o['key']}: got {os.path.getsize(dest)} bytes, listed {o['size']}")
-
-
-#: where copies of s3:// models go (default ``~/.cache/padoc-ray/models``); one folder per node
-MODEL_CACHE_ENV = "PADOC_RAY_MODEL_CACHE"
-
-
-def model_cache_root() -> str:
-    return os.environ.get(MODEL_CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "padoc-ray", "models")
-
-
-def local_model_dir(uri: str, cfg: StorageConfig = StorageConfig(), cache_root: str | None = None) -> str:
-    """A local directory holding the model: ``uri`` itself, or a cached copy of an s3:// model.
-
-    The cache is keyed on the URI plus the listing (each object's key, size and ETag), so a model
-    updated at the same URI is fetched again. One process per node downloads (a file lock); the
-    others wait and reuse its copy. Objects are copied key by key, each checked to land inside
-    the copy's folder (keys that are absolute, empty or have a ``..`` part are refused before
-    anything is written), and a failed copy is removed.
-    """
-    from filelock import FileLock
-
-    if not is_s3(uri):
-        if not os.path.isdir(uri):
-            raise FileNotFoundError(f"model directory not found: {uri}")
-        return os.path.abspath(uri)
-    bucket, prefix = split_s3(uri)
-    client = s3_client(cfg)
-    try:
-        objects = _list_model(client, bucket, prefix)
-    except UnsafeKeyError as e:
-        raise UnsafeKeyError(f"model {uri}: {e}; refusing to copy it") from None
-    if not any(o["rel"] == "config.json" for o in objects):
-        raise FileNotFoundError(f"{uri} holds no config.json: not a model directory")
-    listing = json.dumps([uri, [[o["rel"], o["size"], o["etag"]] for o in objects]])
-    root = cache_root or model_cache_root()
-    os.makedirs(root, exist_ok=True)
-    dest = os.path.join(root, hashlib.sha256(listing.encode()).hexdigest()[:20])
-    done = os.path.join(dest, ".complete")
-    with FileLock(dest + ".lock"):
-        if os.path.exists(done):
-            return dest
-        # holding the lock, anything else of this key is a leftover of a killed copy
-        for name in os.listdir(root):
-            if name.startswith(os.path.basename(dest)) and (name.endswith(".tmp") or name == os.path.basename(dest)):
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-        tmp = f"{dest}.{os.getpid()}.tmp"
-        try:
-            os.makedirs(tmp)
-            _download_model(client, bucket, objects, tmp)
-            with open(os.path.join(tmp, ".source.json"), "w") as f:
-                f.write(listing)
-            os.replace(tmp, dest)
-            open(done, "w").close()
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    logger.info("copied model %s to %s (%d objects)", uri, dest, len(objects))
-    return dest

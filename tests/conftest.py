@@ -49,7 +49,7 @@ def own_model_cache(tmp_path_factory):
     """Copies of s3:// models go to a folder of this session (never ~/.cache/padoc-ray/models), so
     every run downloads the model from S3 again; set before any Ray cluster starts, so engine
     actors see it too."""
-    from padoc_ray.storage import MODEL_CACHE_ENV
+    from padoc_ray.modelstore import MODEL_CACHE_ENV
 
     root = tmp_path_factory.mktemp("model-cache")
     with pytest.MonkeyPatch.context() as mp:

@@ -23,7 +23,8 @@ from padoc_ray.pipeline import job, ledger, limits
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
 from padoc_ray.status import SKIPPED_CODES
-from padoc_ray.storage import DISALLOWED, StorageConfig
+from padoc_ray.storage import StorageConfig
+from padoc_ray.listing import DISALLOWED
 from tests.conftest import _env
 
 

@@ -14,18 +14,8 @@ import pytest
 
 from padoc_ray.pipeline import limits
 from padoc_ray.pipeline.config import BatchConfig
-from padoc_ray.storage import (
-    DUPLICATE,
-    NOT_REGULAR,
-    SYMLINK,
-    SYMLINK_OUTSIDE,
-    ChangedDuringRead,
-    LinkAtRead,
-    NotRegularFile,
-    StorageConfig,
-    list_inputs,
-    read_bytes,
-)
+from padoc_ray.storage import ChangedDuringRead, LinkAtRead, NotRegularFile, read_bytes, StorageConfig
+from padoc_ray.listing import DUPLICATE, list_inputs, NOT_REGULAR, SYMLINK, SYMLINK_OUTSIDE
 
 from .pdf_factory import text_pdf
 

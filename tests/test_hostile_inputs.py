@@ -13,12 +13,13 @@ import threading
 import pytest
 
 from padoc_ray.pdf import ABSURD_PAGE_SIZE, TOO_MANY_FRAMES, PdfError, open_document
-from padoc_ray import storage
+from padoc_ray import modelstore
 from padoc_ray.pipeline import limits
 from padoc_ray.pipeline.limits import InputLimits
 from padoc_ray.output.rows import select_pages
-from padoc_ray.storage import (DISALLOWED, MISSING, StorageConfig, UnsafeKeyError, list_inputs,
-                                        local_model_dir, relative_key)
+from padoc_ray.storage import StorageConfig
+from padoc_ray.listing import DISALLOWED, list_inputs, MISSING
+from padoc_ray.modelstore import local_model_dir, relative_key, UnsafeKeyError
 
 from .conftest import ROOT
 
@@ -96,13 +97,13 @@ def test_model_cache_keys_on_the_listing_downloads_once_and_cleans_failed_copies
     cfg = StorageConfig(endpoint=s3["endpoint"])
     cache = str(tmp_path / "cache")
     downloads = []
-    real = storage._download_model
+    real = modelstore._download_model
 
     def counting(*a, **kw):
         downloads.append(1)
         return real(*a, **kw)
 
-    monkeypatch.setattr(storage, "_download_model", counting)
+    monkeypatch.setattr(modelstore, "_download_model", counting)
     # several actors on one node ask at once: one download, one copy
     got: list[str] = []
     threads = [threading.Thread(target=lambda: got.append(local_model_dir("s3://models-ok/tiny", cfg, cache)))
@@ -126,11 +127,11 @@ def test_model_cache_keys_on_the_listing_downloads_once_and_cleans_failed_copies
         real(client, bucket, objects[:1], folder)
         raise OSError("connection reset")
 
-    monkeypatch.setattr(storage, "_download_model", failing)
+    monkeypatch.setattr(modelstore, "_download_model", failing)
     with pytest.raises(OSError, match="connection reset"):
         local_model_dir("s3://models-ok/tiny", cfg, cache)
     assert not [n for n in os.listdir(cache) if n.endswith(".tmp")]
-    monkeypatch.setattr(storage, "_download_model", real)
+    monkeypatch.setattr(modelstore, "_download_model", real)
     third = local_model_dir("s3://models-ok/tiny", cfg, cache)
     assert open(os.path.join(third, "weights", "w.bin"), "rb").read() == b"C" * 1300
     assert os.path.exists(os.path.join(third, ".complete"))

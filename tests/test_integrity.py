@@ -361,7 +361,7 @@ def _row(uri, page, count, code=None, t=0):
 
 def test_plan_retries_failed_reads_and_missing_files_and_keeps_other_verdicts():
     from padoc_ray.pipeline.job import plan
-    from padoc_ray.storage import DISALLOWED
+    from padoc_ray.listing import DISALLOWED
 
     existing = rows.to_table([
         _row("read", -1, None, "read_failed"),

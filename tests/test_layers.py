@@ -12,7 +12,7 @@ PKG = pathlib.Path(__file__).resolve().parent.parent / "padoc_ray"
 #: bottom to top; a part is a top-level module or sub-package of padoc_ray
 LAYERS: list[tuple[str, ...]] = [
     ("status", "storage", "protocol", "metrics", "compat", "pdf_draws"),  # import no other part
-    ("pdf", "groundtruth", "tokenizer", "ray_init", "lease"),
+    ("pdf", "groundtruth", "tokenizer", "ray_init", "lease", "listing", "modelstore"),
     ("engine", "output"),
     ("scheduler", "raster", "eval", "checkpoint"),
     ("host", "corpus", "trainer", "viewer"),  # viewer: Serve's page view draws with it

@@ -14,7 +14,8 @@ from padoc_ray.pipeline import ledger
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.output.reader import read_rows
 from padoc_ray.pipeline.job import plan, read_pages
-from padoc_ray.storage import InputError, list_inputs
+from padoc_ray.storage import InputError
+from padoc_ray.listing import list_inputs
 
 
 def _files(d, names):

@@ -299,7 +299,8 @@ def init_model(base: str, out: str, *, spec: ProtocolSpec | None = None, force: 
 
     Raises :class:`InitModelError` for a refused base or output, :class:`VerifyError` when vLLM
     cannot run the result (nothing is left at ``out`` then)."""
-    from padoc_ray.storage import StorageConfig, is_s3, local_model_dir
+    from padoc_ray.storage import is_s3, StorageConfig
+    from padoc_ray.modelstore import local_model_dir
 
     spec = spec or ProtocolSpec()
     out = os.path.abspath(out)

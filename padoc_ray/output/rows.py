@@ -136,7 +136,7 @@ def select_pages(page_count: int, ranges: Sequence[int] | None, max_pages: int |
 def base_row(*, run_id: str, uri: str, doc_id: str | None, page_index: int, page_count: int | None,
              mode: str, model_id: str, source_size: int | None = None, source_mtime: int | None = None) -> dict:
     """The fields every row of an input has; ``source_size`` / ``source_mtime`` (ms since the epoch) are the
-    listing's (see :func:`padoc_ray.storage.list_inputs`), None when unknown."""
+    listing's (see :func:`padoc_ray.listing.list_inputs`), None when unknown."""
     row = {f.name: None for f in PAGE_SCHEMA}
     row.update(run_id=run_id, processed_at=now(), doc_id=doc_id, source_uri=uri, page_index=page_index,
                page_count=page_count, mode=mode, model_id=model_id, valid=False, regions=[], spans=[],

@@ -10,7 +10,8 @@ from typing import Mapping
 from padoc_ray.host import HostConfig
 from padoc_ray.pdf import RenderConfig
 from padoc_ray.pipeline.limits import InputLimits
-from padoc_ray.storage import StorageConfig, output_inside_input
+from padoc_ray.storage import StorageConfig
+from padoc_ray.listing import output_inside_input
 from padoc_ray.raster import ENCODINGS, RendererConfig
 
 
@@ -27,7 +28,7 @@ class InputsConfig:
     #: manifest's own folder). Lines outside get a row with status disallowed_uri and are never read
     manifest_allow: tuple[str, ...] = ()
     #: follow symbolic links in an --input folder whose target is inside it (each folder entered once, no file
-    #: listed twice). Off: each link is a row with status symlink, never read (see padoc_ray.storage.list_inputs)
+    #: listed twice). Off: each link is a row with status symlink, never read (see padoc_ray.listing.list_inputs)
     follow_symlinks: bool = False
 
     def __post_init__(self) -> None:

@@ -31,7 +31,8 @@ from padoc_ray.output import commits, reader, rows
 from padoc_ray.pipeline import columns, keyindex, ledger, limits
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.lock import OutputLock
-from padoc_ray.storage import StorageConfig, filesystem, is_s3, join, list_inputs, write_bytes
+from padoc_ray.storage import filesystem, is_s3, join, StorageConfig, write_bytes
+from padoc_ray.listing import list_inputs
 
 logger = logging.getLogger(__name__)
 

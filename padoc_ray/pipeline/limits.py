@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from padoc_ray import storage
+from padoc_ray import listing
 from padoc_ray.pdf import PdfError
 from padoc_ray.raster.document import InputLimits  # noqa: F401 - the caps, re-exported for the batch job
 from padoc_ray.status import (  # noqa: F401 - the codes of this module's caps and refusals, re-exported
@@ -39,15 +39,15 @@ from padoc_ray.status import SYMLINK_OUTSIDE_INPUT as SYMLINK_OUTSIDE
 
 #: sizes the listing gives inputs it does not list as files (padoc_ray.storage), with their row
 _SENTINELS: dict[int, tuple[str, str]] = {
-    storage.DISALLOWED: (DISALLOWED_URI, "the manifest may not name this URI: only URIs under its own folder or a "
+    listing.DISALLOWED: (DISALLOWED_URI, "the manifest may not name this URI: only URIs under its own folder or a "
                                          "--manifest-allow prefix are read"),
-    storage.MISSING: (MISSING_FILE, "listed but not found (a manifest line naming nothing, or a dangling link)"),
-    storage.SYMLINK: (SYMLINK, "a symbolic link: not followed (--follow-symlinks follows links whose target is "
+    listing.MISSING: (MISSING_FILE, "listed but not found (a manifest line naming nothing, or a dangling link)"),
+    listing.SYMLINK: (SYMLINK, "a symbolic link: not followed (--follow-symlinks follows links whose target is "
                                "inside the input folder)"),
-    storage.SYMLINK_OUTSIDE: (SYMLINK_OUTSIDE, "a symbolic link to outside the input folder: never read"),
-    storage.DUPLICATE: (DUPLICATE_LINK, "a symbolic link to a file or folder listed already: parsed once, "
+    listing.SYMLINK_OUTSIDE: (SYMLINK_OUTSIDE, "a symbolic link to outside the input folder: never read"),
+    listing.DUPLICATE: (DUPLICATE_LINK, "a symbolic link to a file or folder listed already: parsed once, "
                                         "under its own path"),
-    storage.NOT_REGULAR: (NOT_REGULAR_FILE, "not a regular file (a FIFO, socket or device): never opened"),
+    listing.NOT_REGULAR: (NOT_REGULAR_FILE, "not a regular file (a FIFO, socket or device): never opened"),
 }
 #: codes decided from the listing alone: the driver writes these rows itself
 LISTING_CODES = frozenset({code for code, _ in _SENTINELS.values()} | {FILE_TOO_LARGE})
@@ -59,7 +59,7 @@ REFUSALS: tuple[tuple[int | None, str], ...] = (*((size, code) for size, (code, 
 def listing_refusal(size: int | None, limits: InputLimits) -> tuple[str, str] | None:
     """(code, message) when an input must not be queued, from its listed size alone."""
     if size is not None and size < 0:
-        return _SENTINELS.get(size, _SENTINELS[storage.MISSING])
+        return _SENTINELS.get(size, _SENTINELS[listing.MISSING])
     if size is not None and limits.max_file_bytes is not None and size > limits.max_file_bytes:
         return FILE_TOO_LARGE, (f"{size} bytes, over the limit of {limits.max_file_bytes} "
                                 f"(--file-size-limit-mb {limits.max_file_bytes / 2**20:g})")

@@ -51,7 +51,8 @@ from padoc_ray.output import rows
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.protocol.page import Page, page_to_omnidocbench
 from padoc_ray.status import OK
-from padoc_ray.storage import StorageConfig, filesystem, is_s3, join, list_inputs, read_bytes, write_bytes
+from padoc_ray.storage import filesystem, is_s3, join, read_bytes, StorageConfig, write_bytes
+from padoc_ray.listing import list_inputs
 
 logger = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from padoc_ray.output import rows
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline import limits
 from padoc_ray.pipeline.limits import listing_refusal
-from padoc_ray.storage import (ChangedDuringRead, LinkAtRead, LinkOutside, NotRegularFile, read_bytes, walk_root,
-                               walks_folder)
+from padoc_ray.storage import ChangedDuringRead, LinkAtRead, LinkOutside, NotRegularFile, read_bytes
+from padoc_ray.listing import walk_root, walks_folder
 from padoc_ray.raster import DocFailed, renderer_for
 from padoc_ray.raster.document import DocumentOpened, PageChoice, document_error_row, document_rows
 
