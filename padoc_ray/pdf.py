@@ -42,7 +42,7 @@ MAX_RENDER_PIXELS = 40_000_000
 #: a page that would draw more XObjects than this (in its content, its annotations' appearances,
 #: tiling patterns and Type 3 glyphs: :class:`DrawCounter`) is refused (page_too_complex) before
 #: pdfium renders it. pdfium spends ~5 us per draw here (a 10^5-draw page: 0.5 s, 10^6: 5 s; at 10^7
-#: it aborts). The most a page of the measured legitimate corpus draws is far below (README, issue 27)
+#: it aborts). The most a page of the measured legitimate corpus draws is far below (docs/batch.md, issue 27)
 MAX_PAGE_DRAWS = 1_000_000
 
 

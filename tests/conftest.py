@@ -1,7 +1,7 @@
 """Session fixtures: the tiny model is built once and one real CPU vLLM engine is started once
 (in a background event loop), shared by every test that asks for it.
 
-The suite is the proof of what the README claims, so a real component it needs and cannot find
+The suite is the proof of what README.md and docs/ claim, so a real component it needs and cannot find
 (vLLM, the shared OmniDocBench demo data in ``../shared``) fails the test that needs it; nothing is
 skipped for lack of it. Tests touch only what they start: their own Ray clusters (never ``ray
 stop``), their own ports, their own model cache (``PADOC_RAY_MODEL_CACHE``), and environment

@@ -149,7 +149,7 @@ def test_bench_serve_runs_the_tiny_engine_and_writes_the_report(cpu_engine, tiny
                                                                loop_thread, tmp_path, capsys):
     """The benchmark on the session's engine (no engine start of its own: `bench replay`'s test in
     test_commands runs the same code from the command line, engine and all)."""
-    from padoc_ray.bench.serve import DirectTarget, ServeBenchConfig, bench_truth, load_page_sets, run_bench
+    from padoc_ray.bench.serving.run import DirectTarget, ServeBenchConfig, bench_truth, load_page_sets, run_bench
     from padoc_ray.host import HostConfig, PageHost
 
     demo = require_demo_data()

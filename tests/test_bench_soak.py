@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from padoc_ray import status
-from padoc_ray.bench.soak_procs import process_label
-from padoc_ray.bench.soak_report import (
+from padoc_ray.bench.soak.procs import process_label
+from padoc_ray.bench.soak.report import (
     BACKPRESSURE,
     CLIENT_ERROR,
     MB,
@@ -175,7 +175,7 @@ def test_process_labels():
 # ---- inputs ----
 def test_inputs_and_the_replay_truth_of_the_generated_pdfs(tmp_path):
     """Every generated page is a copy of an example page, and the replay truth gives it that page's truth."""
-    from padoc_ray.bench.soak_traffic import soak_inputs, write_replay_truth
+    from padoc_ray.bench.soak.traffic import soak_inputs, write_replay_truth
 
     examples = os.path.join(ROOT, "examples")
     inputs = soak_inputs(examples)
@@ -226,7 +226,7 @@ def test_bench_fairness_refuses_bad_settings_before_starting_anything():
     p = subprocess.run([sys.executable, "-m", "padoc_ray.cli", "bench", "fairness", "--max-job-pages-in-flight", "0",
                         "--json", os.devnull], capture_output=True, text=True, env=_env(), timeout=120)
     assert p.returncode == 2 and "max_job_pages_in_flight must be >= 1" in p.stderr
-    from padoc_ray.bench.fairness import FairnessConfig
+    from padoc_ray.bench.serving.fairness import FairnessConfig
 
     with pytest.raises(ValueError, match="job_pages must be in 1..5000"):
         FairnessConfig(job_pages=6000)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from padoc_ray.bench.steps import (
+from padoc_ray.bench.steps.run import (
     StepsConfig,
     batching_gain_left,
     fit_linear,
@@ -56,7 +56,7 @@ def test_config_refuses_nonsense(kw, msg):
 def test_the_speed_probe_is_a_decode_row_at_its_batch(cpu_engine, model_protocol, loop_thread):
     """bench steps' and bench serve --speed-probe's probe: PROBE_BATCH requests decoding the forced tokens
     on the real engine, its median step in ms."""
-    from padoc_ray.bench.steps import PROBE_BATCH, speed_probe
+    from padoc_ray.bench.steps.run import PROBE_BATCH, speed_probe
 
     assert PROBE_BATCH == 16
     ms = loop_thread.run(speed_probe(cpu_engine, model_protocol, page_image(PAPER_PDF), tokens=4, repeat=1,
@@ -112,7 +112,7 @@ def test_the_model_series_on_the_real_engine(cpu_engine, model_protocol, loop_th
     """Prefill prompts are new to the cache, context prefixes are served from it, and a new image costs
     more than the same page cached; image tokens are what Qwen's processor makes of the image's size."""
     from padoc_ray.perfmodel.workload import image_tokens
-    from padoc_ray.bench.steps_series import measure_admit, measure_context, measure_prefill, measure_vision
+    from padoc_ray.bench.steps.series import measure_admit, measure_context, measure_prefill, measure_vision
 
     text = lambda n: forced_tokens(model_protocol.tokenizer, n)  # noqa: E731
     pre = loop_thread.run(measure_prefill(cpu_engine, text, (64, 512), 2), timeout=300)

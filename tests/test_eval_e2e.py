@@ -371,7 +371,7 @@ def test_demo_data_page_averages_agree_with_per_page_csv(tmp_path, capsys):
 
 
 def test_every_demo_page_value_equals_the_upstream_evaluators(tmp_path, capsys):
-    """The README's claim: on the demo pages every per-page value equals upstream OmniDocBench's
+    """The claim of docs/evaluation.md: on the demo pages every per-page value equals upstream OmniDocBench's
     (147cd5a, v1.6, quick_match, no CDM). Upstream's values were computed once with upstream's own
     evaluator and committed with their provenance (tests/data/make_upstream_e2e.py); a page upstream
     has no value for (no pair of that kind) has none here either."""

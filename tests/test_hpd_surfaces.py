@@ -40,7 +40,7 @@ def _truth(model_dir: str, name: str, page: int):
 
 # ---- what the surfaces know of the family (no engine) ----------------------------------------------------------
 def test_the_serve_and_bench_mode_checks_follow_the_family(tiny_hpd_dir, tiny_model_dir):
-    from padoc_ray.bench.serve import checkpoint_modes
+    from padoc_ray.bench.serving.run import checkpoint_modes
     from padoc_ray.serve.engine import mode_refusal, model_info
     from padoc_ray.tokenizer import load_model_protocol
 

@@ -25,7 +25,7 @@ print("ok")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-#: the pure core (README "Repository layout"): whole packages, every module in them, and single modules
+#: the pure core (docs/architecture.md, "Layers"): whole packages, every module in them, and single modules
 PURE_PACKAGES = ["padoc_ray.protocol", "padoc_ray.scheduler", "padoc_ray.eval.e2e", "padoc_ray.perfmodel"]
 PURE_MODULES = [
     "padoc_ray.engine", "padoc_ray.engine.interface", "padoc_ray.engine.config", "padoc_ray.engine.fake",

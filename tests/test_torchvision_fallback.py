@@ -7,7 +7,7 @@ cannot be swapped in inside this process. The fast (torchvision-backend) process
 PIL backend to within ``PIXEL_TOL`` (float32 rounding of transformers' fused rescale+normalize; the
 resized uint8 pixels themselves are checked to be bit-identical to Pillow's). ``PIXEL_TOL`` is one
 float32 unit in the last place at the normalized pixels' magnitude (|x| < 4: 2**-22 = 2.4e-7), the
-README's figure, and what the comparison measures (2.38e-7 for the Qwen2-VL processor, 5.9e-8 for
+docs/gpu.md's figure, and what the comparison measures (2.38e-7 for the Qwen2-VL processor, 5.9e-8 for
 the auto-loaded Qwen3-VL ones).
 """
 

@@ -92,7 +92,7 @@ def cmd_bench_driver(args) -> int:
 
 
 def cmd_bench_http(args) -> int:
-    from padoc_ray.bench.http import format_table, run
+    from padoc_ray.bench.serving.http import format_table, run
 
     for path, what in ((args.gt, "--gt"), (args.model, "--model")):
         if not os.path.exists(path):
@@ -190,7 +190,7 @@ def _host_cfg(args, pages_in_flight: int):
 
 
 def cmd_bench_serve(args) -> int:
-    from padoc_ray.bench.serve import ModeError, PageSetError, ServeBenchConfig, run
+    from padoc_ray.bench.serving.run import ModeError, PageSetError, ServeBenchConfig, run
 
     if len(args.gt) != len(args.images):
         die(f"--gt and --images pair up in order: got {len(args.gt)} --gt and {len(args.images)} --images")
@@ -227,7 +227,7 @@ def _service_bench(args, cls, run) -> dict:
 
 
 def cmd_bench_soak(args) -> int:
-    from padoc_ray.bench.soak import SoakConfig, run
+    from padoc_ray.bench.soak.run import SoakConfig, run
 
     report = _service_bench(args, SoakConfig, run)
     keys = ("requests", "http_5xx", "http_503_retry_after", "jobs_lost", "job_pages_duplicated")
@@ -237,7 +237,7 @@ def cmd_bench_soak(args) -> int:
 
 
 def cmd_bench_fairness(args) -> int:
-    from padoc_ray.bench.fairness import FairnessConfig, run
+    from padoc_ray.bench.serving.fairness import FairnessConfig, run
 
     report = _service_bench(args, FairnessConfig, run)
     print(json.dumps({k: report[k] for k in ("idle", "loaded", "p95_loaded_over_idle", "job")}, indent=2))
@@ -249,7 +249,7 @@ def cmd_bench_replay(args) -> int:
     output (summary.json, pages.jsonl, the table on stdout), plus report.json/report.md."""
     import json
 
-    from padoc_ray.bench.serve import ModeError, PageSetError, ServeBenchConfig, run
+    from padoc_ray.bench.serving.run import ModeError, PageSetError, ServeBenchConfig, run
     from padoc_ray.perfmodel.table3 import format_table, legacy_summary
 
     for path, what in ((args.gt, "--gt"), (args.images, "--images"), (args.model, "--model")):
@@ -274,7 +274,7 @@ def cmd_bench_replay(args) -> int:
 
 
 def cmd_bench_steps(args) -> int:
-    from padoc_ray.bench.steps import StepsConfig, format_report, run
+    from padoc_ray.bench.steps.run import StepsConfig, format_report, run
     from padoc_ray.pdf import PdfError
 
     if not os.path.isdir(args.model):
@@ -320,7 +320,7 @@ def register(sub) -> None:
     br.add_argument("--warmup", type=int, default=2, help="untimed warm-up pages per mode (default 2)")
     add_host_args(br)
     br.set_defaults(func=cmd_bench_replay)
-    from padoc_ray.bench.serve import ServeBenchConfig
+    from padoc_ray.bench.serving.run import ServeBenchConfig
 
     d = ServeBenchConfig()
     p = add_command(
@@ -341,7 +341,7 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output folder")
     add_host_args(p)
     p.set_defaults(func=cmd_bench_serve)
-    from padoc_ray.bench.steps import StepsConfig
+    from padoc_ray.bench.steps.run import StepsConfig
 
     from padoc_ray.bench import loops
 
@@ -446,7 +446,7 @@ def register(sub) -> None:
     bd.add_argument("--workers", type=int, default=2, help="processes building the synthetic output (default 2)")
     _add_json(bd)
     bd.set_defaults(func=cmd_bench_driver)
-    from padoc_ray.bench.soak import SoakConfig
+    from padoc_ray.bench.soak.run import SoakConfig
 
     bso = add_command(bsub, "soak", help="a long mixed-traffic run of the online endpoint: RSS slopes, 5xx, lost jobs",
                       description="Start `padoc-ray serve` (its own local Ray, a bearer token), run --clients "
@@ -462,7 +462,7 @@ def register(sub) -> None:
                                  "sample_interval_s", "drain_s", "seed"))
     bso.add_argument("--json", required=True, metavar="OUT.json", help="write the report here")
     bso.set_defaults(func=cmd_bench_soak)
-    from padoc_ray.bench.fairness import FairnessConfig
+    from padoc_ray.bench.serving.fairness import FairnessConfig
 
     bf = add_command(bsub, "fairness", help="one tenant's one-page latency while another tenant's long job runs",
                      description="Start `padoc-ray serve --tenant-header`, time tenant B's sequential one-page "

@@ -48,8 +48,7 @@ def _rst_to_md(text: str) -> str:
 
 def _md(text: str, *, cell: bool = False) -> str:
     """Plain text as Markdown that renders as written: ``*`` and a ``<`` that could open a tag escaped
-    outside code spans;
-    with ``cell``, one line with ``|`` escaped (a table cell)."""
+    outside code spans; with ``cell``, one line with ``|`` escaped (a table cell)."""
     text = str(text)
     if cell:
         text = " ".join(text.split())
@@ -126,8 +125,7 @@ def statuses_page() -> str:
         "",
         "## Page and document codes",
         "",
-        f"{len(st.CODES)} codes, in the order `padoc_ray/status.py` lists them "
-        "(the scheduler's verdicts, the host's and the online service's, rendering, then document codes).",
+        f"{len(st.CODES)} codes, in the order `padoc_ray/status.py` lists them.",
         "",
         "| code | tiers | meaning | retried by a rerun | HTTP status | content kept |",
         "|---|---|---|---|---|---|",
@@ -306,6 +304,7 @@ def flags_page(parser: argparse.ArgumentParser | None = None) -> str:
     if parser is None:
         from padoc_ray.cli import build_parser
 
+        build_parser()  # first imports run unpatched: a module must not keep the stand-ins past this page
         with _machine_neutral():
             parser = build_parser()
     commands = list(_commands(parser))

@@ -9,7 +9,7 @@ the tiny model's engine-core heaps, and ``malloc_trim(0)`` took its RSS from 1,3
 moving live data (returning 477 MB of freed 100 kB blocks took 40 ms here). In a 50-minute
 ``bench soak --engine vllm`` a release every 60 s kept the engine core about 80 MB lower (mean
 1,574 MB against 1,656 in the 60-minute run without it); it did not stop its slow creep (see the
-README's soak section).
+docs/results/2026-12-04-soak.md).
 
 Fixing the allocator instead costs throughput: a fixed mmap threshold (``MALLOC_TRIM_THRESHOLD_``,
 what dask sets for its workers) made the CPU engine 16-19% slower (fork, 32 pages at 16 in flight:

@@ -3,7 +3,7 @@
 Shared by what is measured (``bench serve``, ``bench http``, the soak) and what is modeled (``bench model``,
 :mod:`padoc_ray.perfmodel.report`), so both write the same rows and can be laid side by side.
 
-Input: one dict per timed page (see :func:`padoc_ray.bench.serve.page_result`) with at least
+Input: one dict per timed page (see :func:`padoc_ray.bench.serving.run.page_result`) with at least
 ``page``, ``status``, ``valid``, ``e2e_s``, ``t_start``/``t_end`` (seconds from the run's start),
 ``output_tokens``, ``prompt_tokens``, ``cached_tokens``, ``f_seq``, ``f_padoc``; and optionally
 generation-token counter samples ``[(t, tokens)]``. Output: the rows of ``report.json``, the

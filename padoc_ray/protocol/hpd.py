@@ -119,7 +119,7 @@ class HpdSpec:
     image_placeholder: str = IMAGE_PLACEHOLDER
     #: the space of the coordinates in ``[x1,y1,x2,y2]``: ``norm1000`` (integers 0-1000 of the page's
     #: width and height; the default, InternVL's grounding convention) or ``pixels`` (pixels of the image
-    #: as the model saw it, ``cols*448 x rows*448``). HPD's documentation does not say; see the README
+    #: as the model saw it, ``cols*448 x rows*448``). HPD's documentation does not say; see docs/protocol-and-models.md
     box_space: str = "norm1000"
     categories: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_CATEGORY_MAP))
     names: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_HPD_NAMES))

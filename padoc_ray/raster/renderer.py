@@ -60,7 +60,7 @@ class RendererConfig:
     doc_timeout_s: float | None = 600.0  #: all of a document's pages take at most this (None: no limit)
     #: renderer seconds per selected page: a document's limit is this times its selected pages, at
     #: least page_timeout_s, at most doc_timeout_s (None: doc_timeout_s alone). A legitimate page
-    #: renders in well under a second (the slowest measured: README, issue 27), so a 3-page document
+    #: renders in well under a second (the slowest measured: docs/batch.md, issue 27), so a 3-page document
     #: holds a raster slot for at most 120 s, not 600 s; 60 pages or more get the whole doc_timeout_s
     page_budget_s: float | None = 10.0
     crash_tries: int = 2  #: tries of a page whose renderer crashed, before it gets render_crashed

@@ -14,7 +14,7 @@ The parts (each usable and tested without Ray):
 :func:`build_app` turns a :class:`~padoc_ray.serve.config.ServeConfig` into the application (the
 FastAPI app and the ingress class are made per application, so nothing is shared through module
 globals); ``app_builder`` is what a Serve config file's ``import_path`` names. Endpoint reference:
-README "Online endpoint" and ``/docs`` on a running service.
+docs/serve.md and ``/docs`` on a running service.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ class ServeConfig:
     #: sha256 of more accepted bearer tokens, each its own tenant (PADOC_RAY_API_TOKEN holds them all,
     #: comma-separated; the first is token_sha256)
     extra_token_sha256: tuple[str, ...] = ()
-    # Serve deployment options (see README "Online endpoint")
+    # Serve deployment options (see docs/serve.md)
     engine_replicas: tuple[int, int] = (1, 1)  #: (min, max) engine replicas, autoscaled between
     #: autoscaling target: pages in flight per engine replica (a page is one engine call)
     target_ongoing_pages: int = 16

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 
 from padoc_ray import status
 
-# ---- request-level codes (README "Online endpoint") ------------------------------------------------
+# ---- request-level codes (docs/serve.md) ------------------------------------------------
 BAD_REQUEST = "bad_request"  #: 400/422: a malformed request (query, JSON, Content-Length, options)
 UNAUTHORIZED = "unauthorized"  #: 401: no valid bearer token (with ``WWW-Authenticate: Bearer``)
 BAD_HOST = "bad_host"  #: 400: a Host header naming none of the names the service answers to (DNS rebinding)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from padoc_ray.perfmodel.fitted import NEEDED_SERIES, fit_steps
-from .steps_series import EXTRA_SERIES, series_fits
+from .series import EXTRA_SERIES, series_fits
 
 DEFAULT_BATCHES = (1, 4, 16, 64, 128, 256)
 #: the speed probe's batch: sequences decoding at once in the probe :func:`speed_probe` runs (``bench steps``
@@ -221,7 +221,7 @@ def run(model: str, image_path: str, cfg: StepsConfig, *, engine_overrides: dict
     async def go() -> tuple[list[dict], dict]:
         from padoc_ray.engine.vllm_engine import VllmEngine
 
-        from . import steps_series as ss
+        from . import series as ss
 
         engine = VllmEngine(ecfg)
         try:

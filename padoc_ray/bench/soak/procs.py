@@ -28,8 +28,8 @@ import urllib.request
 import uuid
 from collections.abc import Sequence
 
-from padoc_ray.bench.http import _free_port
-from padoc_ray.bench.soak_report import RssSeries
+from padoc_ray.bench.serving.http import _free_port
+from padoc_ray.bench.soak.report import RssSeries
 
 #: the Ray worker titles that belong to the Serve application
 APP_TITLES = ("ServeController", "ProxyActor", "ServeReplica")
@@ -137,7 +137,7 @@ class ServeProcess:
         self.returncode: int | None = None
 
     def start(self) -> "ServeProcess":
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         env = dict(os.environ, PADOC_RAY_API_TOKEN=self.token, PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         env.pop("RAY_ADDRESS", None)  # its own local Ray, never one someone else started

@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from padoc_ray import status
-from padoc_ray.bench.soak_report import JobTrace, Response
+from padoc_ray.bench.soak.report import JobTrace, Response
 
 #: request kinds and their shares of the client loop's picks (bad inputs about 1%)
 MIX = {"parse": 0.30, "stream": 0.20, "job": 0.17, "chat": 0.15, "disconnect": 0.06, "meta": 0.11, "bad": 0.01}

@@ -37,7 +37,7 @@ from padoc_ray.perfmodel.table3 import (
     plot_report,
     quantile,
 )
-from padoc_ray.bench.steps import StepsConfig
+from padoc_ray.bench.steps.run import StepsConfig
 from padoc_ray.groundtruth import GroundTruthError, Truth, parse_truth
 from padoc_ray.protocol import Page, quantized
 
@@ -59,7 +59,8 @@ __all__ = [
 TARGETS = ("direct", "http")
 #: tokens each probe request decodes: bench steps' default --tokens, which its own probe uses
 SPEED_PROBE_TOKENS = StepsConfig.tokens
-_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
+_EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+                         "examples")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,7 +212,7 @@ class DirectTarget:
 
     async def speed_probe(self, image_path: str) -> float:
         """bench steps' speed probe (ms per decode step) on this host's engine."""
-        from padoc_ray.bench.steps import page_image, speed_probe
+        from padoc_ray.bench.steps.run import page_image, speed_probe
 
         if not hasattr(self, "_probe_image"):
             self._probe_image = page_image(image_path)
@@ -435,7 +436,7 @@ async def _run_direct(model: str, pages, cfg, host_cfg, out_dir, header, log) ->
 
 
 def _run_http(model: str, pages, cfg, host_cfg, out_dir, header, log) -> dict:
-    from padoc_ray.bench.http import local_service
+    from padoc_ray.bench.serving.http import local_service
 
     c = max(cfg.concurrency)
     with tempfile.TemporaryDirectory(prefix="padoc-bench-") as tmp:

@@ -1,6 +1,6 @@
 """`padoc-ray bench fairness`: one tenant's one-page requests while another tenant's long job runs.
 
-It starts ``padoc-ray serve --tenant-header`` (:class:`~padoc_ray.bench.soak_procs.ServeProcess`),
+It starts ``padoc-ray serve --tenant-header`` (:class:`~padoc_ray.bench.soak.procs.ServeProcess`),
 measures tenant B's sequential one-page ``/v1/parse`` latency on an idle service, then again while
 tenant A's ``job_pages``-page job runs, and reports both P50/P95, their ratio (the target: P95
 loaded within 2x of idle) and the job's progress during the probes (the job must still be running
@@ -82,7 +82,7 @@ def _quantiles(xs: list[float]) -> dict:
 def run(cfg: FairnessConfig, root: str, log=print) -> dict:
     import requests
 
-    from padoc_ray.bench.soak_procs import ServeProcess
+    from padoc_ray.bench.soak.procs import ServeProcess
 
     examples = os.path.join(root, "examples")
     model = cfg.model or os.path.join(root, "models", "tiny")

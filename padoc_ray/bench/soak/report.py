@@ -1,5 +1,5 @@
 """The soak benchmark's pure parts: how a response is classified, RSS slopes, job accounting and
-the report (`padoc-ray bench soak`; the traffic and the processes are in :mod:`padoc_ray.bench.soak`).
+the report (`padoc-ray bench soak`; the traffic and the processes are in :mod:`padoc_ray.bench.soak.run`).
 
 Imports no ray, requests or psutil: everything here works on plain records and is unit-tested on
 synthetic ones.

@@ -1,10 +1,10 @@
 """`padoc-ray bench soak`: a long run of mixed traffic against the online endpoint, watching for
 leaks (RSS slope per process), server errors and lost or duplicated job pages.
 
-It starts ``padoc-ray serve`` itself (:class:`~padoc_ray.bench.soak_procs.ServeProcess`), runs
-``clients`` closed-loop HTTP clients for ``minutes`` (the mix: :data:`~padoc_ray.bench.soak_traffic.MIX`, requests in
-:mod:`padoc_ray.bench.soak_traffic`), lets unfinished jobs drain, samples RSS all along, stops the
-server with SIGTERM and writes the report (:func:`~padoc_ray.bench.soak_report.build_report`).
+It starts ``padoc-ray serve`` itself (:class:`~padoc_ray.bench.soak.procs.ServeProcess`), runs
+``clients`` closed-loop HTTP clients for ``minutes`` (the mix: :data:`~padoc_ray.bench.soak.traffic.MIX`, requests in
+:mod:`padoc_ray.bench.soak.traffic`), lets unfinished jobs drain, samples RSS all along, stops the
+server with SIGTERM and writes the report (:func:`~padoc_ray.bench.soak.report.build_report`).
 It talks only HTTP, so it measures whatever server the checkout has.
 """
 
@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from padoc_ray.bench.soak_report import build_report, warmup_seconds
-from padoc_ray.bench.soak_traffic import MIX, Client, Shared, drain_jobs, soak_inputs, write_replay_truth
+from padoc_ray.bench.soak.report import build_report, warmup_seconds
+from padoc_ray.bench.soak.traffic import MIX, Client, Shared, drain_jobs, soak_inputs, write_replay_truth
 
 ENGINES = ("noop", "vllm")
 
@@ -75,7 +75,7 @@ def serve_flags(cfg: SoakConfig, examples_dir: str, inputs, tmp: str) -> list[st
 
 def run(cfg: SoakConfig, root: str, log: Callable[[str], None] = print) -> dict:
     """The whole soak; ``root``: the checkout (for examples/ and models/tiny). Returns the report."""
-    from padoc_ray.bench.soak_procs import RssSampler, ServeProcess
+    from padoc_ray.bench.soak.procs import RssSampler, ServeProcess
 
     model = cfg.model or os.path.join(root, "models", "tiny")
     if not os.path.isfile(os.path.join(model, "padoc_protocol.json")):
