@@ -20,6 +20,7 @@ import pytest
 
 from padoc_ray.output import commits, reader, rows
 from padoc_ray.pipeline import job, ledger, limits
+from padoc_ray.pipeline import pages as pg
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
 from padoc_ray.status import SKIPPED_CODES
@@ -214,15 +215,15 @@ def test_the_driver_scan_agrees_with_the_table_rules_and_partitions_change_nothi
         pq.write_table(table.slice(i, 37), pages / f"part-{i:05d}.parquet")
     lt = ledger.listing_table(listed)
     cfg = BatchConfig.from_flat(input="x", output=str(tmp_path), model="m", max_pages_per_doc=3)
-    table = job.read_pages(str(pages), StorageConfig(), columns=rows.PAGE_SCHEMA.names)  # in the files' order
+    table = pg.read_pages(str(pages), StorageConfig(), columns=rows.PAGE_SCHEMA.names)  # in the files' order
     want_plan = ref_plan(listed, table, cfg)
     want_docs = ref_documents(ref_current_rows(table), listed, cfg.inputs.pages, cfg.inputs.max_pages_per_doc)
     for part_rows in (10 ** 9, 50):
         monkeypatch.setattr(ledger, "PART_ROWS", part_rows)
         monkeypatch.setattr(ledger, "MAP_EVERY", 2_000_000 if part_rows > 50 else 5)  # map URIs once, or often
-        monkeypatch.setattr(job, "SCAN_FILES", 512 if part_rows > 50 else 3)
-        fs, files, _ = job.page_files_for_run(str(pages), StorageConfig())
-        book = job.scan_pages(fs, files, lt.column("uri"), "r1", stamps=ledger.stamps(lt))
+        monkeypatch.setattr(pg, "SCAN_FILES", 512 if part_rows > 50 else 3)
+        fs, files, _ = pg.page_files_for_run(str(pages), StorageConfig())
+        book = pg.scan_pages(fs, files, lt.column("uri"), "r1", stamps=ledger.stamps(lt))
         assert ledger.plan(book, lt.column("size").to_numpy(), *_plan_args(cfg)) \
             == want_plan
         counts, lost = job.write_documents(book, str(tmp_path / "documents"), StorageConfig(), "run")
@@ -231,17 +232,17 @@ def test_the_driver_scan_agrees_with_the_table_rules_and_partitions_change_nothi
         assert lost == [d["source_uri"] for d in want_docs if d["status"] in ("incomplete", "missing")][:100]
         assert book.run_rows == table.num_rows and book.run_tokens == 5 * table.num_rows
         # the driver after a pipeline: the files written since are added to the ledger it planned with
-        book = job.scan_pages(fs, files[:len(files) // 2], lt.column("uri"), "r1", stamps=ledger.stamps(lt))
+        book = pg.scan_pages(fs, files[:len(files) // 2], lt.column("uri"), "r1", stamps=ledger.stamps(lt))
         ledger.plan(book, lt.column("size").to_numpy(), *_plan_args(cfg))
-        book = job.scan_pages(fs, files[len(files) // 2:], lt.column("uri"), "r1", book=book)
+        book = pg.scan_pages(fs, files[len(files) // 2:], lt.column("uri"), "r1", book=book)
         assert book.facts is None and book.rows_read == table.num_rows
         assert ledger.plan(book, lt.column("size").to_numpy(), *_plan_args(cfg)) \
             == want_plan
         assert ledger.documents(book, cfg.inputs.pages, cfg.inputs.max_pages_per_doc).to_pylist() == want_docs
         # ... and the documents table from the plan's facts, only the inputs of the added rows analyzed again
-        book = job.scan_pages(fs, files[:len(files) // 2], lt.column("uri"), "r1", stamps=ledger.stamps(lt))
+        book = pg.scan_pages(fs, files[:len(files) // 2], lt.column("uri"), "r1", stamps=ledger.stamps(lt))
         ledger.plan(book, lt.column("size").to_numpy(), *_plan_args(cfg))
-        book = job.scan_pages(fs, files[len(files) // 2:], lt.column("uri"), "r1", book=book)
+        book = pg.scan_pages(fs, files[len(files) // 2:], lt.column("uri"), "r1", book=book)
         book.facts = ledger.refresh(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
         assert ledger.documents(book, cfg.inputs.pages, cfg.inputs.max_pages_per_doc).to_pylist() == want_docs
 
@@ -265,12 +266,12 @@ def test_times_months_apart_and_doc_ids_across_store_blocks(tmp_path, monkeypatc
     for i in range(0, table.num_rows, 29):
         pq.write_table(table.slice(i, 29), pages / f"part-{i:05d}.parquet")
     monkeypatch.setattr(docids, "BLOCK", 7)
-    monkeypatch.setattr(job, "SCAN_FILES", 2)
+    monkeypatch.setattr(pg, "SCAN_FILES", 2)
     lt = ledger.listing_table(listed)
     cfg = BatchConfig(input="x", output=str(tmp_path), model="m")
-    table = job.read_pages(str(pages), StorageConfig(), columns=rows.PAGE_SCHEMA.names)
-    fs, files, _ = job.page_files_for_run(str(pages), StorageConfig())
-    book = job.scan_pages(fs, files, lt.column("uri"), "r1", stamps=ledger.stamps(lt))
+    table = pg.read_pages(str(pages), StorageConfig(), columns=rows.PAGE_SCHEMA.names)
+    fs, files, _ = pg.page_files_for_run(str(pages), StorageConfig())
+    book = pg.scan_pages(fs, files, lt.column("uri"), "r1", stamps=ledger.stamps(lt))
     assert book.t.dtype == np.int64 and book.doc_ids.n_hex > 7 and book.doc_ids.n_str > 0
     assert ledger.plan(book, lt.column("size").to_numpy(), *_plan_args(cfg)) \
         == ref_plan(listed, table, cfg)
@@ -336,8 +337,8 @@ def test_a_plan_from_key_indexes_equals_the_plan_from_the_files_and_stale_indexe
     st = StorageConfig()
 
     def plan_and_docs(**kw):
-        found = job.found_page_files(str(pages), st)
-        book = job.read_ledger(str(pages), st, found, found.good, lt.column("uri"), run_id="r9",
+        found = pg.found_page_files(str(pages), st)
+        book = pg.read_ledger(str(pages), st, found, found.good, lt.column("uri"), run_id="r9",
                                stamps=ledger.stamps(lt), summary=False, **kw)
         todo = ledger.plan(book, lt.column("size").to_numpy(), *_plan_args(cfg))
         docs = ledger.documents(book, cfg.inputs.pages, cfg.inputs.max_pages_per_doc).to_pylist()
@@ -345,7 +346,7 @@ def test_a_plan_from_key_indexes_equals_the_plan_from_the_files_and_stale_indexe
 
     want, book = plan_and_docs(use_index=False)
     assert book.files_read == len(os.listdir(pages)) and book.indexed_rows == 0
-    assert want[0] == ref_plan(listed, job.read_pages(str(pages), st, columns=rows.PAGE_SCHEMA.names), cfg)
+    assert want[0] == ref_plan(listed, pg.read_pages(str(pages), st, columns=rows.PAGE_SCHEMA.names), cfg)
     got, book = plan_and_docs(index_name="r9-plan")  # no index yet: every file read, and indexed
     assert got == want and book.files_read == len(os.listdir(pages))
     assert os.listdir(tmp_path / "index") == ["r9-plan.parquet"]
@@ -355,7 +356,7 @@ def test_a_plan_from_key_indexes_equals_the_plan_from_the_files_and_stale_indexe
     extra = rows.to_table([_row(listed[0][0], 0, 1, "ok", 99, stamp=listed[0][1:])])
     pq.write_table(extra, pages / "r1_extra.parquet")
     table = pa.concat_tables([table, extra])
-    want = (ref_plan(listed, job.read_pages(str(pages), st, columns=rows.PAGE_SCHEMA.names), cfg), None)
+    want = (ref_plan(listed, pg.read_pages(str(pages), st, columns=rows.PAGE_SCHEMA.names), cfg), None)
     got, book = plan_and_docs(index_name="r10-plan")
     assert got[0] == want[0] and book.files_read == 1 and book.indexed_rows == table.num_rows - 1
     got, book = plan_and_docs()
@@ -364,7 +365,7 @@ def test_a_plan_from_key_indexes_equals_the_plan_from_the_files_and_stale_indexe
     victim = sorted(os.listdir(pages))[0]
     pq.write_table(pq.read_table(pages / victim).slice(0, 1), pages / victim)
     # rows are read index by index (oldest first), then the files no index holds: here the later run's row first
-    listing_order = job.found_page_files(str(pages), st).good
+    listing_order = pg.found_page_files(str(pages), st).good
     table2 = pa.concat_tables([pq.read_table(pages / "r1_extra.parquet", schema=rows.PAGE_SCHEMA)] + [
         pq.read_table(f, schema=rows.PAGE_SCHEMA) for f in listing_order if "/r0_" in f])
     got, book = plan_and_docs()
@@ -375,7 +376,7 @@ def test_a_plan_from_key_indexes_equals_the_plan_from_the_files_and_stale_indexe
     (idx / "zz-copy.parquet").write_bytes((idx / "r10-plan.parquet").read_bytes())
     got, book = plan_and_docs()
     assert got[0] == ref_plan(listed, table2, cfg) and book.files_read == len(os.listdir(pages)) - 1
-    found = job.found_page_files(str(pages), st)
+    found = pg.found_page_files(str(pages), st)
     assert keyindex.usable(str(pages), st, found.good, found.size_of).paths == [str(idx / "r10-plan.parquet")]
 
 
@@ -415,21 +416,21 @@ def test_commit_records_spare_footer_reads_and_never_vouch_for_a_torn_file(tmp_p
     reads = []
     real = reader.footer
     monkeypatch.setattr(reader, "footer", lambda fs, p: (reads.append(os.path.basename(p)), real(fs, p))[1])
-    _, files, proven = job.page_files_for_run(str(pages), StorageConfig())
+    _, files, proven = pg.page_files_for_run(str(pages), StorageConfig())
     assert [os.path.basename(f) for f in files] == [good] and sorted(reads) == sorted([good, torn])
     size = (pages / good).stat().st_size
     assert proven == [(good, size)]
     commits.write_commit(str(pages), StorageConfig(), "r2", [good, torn], [size, 5])  # a record naming a wrong size
     assert os.path.exists(tmp_path / "commits" / "r2.parquet") and not os.listdir(tmp_path / "commits")[1:]
     reads.clear()
-    _, files, proven = job.page_files_for_run(str(pages), StorageConfig())
+    _, files, proven = pg.page_files_for_run(str(pages), StorageConfig())
     assert [os.path.basename(f) for f in files] == [good] and reads == [torn] and proven == []  # torn: still checked
     # a record is trusted for its size only: a file rewritten with another size is checked again
     pq.write_table(rows.to_table([_row("a", 0, 1, "ok", 1), _row("a", 1, 2, "ok", 1)]), pages / good)
     reads.clear()
-    assert job.read_pages(str(pages), StorageConfig()).num_rows == 2 and sorted(reads) == sorted([good, torn])
+    assert pg.read_pages(str(pages), StorageConfig()).num_rows == 2 and sorted(reads) == sorted([good, torn])
     (tmp_path / "commits" / "r3.parquet").write_bytes(b"PAR1 a torn record")  # proves nothing, breaks nothing
-    assert job.read_pages(str(pages), StorageConfig()).num_rows == 2
+    assert pg.read_pages(str(pages), StorageConfig()).num_rows == 2
 
 
 def test_the_driver_commits_what_it_proved_and_leftovers_are_still_removed(tmp_path, monkeypatch):

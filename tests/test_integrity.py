@@ -394,7 +394,7 @@ def test_current_rows_take_the_newest_verdict_per_input():
 
 def test_a_storage_error_while_reading_pages_is_retried_and_never_deletes(tmp_path, monkeypatch):
     from padoc_ray.output import reader
-    from padoc_ray.pipeline import job
+    from padoc_ray.pipeline import pages as pg
 
     pages = tmp_path / "pages"
     pages.mkdir()
@@ -411,7 +411,7 @@ def test_a_storage_error_while_reading_pages_is_retried_and_never_deletes(tmp_pa
 
     monkeypatch.setattr(reader, "footer", flaky)
     monkeypatch.setattr(reader.time, "sleep", lambda s: None)
-    got = job.read_pages(str(pages), StorageConfig(), cleanup_for_run="now", grace_s=0)
+    got = pg.read_pages(str(pages), StorageConfig(), cleanup_for_run="now", grace_s=0)
     assert got.num_rows == 1 and len(calls) == 3 and (pages / "good.parquet").exists()
 
     def down(fs, path):
@@ -419,7 +419,7 @@ def test_a_storage_error_while_reading_pages_is_retried_and_never_deletes(tmp_pa
 
     monkeypatch.setattr(reader, "footer", down)
     with pytest.raises(OSError, match="after 4 attempts"):
-        job.read_pages(str(pages), StorageConfig(), cleanup_for_run="now", grace_s=0)
+        pg.read_pages(str(pages), StorageConfig(), cleanup_for_run="now", grace_s=0)
     assert (pages / "good.parquet").exists()
 
 

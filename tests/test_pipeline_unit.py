@@ -13,7 +13,8 @@ from padoc_ray.output import rows
 from padoc_ray.pipeline import ledger
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.output.reader import read_rows
-from padoc_ray.pipeline.job import plan, read_pages
+from padoc_ray.pipeline.job import plan
+from padoc_ray.pipeline.pages import read_pages
 from padoc_ray.storage import InputError
 from padoc_ray.listing import list_inputs
 

@@ -13,7 +13,7 @@ from padoc_ray.output import rows
 from padoc_ray.output.reader import read_rows
 from padoc_ray.output.show import find_row
 from padoc_ray.pipeline import ledger
-from padoc_ray.pipeline.job import read_pages
+from padoc_ray.pipeline.pages import read_pages
 from padoc_ray.protocol.render import FURNITURE, region_markdown
 from padoc_ray.scheduler import PageRecord
 

@@ -189,13 +189,13 @@ def build(scratch: str, pages: int, ppd: int = 10, rows_per_file: int = 1000, wo
     finally:
         if pool:
             pool.shutdown()
-    from padoc_ray.pipeline import job
+    from padoc_ray.pipeline import pages as pg
 
     for run in RUNS:  # what each run's driver recorded when it finished: its commit record and its key index
         mine = [(n, s) for n, s in files if n.startswith(run + "_")]
         write_commit(os.path.join(out, "pages"), StorageConfig(), run, [n for n, _ in mine], [s for _, s in mine])
-        found = job.found_page_files(os.path.join(out, "pages"), StorageConfig())
-        job.write_index(os.path.join(out, "pages"), StorageConfig(), found,
+        found = pg.found_page_files(os.path.join(out, "pages"), StorageConfig())
+        pg.write_index(os.path.join(out, "pages"), StorageConfig(), found,
                         [os.path.join(out, "pages", n) for n, _ in mine], f"{run}-run")
         log(f"  indexed run {run} ({time.perf_counter() - t0:.0f} s)")
     size = sum(s for _, s in files)
@@ -209,6 +209,7 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
     """The driver's bookkeeping over ``folder`` (run in a fresh process): seconds and peak RSS."""
     from padoc_ray.output import reader
     from padoc_ray.pipeline import columns, job, ledger
+    from padoc_ray.pipeline import pages as pg
     from padoc_ray.pipeline.config import BatchConfig
     from padoc_ray.storage import StorageConfig
 
@@ -228,11 +229,11 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
     pages_uri, st = os.path.join(folder, "pages"), StorageConfig()
     # planning: what _run_locked does before the pipeline
     t1 = time.perf_counter()
-    found = job.found_page_files(pages_uri, st, cleanup_for_run=BENCH_RUN)
+    found = pg.found_page_files(pages_uri, st, cleanup_for_run=BENCH_RUN)
     files = found.good
     t_proof = time.perf_counter() - t1
     # the plan writes no key index here: the measured output stays as built (every file is in the runs' indexes)
-    book = job.read_ledger(pages_uri, st, found, files, listed.column("uri"), run_id=BENCH_RUN,
+    book = pg.read_ledger(pages_uri, st, found, files, listed.column("uri"), run_id=BENCH_RUN,
                            stamps=ledger.stamps(listed), summary=False)
     t_scan = time.perf_counter() - t1 - t_proof
     todo, complete = ledger.plan(book, sizes, cfg.inputs.limits, cfg.inputs.pages, cfg.inputs.max_pages_per_doc)
@@ -242,9 +243,9 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
     rss_plan = _peak_rss()
     # the documents table: what _run_locked does after the pipeline (list again, add the new files)
     t2 = time.perf_counter()
-    after = job.found_page_files(pages_uri, st, trust_run=BENCH_RUN)
+    after = pg.found_page_files(pages_uri, st, trust_run=BENCH_RUN)
     seen = set(files)
-    book = job.read_ledger(pages_uri, st, after, [f for f in after.good if f not in seen], listed.column("uri"),
+    book = pg.read_ledger(pages_uri, st, after, [f for f in after.good if f not in seen], listed.column("uri"),
                            run_id=BENCH_RUN, book=book, use_index=False)
     book.facts = ledger.refresh(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
     book.drop_rows()

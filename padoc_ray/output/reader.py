@@ -3,7 +3,7 @@
 Every consumer of a batch (or Serve job) output reads through here: ``show``, ``reannotate``, the
 evaluators, the trainer, the benchmarks. A file that is not (yet) a readable Parquet file (torn by
 a killed run, or being written by a live one) is skipped with a warning, never deleted: removing
-leftovers is the batch driver's alone (:func:`padoc_ray.pipeline.job.page_files_for_run`), under
+leftovers is the batch driver's alone (:class:`padoc_ray.pipeline.pages.PagesDir`), under
 the output's lock. A file a commit record names with its size (:mod:`padoc_ray.output.commits`)
 is complete without reading its footer. A storage error is retried, then raised.
 """

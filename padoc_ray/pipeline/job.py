@@ -3,13 +3,9 @@ write the documents table and the run summary.
 
 Resume works from the output itself: ``pages/`` says which (document, page) pairs are done, so a
 rerun with the same ``--output`` parses only what is missing and never writes a row twice. One
-run at a time works on an output (:class:`~padoc_ray.pipeline.lock.OutputLock`). Unreadable
-Parquet files under ``pages/`` are skipped by every reader; only the driver, holding the lock,
-removes them, and never its own run's: a file named by an earlier run (that run is over: its lock
-is gone) at once, a file of unknown origin only when older than a grace period. A file a commit
-record names with its size (:mod:`~padoc_ray.output.commits`) is complete without reading its
-footer; the driver records the files it proved or wrote. The driver's reading of pages/ scales
-to 100M rows: key columns only, reduced to integers as read (:mod:`~padoc_ray.pipeline.ledger`).
+run at a time works on an output (:class:`~padoc_ray.pipeline.lock.OutputLock`), and that run owns
+``pages/`` through :class:`~padoc_ray.pipeline.pages.PagesDir`: which files are complete, which
+leftovers it removes, what it commits, and its rows read back at scale.
 """
 
 from __future__ import annotations
@@ -18,158 +14,21 @@ import json
 import logging
 import os
 import time
-from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from padoc_ray import status
-from padoc_ray.output import commits, reader, rows
-from padoc_ray.pipeline import columns, keyindex, ledger, limits
+from padoc_ray.output import rows
+from padoc_ray.pipeline import ledger, limits
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.lock import OutputLock
-from padoc_ray.storage import filesystem, is_s3, join, StorageConfig, write_bytes
+from padoc_ray.pipeline.pages import PagesDir
 from padoc_ray.listing import list_inputs
+from padoc_ray.storage import StorageConfig, filesystem, is_s3, join, write_bytes
 
 logger = logging.getLogger(__name__)
-
-KEY_COLUMNS = ["source_uri", "doc_id", "page_index", "page_count", "status", "error_code", "run_id",
-               "output_tokens", "valid", "processed_at", "engine_s"]
-
-
-def _leftover(name: str, age_s: float | None, run_id: str, grace_s: float) -> bool:
-    """Whether an unreadable file under pages/ may be removed by run ``run_id``, which holds the
-    output's lock: never its own; an earlier run's at once (that run is over); a file of unknown
-    origin only when older than ``grace_s``."""
-    m = reader.RUN_FILE.match(name)
-    if m is not None:
-        return m["run"] != run_id
-    return age_s is not None and age_s > grace_s
-
-
-def page_files_for_run(pages_uri: str, storage: StorageConfig, *, cleanup_for_run: str | None = None,
-                       grace_s: float = 3600.0, trust_run: str | None = None):
-    """(filesystem, complete Parquet files under pages/, [(name, size)] of those proven here): the
-    driver's view of :func:`padoc_ray.output.reader.page_files` (:func:`found_page_files`)."""
-    found = found_page_files(pages_uri, storage, cleanup_for_run=cleanup_for_run, grace_s=grace_s,
-                             trust_run=trust_run)
-    return found.fs, found.good, found.proven
-
-
-def found_page_files(pages_uri: str, storage: StorageConfig, *, cleanup_for_run: str | None = None,
-                     grace_s: float = 3600.0, trust_run: str | None = None) -> reader.PageFiles:
-    """:func:`padoc_ray.output.reader.page_files`, for the driver. With ``cleanup_for_run`` (the run
-    holding the output's lock; only the driver passes it) the unreadable files :func:`_leftover`
-    allows are deleted; the others are skipped. A storage error is retried and then raised, never
-    a reason to delete."""
-    found = reader.page_files(pages_uri, storage, trust_run=trust_run)
-    now = datetime.now(timezone.utc)
-    for f in found.unreadable:
-        age = (now - f.mtime.astimezone(timezone.utc)).total_seconds() if f.mtime is not None else None
-        if cleanup_for_run is not None and _leftover(f.base_name, age, cleanup_for_run, grace_s):
-            logger.warning("removing unreadable leftover %s", f.path)
-            found.fs.delete_file(f.path)
-        else:
-            logger.warning("skipping unreadable %s (a leftover of a killed run, or being written)", f.path)
-    return found
-
-
-def read_pages(pages_uri: str, storage: StorageConfig, columns=KEY_COLUMNS, *, cleanup_for_run: str | None = None,
-               grace_s: float = 3600.0) -> pa.Table:
-    """The driver's read of every page row written so far (all runs), after removing the leftovers
-    ``cleanup_for_run`` may remove (see :func:`page_files_for_run`). Everyone else reads with
-    :func:`padoc_ray.output.reader.read_rows`, which never deletes."""
-    fs, good, _ = page_files_for_run(pages_uri, storage, cleanup_for_run=cleanup_for_run, grace_s=grace_s)
-    if not good:
-        return rows.PAGE_SCHEMA.empty_table().select(columns)
-    return pads.dataset(good, schema=rows.PAGE_SCHEMA, filesystem=fs, format="parquet").to_table(columns=columns)
-
-
-#: how the driver reads pages/: its key columns only, strings as dictionaries (few distinct per file)
-_SCAN_SCHEMA = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), pa.string()))
-                          if f.name in ledger.DICT_COLUMNS else f for f in rows.PAGE_SCHEMA])
-SCAN_FILES = 512  #: files read (and reduced) at a time
-_SCAN_FORMAT = pads.ParquetFileFormat(read_options=pads.ParquetReadOptions(dictionary_columns=ledger.DICT_COLUMNS))
-
-
-def scan_pages(fs: pafs.FileSystem, files: list[str], listed_uris, run_id: str | None = None,
-               book: ledger.Ledger | None = None, stamps=None, summary: bool = True,
-               index: keyindex.IndexWriter | None = None) -> ledger.Ledger:
-    """The page rows of ``files`` as a :class:`~padoc_ray.pipeline.ledger.Ledger` of the inputs
-    ``listed_uris`` with their ``stamps`` (:func:`ledger.stamps`; or added to ``book``), read a group of
-    files at a time, only the key columns; without ``summary``, not those of ``run_id``'s summary (the scan
-    before a run: none of the rows is this run's, and three columns fewer read a quarter faster). With
-    ``index``, what is read is written to that key index too (:mod:`~padoc_ray.pipeline.keyindex`)."""
-    book = book if book is not None else ledger.Ledger(listed_uris, run_id, stamps)
-    for i in range(0, len(files), SCAN_FILES):  # a dataset keeps each file's footer once read: a group at a time
-        ds = pads.dataset(files[i:i + SCAN_FILES], schema=_SCAN_SCHEMA, filesystem=fs, format=_SCAN_FORMAT)
-        cols = ledger.COLUMNS if summary else ledger.PLAN_COLUMNS
-        table = ds.to_table(columns=cols).unify_dictionaries()  # one dictionary per column
-        if index is not None:
-            index.write(table)
-        book.add(table)
-        del table
-        del ds
-        if (i // SCAN_FILES) % 16 == 15:
-            columns.trim()
-    return book.finish()
-
-
-INDEX_SCHEMA = pa.schema([_SCAN_SCHEMA.field(c) for c in ledger.PLAN_COLUMNS])
-
-
-def read_ledger(pages_uri: str, storage: StorageConfig, found: reader.PageFiles, files: list[str], listed_uris, *,
-                run_id: str, stamps=None, summary: bool = True, book: ledger.Ledger | None = None,
-                use_index: bool = True, index_name: str | None = None) -> ledger.Ledger:
-    """The rows of ``files`` (complete page files of ``found``) in a ledger (new, or ``book``): those a
-    usable key index holds read from the index, the others file by file (:func:`scan_pages`), and, with
-    ``index_name``, written as a new key index for the next plan (:mod:`~padoc_ray.pipeline.keyindex`;
-    an index that cannot be written is logged and skipped: it only saves time)."""
-    book = book if book is not None else ledger.Ledger(listed_uris, run_id, stamps)
-    indexed = keyindex.usable(pages_uri, storage, files, found.size_of) if use_index else keyindex.Indexed()
-    for batch in keyindex.read_batches(pages_uri, storage, indexed, INDEX_SCHEMA, ledger.PLAN_COLUMNS):
-        book.add(batch)
-    rest = [f for f in files if f not in indexed.covered]
-    writer = None
-    if index_name and rest:
-        try:
-            writer = keyindex.IndexWriter(pages_uri, storage, index_name, rest, found.size_of, INDEX_SCHEMA)
-        except OSError as e:
-            logger.warning("cannot write the key index %s (%s); the next plan reads the page files", index_name, e)
-    try:
-        scan_pages(found.fs, rest, listed_uris, run_id, book=book, summary=summary, index=writer)
-    except BaseException:
-        if writer is not None:
-            writer.abandon()
-        raise
-    if writer is not None:
-        try:
-            writer.close()
-        except OSError as e:
-            writer.abandon()
-            logger.warning("cannot write the key index %s (%s); the next plan reads the page files", index_name, e)
-    book.indexed_rows += indexed.rows
-    book.files_read += len(rest)
-    return book
-
-
-def write_index(pages_uri: str, storage: StorageConfig, found: reader.PageFiles, files: list[str], name: str) -> int:
-    """Index ``files`` (complete page files of ``found``) as :func:`read_ledger` does after reading them one
-    by one, without a ledger (what a run's driver left; the driver benchmark builds its outputs so);
-    returns the rows indexed."""
-    writer = keyindex.IndexWriter(pages_uri, storage, name, files, found.size_of, INDEX_SCHEMA)
-    try:
-        for i in range(0, len(files), SCAN_FILES):
-            ds = pads.dataset(files[i:i + SCAN_FILES], schema=_SCAN_SCHEMA, filesystem=found.fs, format=_SCAN_FORMAT)
-            writer.write(ds.to_table(columns=ledger.PLAN_COLUMNS).unify_dictionaries())
-    except BaseException:
-        writer.abandon()
-        raise
-    writer.close()
-    return writer.rows
 
 
 def plan(listed: list[tuple[str, int]], existing: pa.Table, cfg: BatchConfig) -> tuple[list[dict], int]:
@@ -270,14 +129,14 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
     listed = ledger.listing_table(list_inputs(cfg.input, cfg.storage, cfg.inputs.manifest_allow,
                                               follow_symlinks=cfg.inputs.follow_symlinks, mtimes=True))
     sizes = listed.column("size").to_numpy()
-    pages_uri = join(cfg.output, "pages")
-    found = found_page_files(pages_uri, cfg.storage, cleanup_for_run=cfg.run_id, grace_s=cfg.outputs.leftover_grace_s)
+    pages_dir = PagesDir(cfg.output, cfg.storage, cfg.run_id, grace_s=cfg.outputs.leftover_grace_s)
+    found = pages_dir.survey(cleanup=True)
     files, proven = found.good, found.proven
-    commits.write_commit(pages_uri, cfg.storage, cfg.run_id, [n for n, _ in proven], [s for _, s in proven])
+    pages_dir.commit(proven)
     # the files of earlier runs (a rerun under the same --run-id included): no summary columns, none is this run's;
     # what no key index holds yet is read file by file, and indexed for the next plan
-    book = read_ledger(pages_uri, cfg.storage, found, files, listed.column("uri"), run_id=cfg.run_id,
-                       stamps=ledger.stamps(listed), summary=False, index_name=f"{cfg.run_id}-plan")
+    book = pages_dir.ledger(found, files, listed.column("uri"), stamps=ledger.stamps(listed), summary=False,
+                            index_name=f"{cfg.run_id}-plan")
     todo, complete = ledger.plan(book, sizes, cfg.inputs.limits, cfg.inputs.pages, cfg.inputs.max_pages_per_doc)
     model_id = cfg.model.rstrip("/").rsplit("/", 1)[-1]
     refused = [t for t in todo if limits.listing_refusal(t["size"], cfg.inputs.limits) is not None]
@@ -296,13 +155,11 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
         _pipeline(work, cfg, model_id)
     wall = time.perf_counter() - t0
     if work or refused:  # add the files written since: this run's are complete now (the write returned)
-        after = found_page_files(pages_uri, cfg.storage, trust_run=cfg.run_id)
-        proven = sorted(set(proven) | set(after.proven))
-        commits.write_commit(pages_uri, cfg.storage, cfg.run_id, [n for n, _ in proven], [s for _, s in proven])
+        after = pages_dir.survey(trust_own=True)
+        pages_dir.commit(set(proven) | set(after.proven))
         seen = set(files)
-        book = read_ledger(pages_uri, cfg.storage, after, [f for f in after.good if f not in seen],
-                           listed.column("uri"), run_id=cfg.run_id, book=book, use_index=False,
-                           index_name=f"{cfg.run_id}-run")
+        book = pages_dir.ledger(after, [f for f in after.good if f not in seen], listed.column("uri"), book=book,
+                                use_index=False, index_name=f"{cfg.run_id}-run")
         book.facts = ledger.refresh(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
     changed = ledger.changed_inputs(book, [(t["uri"], t["doc_id"]) for t in work if t.get("doc_id")])
     book.drop_rows()  # the documents table needs the facts only
