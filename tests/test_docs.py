@@ -57,9 +57,9 @@ LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"
 HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 
 
-def prose_lines(text: str) -> list[str]:
-    """The lines outside fenced code blocks, with inline code spans blanked."""
-    out, fence = [], None
+def outside_fences(text: str):
+    """The lines of ``text`` outside fenced code blocks."""
+    fence = None
     for line in text.splitlines():
         m = FENCE.match(line)
         if fence:
@@ -69,8 +69,12 @@ def prose_lines(text: str) -> list[str]:
         if m:
             fence = m.group(1)
             continue
-        out.append(re.sub(r"(`+)(?:(?!\1).)+?\1", lambda s: " " * len(s.group(0)), line))
-    return out
+        yield line
+
+
+def prose_lines(text: str) -> list[str]:
+    """The lines outside fenced code blocks, with inline code spans blanked."""
+    return [re.sub(r"(`+)(?:(?!\1).)+?\1", lambda s: " " * len(s.group(0)), line) for line in outside_fences(text)]
 
 
 def slug(heading: str) -> str:
@@ -83,16 +87,7 @@ def anchors(path: pathlib.Path) -> set[str]:
     """Every heading anchor of a Markdown file (repeated headings get -1, -2, ... as on GitHub)."""
     seen: dict[str, int] = {}
     out = set()
-    fence = None
-    for line in path.read_text(encoding="utf-8").splitlines():
-        m = FENCE.match(line)
-        if fence:
-            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
-                fence = None
-            continue
-        if m:
-            fence = m.group(1)
-            continue
+    for line in outside_fences(path.read_text(encoding="utf-8")):
         h = HEADING.match(line)
         if h:
             s = slug(h.group(2))
