@@ -51,6 +51,9 @@ DIFFER_BY_DESIGN = {
     "engine_s": "timing (the page's share of its engine's busy time)",
     "cached_tokens": "prefix-cache hits depend on what ran before and on the cache salt (the service salts "
                      "each request, the batch job does not)",
+    "source_size": "the batch job records the input as its listing saw it, to read a replaced input again; "
+                   "an upload has no listing (null)",
+    "source_mtime": "likewise",
     "source_uri": "the batch job writes the input's URI, the service the upload's label (its file name): "
                   "compared by base name instead",
 }
