@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from padoc_ray.output import commits, reader, rows
-from padoc_ray.pipeline import job, ledger, limits
+from padoc_ray.pipeline import facts, job, ledger, limits
 from padoc_ray.pipeline import pages as pg
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.limits import InputLimits
@@ -219,7 +219,7 @@ def test_the_driver_scan_agrees_with_the_table_rules_and_partitions_change_nothi
     want_plan = ref_plan(listed, table, cfg)
     want_docs = ref_documents(ref_current_rows(table), listed, cfg.inputs.pages, cfg.inputs.max_pages_per_doc)
     for part_rows in (10 ** 9, 50):
-        monkeypatch.setattr(ledger, "PART_ROWS", part_rows)
+        monkeypatch.setattr(facts, "PART_ROWS", part_rows)
         monkeypatch.setattr(ledger, "MAP_EVERY", 2_000_000 if part_rows > 50 else 5)  # map URIs once, or often
         monkeypatch.setattr(pg, "SCAN_FILES", 512 if part_rows > 50 else 3)
         fs, files, _ = pg.page_files_for_run(str(pages), StorageConfig())
@@ -243,7 +243,7 @@ def test_the_driver_scan_agrees_with_the_table_rules_and_partitions_change_nothi
         book = pg.scan_pages(fs, files[:len(files) // 2], lt.column("uri"), "r1", stamps=ledger.stamps(lt))
         ledger.plan(book, lt.column("size").to_numpy(), *_plan_args(cfg))
         book = pg.scan_pages(fs, files[len(files) // 2:], lt.column("uri"), "r1", book=book)
-        book.facts = ledger.refresh(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
+        book.facts = facts.refresh(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
         assert ledger.documents(book, cfg.inputs.pages, cfg.inputs.max_pages_per_doc).to_pylist() == want_docs
 
 
@@ -315,7 +315,7 @@ def test_a_document_row_newer_than_its_pages_wins_when_times_come_before_the_fir
     book.add(later)
     book.add(earlier)
     book.finish()
-    f = ledger.analyze(book)
+    f = facts.analyze(book)
     assert f.doc_level.tolist() == [True, False] and book.codes[f.doc_err[0]] == "read_failed"
 
 

@@ -208,7 +208,7 @@ def build(scratch: str, pages: int, ppd: int = 10, rows_per_file: int = 1000, wo
 def measure(folder: str, pages: int, ppd: int) -> dict:
     """The driver's bookkeeping over ``folder`` (run in a fresh process): seconds and peak RSS."""
     from padoc_ray.output import reader
-    from padoc_ray.pipeline import columns, job, ledger
+    from padoc_ray.pipeline import columns, facts, job, ledger
     from padoc_ray.pipeline import pages as pg
     from padoc_ray.pipeline.config import BatchConfig
     from padoc_ray.storage import StorageConfig
@@ -247,7 +247,7 @@ def measure(folder: str, pages: int, ppd: int) -> dict:
     seen = set(files)
     book = pg.read_ledger(pages_uri, st, after, [f for f in after.good if f not in seen], listed.column("uri"),
                            run_id=BENCH_RUN, book=book, use_index=False)
-    book.facts = ledger.refresh(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
+    book.facts = facts.refresh(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
     book.drop_rows()
     counts, _ = job.write_documents(book, os.path.join(folder, "documents"), st, BENCH_RUN)
     t_docs = time.perf_counter() - t2

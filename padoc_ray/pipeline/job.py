@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from padoc_ray import status
 from padoc_ray.output import rows
-from padoc_ray.pipeline import ledger, limits
+from padoc_ray.pipeline import facts, ledger, limits
 from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.pipeline.lock import OutputLock
 from padoc_ray.pipeline.pages import PagesDir
@@ -160,7 +160,7 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
         seen = set(files)
         book = pages_dir.ledger(after, [f for f in after.good if f not in seen], listed.column("uri"), book=book,
                                 use_index=False, index_name=f"{cfg.run_id}-run")
-        book.facts = ledger.refresh(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
+        book.facts = facts.refresh(book, ranges=cfg.inputs.pages, max_pages=cfg.inputs.max_pages_per_doc)
     changed = ledger.changed_inputs(book, [(t["uri"], t["doc_id"]) for t in work if t.get("doc_id")])
     book.drop_rows()  # the documents table needs the facts only
     doc_status, unaccounted = write_documents(book, join(cfg.output, "documents"), cfg.storage, cfg.run_id)
