@@ -314,11 +314,11 @@ def test_a_sequential_stream_whose_content_loops_is_caught(model_protocol, real_
 def test_the_script_reports_its_figures(tiny_model_dir, tmp_path, capsys):
     import json
 
-    from padoc_ray.bench.loops import main
+    from padoc_ray.cli import main
 
     out = tmp_path / "loops.json"
-    assert main(["--model", tiny_model_dir, "--seeds", "0", "--cost", "--streams", "8", "--steps", "100",
-                 "--json", str(out)]) == 0
+    assert main(["bench", "loops", "--model", tiny_model_dir, "--seeds", "0", "--cost", "--streams", "8", "--steps",
+                 "100", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     fp = res["false_positives"]
     assert fp["stops"] == 0 and fp["pages"] >= 5 and fp["streams"] > fp["pages"] and fp["false_positive_rate"] == 0

@@ -1,7 +1,7 @@
 """The loop detectors (:mod:`padoc_ray.scheduler.loops`) on every ground-truth page: false positives
 and cost.
 
-``python -m padoc_ray.bench.loops --model DIR`` teacher-forces every ground-truth page the project
+``padoc-ray bench loops --model DIR`` teacher-forces every ground-truth page the project
 has through fresh detectors, stream by stream, serialized exactly as replay forces them
 (:func:`padoc_ray.scheduler.replay.replay_input`): the layout stream (token and region detectors),
 each content branch without its BRANCH_START (token detector) and the sequential stream (both).
@@ -17,10 +17,8 @@ CPU engine step.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -205,37 +203,31 @@ def step_cost(streams: Sequence[Sequence[int]], n_streams: int = 256, steps: int
     }
 
 
-# ---- the command --------------------------------------------------------------------------------
-def _parser(add_help: bool = True) -> argparse.ArgumentParser:
-    """The flags of ``padoc-ray bench loops`` (``python -m padoc_ray.bench.loops``)."""
-    ap = argparse.ArgumentParser(prog="python -m padoc_ray.bench.loops", description=__doc__.split("\n\n")[0],
-                                 add_help=add_help)
-    ap.add_argument("--model", required=True, help="a checkpoint directory (its tokenizer and padoc_protocol.json)")
-    ap.add_argument("--seeds", type=int, default=4, help="corpus seeds 0..N-1 (default 4)")
-    ap.add_argument("--pages-per-run", type=int, default=15,
-                    help="corpus pages per seed and profile (default 15: 4 seeds x 4 profiles x 15 = 240 pages)")
-    ap.add_argument("--profiles", default=",".join(PROFILES))
-    ap.add_argument("--gt", action="append", default=[], help="another OmniDocBench JSON file (repeatable)")
-    ap.add_argument("--workers", type=int, default=1, help="corpus generator processes (default 1)")
-    ap.add_argument("--cost", action="store_true", help="also time the detector per engine step")
-    ap.add_argument("--streams", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--json", default=None, help="write the figures here as JSON")
-    return ap
+# ---- the command ----------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class LoopsConfig:
+    """``padoc-ray bench loops``: the false-positive measurement, and with ``cost`` the cost per step."""
+
+    model: str  #: a checkpoint directory (its tokenizer and padoc_protocol.json)
+    seeds: int = 4  #: corpus seeds 0..N-1
+    pages_per_run: int = 15  #: corpus pages per seed and profile (4 seeds x 4 profiles x 15 = 240 pages)
+    profiles: tuple[str, ...] = PROFILES  #: the corpus generator's profiles
+    gt: tuple[str, ...] = ()  #: another OmniDocBench JSON file of pages to check
+    workers: int = 1  #: corpus generator processes
+    cost: bool = False  #: also time the detector per engine step
+    streams: int = 256  #: live streams while timing the detector (with cost)
+    steps: int = 2000  #: engine steps timed (with cost)
+    json: str | None = None  #: write the figures here as JSON
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return run(_parser().parse_args(argv))
-
-
-def run(args: argparse.Namespace) -> int:
-    """The false-positive measurement (and with ``--cost`` the cost per step) of parsed flags."""
+def run(args: LoopsConfig) -> int:
+    """The false-positive measurement (and with ``cost`` the cost per step); prints it, 0."""
     from padoc_ray.tokenizer import ModelProtocol
 
     mp = ModelProtocol(args.model)
     t0 = time.perf_counter()
     pages = all_pages(mp.spec, seeds=range(args.seeds), pages_per_run=args.pages_per_run,
-                      profiles=[p for p in args.profiles.split(",") if p], extra=args.gt, workers=args.workers)
+                      profiles=list(args.profiles), extra=list(args.gt), workers=args.workers)
     rep = FPReport()
     for name, _ in pages:
         src = name.split(":", 1)[0].split("/seed")[0]
@@ -268,7 +260,3 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     return 1 if fp["stops"] else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

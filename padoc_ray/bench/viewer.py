@@ -4,12 +4,11 @@ Builds (once, cached) the driver benchmark's synthetic output (:func:`padoc_ray.
 and its documents table, serves it with ``padoc-ray view``'s app on a free local port, and times
 ``GET /`` (the documents table), a filtered table, a search and a document's page view (HTML, then
 every asset it names), cold (the first, which reads every footer of ``pages/`` once) and warm.
-``python -m padoc_ray.bench.viewer --pages 1000000 --scratch DIR``.
+``padoc-ray bench viewer --pages 1000000 --scratch DIR``.
 """
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
@@ -18,6 +17,7 @@ import statistics
 import threading
 import time
 import urllib.parse
+from dataclasses import dataclass
 
 from padoc_ray import status
 
@@ -82,20 +82,21 @@ def run(pages: int, scratch: str, repeats: int = 5) -> dict:
     return result
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--pages", type=int, default=1_000_000)
-    p.add_argument("--scratch", default="/tmp/padoc-bench")
-    p.add_argument("--json", default=None)
-    args = p.parse_args(argv)
-    r = run(args.pages, args.scratch)
+@dataclass(frozen=True, kw_only=True)
+class ViewerBenchConfig:
+    """``padoc-ray bench viewer``."""
+
+    pages: int = 1_000_000  #: page rows of the synthetic output (built once, cached in scratch)
+    scratch: str = "/tmp/padoc-bench"  #: where the synthetic output is built and kept
+    json: str | None = None  #: write the figures here as JSON too
+
+
+def main(cfg: ViewerBenchConfig) -> int:
+    """Run the benchmark and print its figures as JSON (and write them to ``cfg.json``)."""
+    r = run(cfg.pages, cfg.scratch)
     text = json.dumps(r, indent=2)
     print(text)
-    if args.json:
-        with open(args.json, "w") as f:
+    if cfg.json:
+        with open(cfg.json, "w") as f:
             f.write(text)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -345,14 +345,25 @@ def register(sub) -> None:
 
     from padoc_ray.bench import loops
 
-    bl = add_command(bsub, "loops", parents=[loops._parser(add_help=False)],
+    bl = add_command(bsub, "loops",
                      help="the loop detector on every ground-truth page: false positives, and its cost per step",
                      description="Teacher-force every ground-truth page the project has (the demo pages and the "
                                  "corpus generator over --seeds) through the scheduler's loop detectors, stream by "
                                  "stream, as replay serializes them; print the stops (0 on real pages) and the "
                                  "closest any real stream came to one. --cost also times the detector per engine "
                                  "step at --streams live streams.")
-    bl.set_defaults(func=loops.run)
+    bl.add_argument("--model", required=True, help="a checkpoint directory (its tokenizer and padoc_protocol.json)")
+    add_fields(bl, loops.LoopsConfig, ("seeds", "pages_per_run", "profiles", "gt", "workers", "cost", "streams", "steps",
+                                       "json"))
+    bl.set_defaults(func=lambda a: loops.run(from_args(loops.LoopsConfig, a, model=a.model)))
+    from padoc_ray.bench import viewer as viewer_bench
+
+    bv = add_command(bsub, "viewer", help="the viewer on a large synthetic output: time to first byte and full load",
+                     description="Build (once, cached in --scratch) the driver benchmark's synthetic output and its "
+                                 "documents table, serve it with padoc-ray view's app on a free local port, and time "
+                                 "the documents table, a filter, a search and a page view, cold and warm.")
+    add_fields(bv, viewer_bench.ViewerBenchConfig, ("pages", "scratch", "json"))
+    bv.set_defaults(func=lambda a: viewer_bench.main(from_args(viewer_bench.ViewerBenchConfig, a)))
     from padoc_ray.cli.bench_model import register_model
 
     register_model(bsub)

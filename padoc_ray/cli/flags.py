@@ -190,6 +190,9 @@ def aliases() -> dict[tuple[str, str], Alias]:
         ("ViewerConfig", "allowed_hosts"): Alias(flags=("--allowed-host",), metavar="NAME,NAME,...",
                                                   note="comma list; besides 127.0.0.1, localhost and --host"),
         ("ViewerConfig", "header_timeout_s"): Alias(type=positive(float), metavar="SECONDS"),
+        ("LoopsConfig", "gt"): Alias(action="append", metavar="GT.json", to_field=tuple, from_field=list,
+                                      note="repeatable"),
+        ("LoopsConfig", "profiles"): Alias(metavar="NAME,NAME,..."),
         ("RenderConfig", "dpi"): Alias(default_text="none"),
         ("RenderConfig", "max_page_draws"): Alias(flags=("--page-draw-limit",), metavar="N"),
         ("RendererConfig", "isolate"): Alias(

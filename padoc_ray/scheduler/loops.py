@@ -25,7 +25,7 @@ tokens of loop before the hit, counted from the first copy of the repeated unit)
 What trips it although it is real content: a long exact or near repetition that is really on the
 page, e.g. a 12 x 12 zero or identity matrix written out, or a blank form whose rows differ only by
 their number. No detector of repetition can tell those from a loop; the ground-truth pages hold
-none (``python -m padoc_ray.bench.loops``).
+none (``padoc-ray bench loops``).
 
 What it leaves alone: n-grams that recur sparsely or in short runs (table markup, a blank
 worksheet row, shared phrasing, dot leaders), because the stream must repeat without a break
@@ -62,7 +62,7 @@ def _check_ranges(cfg, **bounds: tuple[int, int]) -> None:
 @dataclass(frozen=True, kw_only=True)
 class LoopConfig:
     """When a token stream counts as looping. The defaults never trip on the project's ground-truth
-    pages (``python -m padoc_ray.bench.loops`` measures it); see :meth:`latency` for how soon a loop
+    pages (``padoc-ray bench loops`` measures it); see :meth:`latency` for how soon a loop
     is caught."""
 
     #: n-gram size: positions are compared by the hash of the n tokens ending there. Smaller catches
