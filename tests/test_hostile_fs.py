@@ -284,25 +284,34 @@ def test_current_rows_keep_only_the_newest_version_of_an_input():
     assert [r["status"] for r in current_rows(table).to_pylist()] == ["read_failed"]
 
 
-def test_a_file_swapped_for_a_fifo_after_the_listing_does_not_hang_the_run(local_ray, tiny_model_dir, tmp_path,
-                                                                           monkeypatch):
-    """The listing sees a regular file; before any raster task reads it, it becomes a FIFO that nobody
-    writes to (today's reads would wait forever): the run ends, with that file's own row."""
+def _swap_after_listing(monkeypatch, swap) -> None:
+    """Run ``swap()`` once the batch job has listed its inputs (before any raster task reads one)."""
     from padoc_ray.pipeline import job
 
-    inp, out = tmp_path / "in", tmp_path / "out"
-    inp.mkdir()
-    (inp / "a.pdf").write_bytes(text_pdf(1))
-    (inp / "b.pdf").write_bytes(text_pdf(1))
     real = job.list_inputs
 
     def list_then_swap(*a, **kw):
         listed = real(*a, **kw)
-        (inp / "b.pdf").unlink()
-        os.mkfifo(inp / "b.pdf")
+        swap()
         return listed
 
     monkeypatch.setattr(job, "list_inputs", list_then_swap)
+
+
+def test_a_file_swapped_for_a_fifo_after_the_listing_does_not_hang_the_run(local_ray, tiny_model_dir, tmp_path,
+                                                                           monkeypatch):
+    """The listing sees a regular file; before any raster task reads it, it becomes a FIFO that nobody
+    writes to (today's reads would wait forever): the run ends, with that file's own row."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    (inp / "a.pdf").write_bytes(text_pdf(1))
+    (inp / "b.pdf").write_bytes(text_pdf(1))
+
+    def swap():
+        (inp / "b.pdf").unlink()
+        os.mkfifo(inp / "b.pdf")
+
+    _swap_after_listing(monkeypatch, swap)
     summary, s = _timed(lambda: _run(inp, out, model=tiny_model_dir), limit_s=180)
     docs = {os.path.basename(r["source_uri"]): r["status"] for r in pq.read_table(out / "documents").to_pylist()}
     assert docs == {"a.pdf": "ok", "b.pdf": "not_regular_file"} and summary["all_inputs_accounted"]
@@ -325,23 +334,18 @@ def test_a_file_swapped_for_a_link_after_the_listing_is_refused_in_a_run(local_r
     """The review's repro as a run: once the run has its plan, in/b.pdf (2 pages) becomes a link to
     outside/secret.pdf (30 pages). The documents table said "b.pdf ok, 30 pages" (the secret's); now b.pdf
     gets the listing's own code and no page of the secret is written."""
-    from padoc_ray.pipeline import job
-
     inp, out, outside = tmp_path / "in", tmp_path / "out", tmp_path / "outside"
     inp.mkdir()
     outside.mkdir()
     (inp / "a.pdf").write_bytes(text_pdf(1))
     (inp / "b.pdf").write_bytes(text_pdf(2))
     (outside / "secret.pdf").write_bytes(text_pdf(30))
-    real = job.list_inputs
 
-    def list_then_swap(*a, **kw):
-        listed = real(*a, **kw)
+    def swap():
         (inp / "b.pdf").unlink()
         (inp / "b.pdf").symlink_to(outside / "secret.pdf")
-        return listed
 
-    monkeypatch.setattr(job, "list_inputs", list_then_swap)
+    _swap_after_listing(monkeypatch, swap)
     summary, _ = _timed(lambda: _run(inp, out, model=tiny_model_dir), limit_s=180)
     docs = {os.path.basename(r["source_uri"]): r["status"] for r in pq.read_table(out / "documents").to_pylist()}
     assert docs == {"a.pdf": "ok", "b.pdf": "symlink"} and summary["all_inputs_accounted"]
@@ -379,23 +383,18 @@ def test_a_folder_swapped_for_a_link_after_the_listing_is_refused_in_a_run(local
                                                                           monkeypatch):
     """The same as a run: once the run has its plan, in/sub/ (b.pdf, 2 pages) becomes a link to outside/
     (b.pdf, 30 pages). b.pdf gets the listing's code for a link and nothing of outside/ is written."""
-    from padoc_ray.pipeline import job
-
     inp, out, outside = tmp_path / "in", tmp_path / "out", tmp_path / "outside"
     (inp / "sub").mkdir(parents=True)
     outside.mkdir()
     (inp / "a.pdf").write_bytes(text_pdf(1))
     (inp / "sub" / "b.pdf").write_bytes(text_pdf(2))
     (outside / "b.pdf").write_bytes(text_pdf(30))
-    real = job.list_inputs
 
-    def list_then_swap(*a, **kw):
-        listed = real(*a, **kw)
+    def swap():
         (inp / "sub").rename(tmp_path / "old-sub")
         (inp / "sub").symlink_to(outside)
-        return listed
 
-    monkeypatch.setattr(job, "list_inputs", list_then_swap)
+    _swap_after_listing(monkeypatch, swap)
     summary, _ = _timed(lambda: _run(inp, out, model=tiny_model_dir), limit_s=180)
     docs = {os.path.relpath(r["source_uri"], inp): r["status"] for r in pq.read_table(out / "documents").to_pylist()}
     assert docs == {"a.pdf": "ok", "sub/b.pdf": "symlink"} and summary["all_inputs_accounted"]

@@ -90,18 +90,23 @@ def scan_pages(fs: pafs.FileSystem, files: list[str], listed_uris, run_id: str |
     before a run: none of the rows is this run's, and three columns fewer read a quarter faster). With
     ``index``, what is read is written to that key index too (:mod:`~padoc_ray.pipeline.keyindex`)."""
     book = book if book is not None else ledger.Ledger(listed_uris, run_id, stamps)
-    for i in range(0, len(files), SCAN_FILES):  # a dataset keeps each file's footer once read: a group at a time
-        ds = pads.dataset(files[i:i + SCAN_FILES], schema=_SCAN_SCHEMA, filesystem=fs, format=_SCAN_FORMAT)
-        cols = ledger.COLUMNS if summary else ledger.PLAN_COLUMNS
-        table = ds.to_table(columns=cols).unify_dictionaries()  # one dictionary per column
+    for table in _key_tables(fs, files, ledger.COLUMNS if summary else ledger.PLAN_COLUMNS):
         if index is not None:
             index.write(table)
         book.add(table)
         del table
-        del ds
-        if (i // SCAN_FILES) % 16 == 15:
-            columns.trim()
     return book.finish()
+
+
+def _key_tables(fs: pafs.FileSystem, files: list[str], cols: list[str]):
+    """The key columns ``cols`` of ``files``, a table per group of :data:`SCAN_FILES` files (a dataset keeps
+    each file's footer once read: a group at a time), one dictionary per string column."""
+    for k, i in enumerate(range(0, len(files), SCAN_FILES)):
+        ds = pads.dataset(files[i:i + SCAN_FILES], schema=_SCAN_SCHEMA, filesystem=fs, format=_SCAN_FORMAT)
+        yield ds.to_table(columns=cols).unify_dictionaries()
+        del ds
+        if k % 16 == 15:
+            columns.trim()
 
 
 INDEX_SCHEMA = pa.schema([_SCAN_SCHEMA.field(c) for c in ledger.PLAN_COLUMNS])
@@ -148,9 +153,8 @@ def write_index(pages_uri: str, storage: StorageConfig, found: reader.PageFiles,
     returns the rows indexed."""
     writer = keyindex.IndexWriter(pages_uri, storage, name, files, found.size_of, INDEX_SCHEMA)
     try:
-        for i in range(0, len(files), SCAN_FILES):
-            ds = pads.dataset(files[i:i + SCAN_FILES], schema=_SCAN_SCHEMA, filesystem=found.fs, format=_SCAN_FORMAT)
-            writer.write(ds.to_table(columns=ledger.PLAN_COLUMNS).unify_dictionaries())
+        for table in _key_tables(found.fs, files, ledger.PLAN_COLUMNS):
+            writer.write(table)
     except BaseException:
         writer.abandon()
         raise
