@@ -19,6 +19,10 @@ status that ends the page aborted them) the next one enters; every page runs onc
 progress starts (a fork, a re-fork, a layout retry) enters the waiting queue at the end of the step
 that started it. Nothing else costs time: no host, no Ray hop, no idle engine, no KV cache eviction;
 so the result is the engine-bound limit. Pure: imports no ray, vllm or torch.
+
+:class:`SimEngine` is the engine, laid out like vLLM's: :meth:`~SimEngine.schedule` decides a step and
+returns its load, :meth:`~SimEngine.advance` absorbs it; its requests, pages and KV block count live in
+:mod:`.engine_state`. :func:`simulate` runs it to the end.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from .engine_state import KvBlocks, SimPage, SimRequest
 from .plan import PagePlan
 from .step import StepLoad, StepTime, prefill_pairs
 
@@ -46,70 +51,6 @@ class Envelope:
             raise ValueError("max_num_seqs, max_num_batched_tokens and block_size must be >= 1")
         if self.kv_blocks is not None and self.kv_blocks < 1:
             raise ValueError("kv_blocks must be >= 1 (or None: the KV cache never runs out)")
-
-
-class _Req:
-    __slots__ = ("page", "i", "prompt", "shared", "computed", "generated", "out", "next_at", "kids", "ki",
-                 "stop_at", "img_at", "img_end", "done", "need", "kv", "pin", "own", "admitted")
-
-    def __init__(self, page: "_Page", i: int):
-        p = page.plan.requests[i]
-        self.page, self.i = page, i
-        self.prompt, self.shared, self.out = p.prompt_tokens, p.shared_tokens, p.output_tokens
-        self.computed = self.generated = self.ki = 0
-        #: KV: tokens that must be computed before it decodes (its prompt; after a preemption, prompt + output so
-        #: far), tokens in the cache, of them the prefix it found cached (the page's blocks), its own blocks
-        self.need, self.kv, self.pin, self.own = self.prompt, 0, 0, 0
-        self.admitted = False
-        self.kids = page.kids[i]
-        sp = page.plan.stop_page
-        self.stop_at = sp[1] if sp is not None and sp[0] == i else None
-        self.img_at = page.plan.image_at if p.image else None
-        self.img_end = page.plan.image_at + page.plan.image_tokens
-        self.done = False
-        self.next_at = 0
-        self.advance()
-
-    def advance(self) -> None:
-        """The next generated-token count at which something happens to this request."""
-        n = self.out
-        if self.ki < len(self.kids):
-            n = min(n, self.kids[self.ki][0])
-        if self.stop_at is not None:
-            n = min(n, self.stop_at)
-        self.next_at = n
-
-
-class _Page:
-    __slots__ = ("plan", "kids", "end_kids", "t_start", "reqs", "live", "prompt", "cached", "stopped", "hold")
-
-    def __init__(self, plan: PagePlan, t_start: float):
-        self.plan, self.t_start = plan, t_start
-        n = len(plan.requests)
-        self.kids: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        self.end_kids: list[list[int]] = [[] for _ in range(n)]
-        for j, r in enumerate(plan.requests):
-            if r.parent is not None:
-                (self.kids[r.parent].append((r.at_token, j)) if r.at_token is not None
-                 else self.end_kids[r.parent].append(j))
-        for k in self.kids:
-            k.sort()
-        self.reqs: list[_Req] = []
-        self.live = self.prompt = self.cached = 0
-        self.stopped = False
-        #: KV blocks of the page's shared prefix held for requests that found it cached once the request that
-        #: computed it no longer holds them (ended or preempted)
-        self.hold = 0
-
-
-def read_kv(kv: dict, r: "_Req", context: int) -> None:
-    """Count what ``r``'s attention over ``context`` tokens reads into ``kv`` (page -> [shared, own]): the
-    part of it that is its page's shared prefix (a page's first request's whole context: its branches and
-    retries fork from it; a later request's shared prompt tokens) once per page, the rest as its own."""
-    shared = context if r.i == 0 else min(r.shared, context)
-    acc = kv.setdefault(r.page, [0, 0])
-    acc[0] = max(acc[0], shared)
-    acc[1] += context - shared
 
 
 @dataclass
@@ -132,229 +73,298 @@ class SimResult:
     peak_kv_blocks: int = 0  #: the most KV blocks in use at once
 
 
-def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, env: Envelope = Envelope()
-             ) -> SimResult:
-    if concurrency < 1:
-        raise ValueError("concurrency must be >= 1")
-    if not plans:
-        raise ValueError("no pages to model")
-    S, T, B, K = env.max_num_seqs, env.max_num_batched_tokens, env.block_size, env.kv_blocks
-    waiting: deque[_Req] = deque()
-    running: list[_Req] = []
-    records: list[dict] = []
-    nxt = 0
-    clock = 0.0
-    used = peak = preempted = 0  # KV blocks in use (counted only with a finite cache)
 
-    def own_blocks(r: _Req, tokens: int) -> int:
-        return -(-tokens // B) - r.pin // B
+def read_kv(kv: dict, r: SimRequest, context: int) -> None:
+    """Count what ``r``'s attention over ``context`` tokens reads into ``kv`` (page -> [shared, own]): the
+    part of it that is its page's shared prefix (a page's first request's whole context: its branches and
+    retries fork from it; a later request's shared prompt tokens) once per page, the rest as its own."""
+    shared = context if r.i == 0 else min(r.shared, context)
+    acc = kv.setdefault(r.page, [0, 0])
+    acc[0] = max(acc[0], shared)
+    acc[1] += context - shared
 
-    def hold_of(page: _Page, extra_pin: int = 0) -> int:
-        """Blocks of the page's shared prefix that its live requests (and one with ``extra_pin`` tokens
-        cached, about to be admitted) found cached, beyond what its first request (which computed them)
-        still holds itself: counted once for the page."""
-        first = page.reqs[0]
-        pins = max((q.pin // B for q in page.reqs[1:] if q.admitted and not q.done), default=0)
-        pins = max(pins, extra_pin // B)
-        return max(0, pins - (first.own if first.admitted and not first.done else 0))
 
-    def sync_hold(page: _Page) -> None:
-        nonlocal used
-        h = hold_of(page)
-        used += h - page.hold
-        page.hold = h
+@dataclass
+class ScheduledStep:
+    """What :meth:`SimEngine.schedule` decided for one step (vLLM's ``SchedulerOutput``, as counts)."""
 
-    def set_own(r: _Req, blocks: int) -> None:
-        nonlocal used
-        used += blocks - r.own
-        r.own = blocks
-        if r.page.hold or (r.i == 0 and len(r.page.reqs) > 1):
-            sync_hold(r.page)
+    budget: int  #: tokens of max_num_batched_tokens left unscheduled
+    decodes: list[SimRequest] = field(default_factory=list)  #: requests that decode one token
+    chunks: list[tuple[SimRequest, int]] = field(default_factory=list)  #: (request, its prefill tokens)
+    admitted: int = 0  #: waiting requests admitted (their first chunk is among ``chunks``)
+    preempted: bool = False  #: a running request was preempted for KV blocks: nothing is admitted
+    load: StepLoad | None = None  #: the step's work, for the step-time function
 
-    def release(page: _Page) -> None:
-        if K is None:
-            return
-        for q in page.reqs:
-            if q.own:
-                set_own(q, 0)
-        sync_hold(page)
 
-    def start(page: _Page, i: int) -> None:
-        r = _Req(page, i)
-        page.reqs.append(r)
-        page.live += 1
-        waiting.append(r)
+class SimEngine:
+    """One engine serving page plans under a closed loop: vLLM's V1 scheduler, as counts.
 
-    def enter() -> None:
-        nonlocal nxt
-        if nxt < len(plans):
-            start(_Page(plans[nxt], clock), 0)
-            nxt += 1
+    Each step :meth:`schedule` decides which requests run and what they compute (and allocates their KV
+    blocks, preempting and admitting as vLLM does) and returns the step with its :class:`~.step.StepLoad`;
+    the caller prices the load in seconds and :meth:`advance` absorbs the step: the clock moves, the
+    requests' token counts grow, requests end, fork others, or stop their page, and pages enter and end.
+    :meth:`result` is the run's :class:`SimResult` once :attr:`done`."""
 
-    def end_page(page: _Page) -> None:
-        pl = page.plan
-        records.append({"page": pl.name, "status": pl.status, "valid": pl.valid, "e2e_s": clock - page.t_start,
-                        "t_start": page.t_start, "t_end": clock, "output_tokens": sum(r.generated for r in page.reqs),
-                        "prompt_tokens": page.prompt, "cached_tokens": page.cached, "f_seq": pl.f_seq,
-                        "f_padoc": pl.f_padoc, "n_branches": pl.n_branches})
-        enter()
+    def __init__(self, plans: Sequence[PagePlan], concurrency: int, env: Envelope = Envelope()):
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        if not plans:
+            raise ValueError("no pages to model")
+        self.plans, self.env = plans, env
+        self.kv_blocks = KvBlocks(env.block_size, env.kv_blocks)
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []  #: in the order they were admitted
+        self.records: list[dict] = []  #: page records, in the order the pages ended
+        self.next_plan = 0  #: the plan the next page to enter runs
+        self.clock = 0.0
+        self.preempted = 0
+        self.steps = self.generated = self.prefill_tokens = self.seqs_total = self.tokens_total = 0
+        #: time-weighted sums of the step's sequence fill, token fill and the larger of the two
+        self.u_seq = self.u_tok = self.u_max = 0.0
+        self.samples: list[tuple[float, int]] = []
+        for _ in range(concurrency):
+            self._enter()
 
-    def finish(r: _Req) -> None:
-        r.done = True
-        page = r.page
-        page.live -= 1
-        if K is not None:
-            set_own(r, 0)
-            sync_hold(page)
-        for j in page.end_kids[r.i]:
-            if not page.stopped:
-                start(page, j)
-        if page.live == 0:
-            end_page(page)
+    @property
+    def done(self) -> bool:
+        """Every page has run."""
+        return len(self.records) >= len(self.plans)
 
-    def stop(page: _Page) -> None:
-        """A status that ends the page: abort its live requests (their tokens so far count)."""
-        page.stopped = True
-        for q in page.reqs:
-            q.done = True
-        release(page)
-        page.live = 0
-        end_page(page)
+    # ---- scheduling ---------------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledStep:
+        """Decide the next step: running requests first, in the order they were admitted, each taking what
+        it needs (a decode token, or the next chunk of its prefill) while the token budget lasts; then, unless
+        one was preempted, waiting requests in order while the budget lasts and fewer than max_num_seqs run."""
+        step = ScheduledStep(budget=self.env.max_num_batched_tokens)
+        self._schedule_running(step)
+        if not step.preempted:
+            self._schedule_waiting(step)
+        if not step.decodes and not step.chunks:
+            raise RuntimeError("the engine model scheduled nothing in a step: a request needs more KV blocks than "
+                               f"the cache has ({self.env.kv_blocks}), or a bug")
+        self.kv_blocks.peak = max(self.kv_blocks.peak, self.kv_blocks.used)
+        step.load = self._load(step)
+        return step
 
-    def preempt(r: _Req) -> None:
-        """vLLM's recompute preemption: its blocks go back, it waits at the front of the queue, and on
-        readmission it prefills its prompt and what it generated so far (less the page prefix it finds
-        cached; a page's first request, which has none to find, recomputes it all)."""
-        nonlocal preempted
-        preempted += 1
-        set_own(r, 0)
-        r.admitted = False
-        r.computed = r.kv = r.pin = 0
-        r.need = r.prompt + r.generated
-        sync_hold(r.page)
-        waiting.appendleft(r)
-
-    for _ in range(concurrency):
-        enter()
-    steps = gen = prefill_total = seqs_total = tokens_total = 0
-    u_seq = u_tok = u_max = 0.0
-    samples: list[tuple[float, int]] = []
-    while len(records) < len(plans):
-        budget, dec, ctx, pairs, admitted = T, 0, 0, 0, 0
-        kv: dict[_Page, list[int]] = {}  # page -> [its longest shared prefix read this step, its own tokens read]
-        events: list[_Req] = []
-        chunks: list[tuple[_Req, int]] = []  # (request, prefill tokens this step)
-        was_preempted = False
+    def _schedule_running(self, step: ScheduledStep) -> None:
+        """The running requests' share of the step; with a finite KV cache, one that cannot grow preempts the
+        last admitted (vLLM's FCFS), or itself when it is the last."""
+        running, kv = self.running, self.kv_blocks
         i = 0
-        while i < len(running):  # admission order: decodes, and prefills a previous step left unfinished
-            if budget <= 0:
-                break
+        while i < len(running) and step.budget > 0:
             r = running[i]
-            n = min(r.need - r.computed, budget) if r.computed < r.need else 1
-            if K is not None:
-                want = own_blocks(r, r.kv + n)
-                while want - r.own > K - used and running[-1] is not r:  # preempt from the back (FCFS)
-                    preempt(running.pop())
-                    was_preempted = True
-                if want - r.own > K - used:  # nothing left to preempt but itself
-                    preempt(running.pop())
-                    was_preempted = True
+            n = min(r.need - r.computed, step.budget) if r.computed < r.need else 1
+            if kv.capacity is not None:
+                want = kv.own_blocks(r, r.kv + n)
+                while want - r.own > kv.free() and running[-1] is not r:  # preempt from the back (FCFS)
+                    self._preempt(running.pop())
+                    step.preempted = True
+                if want - r.own > kv.free():  # nothing left to preempt but itself
+                    self._preempt(running.pop())
+                    step.preempted = True
                     break
-                set_own(r, want)
+                kv.set_own(r, want)
             i += 1
             if r.computed < r.need:
-                chunks.append((r, n))
-                budget -= n
-                continue
-            dec += 1
-            c = r.prompt + r.generated
-            ctx += c
-            pairs += c
-            read_kv(kv, r, c)
-            r.generated += 1
-            r.kv += 1
-            budget -= 1
-            if r.generated >= r.next_at:
-                events.append(r)
-        while waiting and budget > 0 and len(running) < S and not was_preempted:
+                step.chunks.append((r, n))
+            else:
+                step.decodes.append(r)
+            step.budget -= n
+
+    def _schedule_waiting(self, step: ScheduledStep) -> None:
+        """Admit waiting requests in order: each finds its page's prefix cached in full blocks (never its whole
+        prompt) and prefills a chunk of the rest; with a finite KV cache, one whose blocks do not fit waits."""
+        waiting, kv, B = self.waiting, self.kv_blocks, self.env.block_size
+        while waiting and step.budget > 0 and len(self.running) < self.env.max_num_seqs:
             r = waiting[0]
             if r.done:  # its page ended while it waited
                 waiting.popleft()
                 continue
             pin = min(r.shared, r.need - 1) // B * B
-            n = min(r.need - pin, budget)
-            if K is not None:
+            n = min(r.need - pin, step.budget)
+            if kv.capacity is not None:
                 r.pin = pin
-                grow = own_blocks(r, pin + n) + (hold_of(r.page, pin) - r.page.hold if r.i else 0)
-                if grow > K - used:  # vLLM leaves it waiting until blocks free up
+                grow = kv.own_blocks(r, pin + n) + (kv.hold_of(r.page, pin) - r.page.hold if r.i else 0)
+                if grow > kv.free():  # vLLM leaves it waiting until blocks free up
                     r.pin = 0
                     break
             waiting.popleft()
-            admitted += 1
+            step.admitted += 1
             r.admitted = True
             r.computed = r.kv = pin
             r.page.prompt += r.need
             r.page.cached += r.computed
-            if K is not None:
-                set_own(r, own_blocks(r, pin + n))
-                sync_hold(r.page)
-            chunks.append((r, n))
-            budget -= n
-            running.append(r)
-        pre = imgs = img_tokens = completed = 0
-        for r, n in chunks:
-            lo, r.computed = r.computed, r.computed + n
-            r.kv = r.computed
+            if kv.capacity is not None:
+                kv.set_own(r, kv.own_blocks(r, pin + n))
+                kv.sync_hold(r.page)
+            step.chunks.append((r, n))
+            step.budget -= n
+            self.running.append(r)
+
+    def _load(self, step: ScheduledStep) -> StepLoad:
+        """The step's work: its decodes and prefill chunks, their context and attention pairs, the distinct KV
+        tokens they read, the images the chunks reach and the requests admitted."""
+        kv: dict[SimPage, list[int]] = {}  # page -> [its longest shared prefix read this step, its own tokens read]
+        ctx = pairs = 0
+        for r in step.decodes:
+            c = r.prompt + r.generated
+            ctx += c
+            pairs += c
+            read_kv(kv, r, c)
+        pre = imgs = img_tokens = 0
+        for r, n in step.chunks:
+            hi = r.computed + n
             pre += n
-            ctx += r.computed
-            pairs += prefill_pairs(n, lo)
-            read_kv(kv, r, r.computed)
-            if r.img_at is not None and lo < r.img_end and r.computed > r.img_at:
+            ctx += hi
+            pairs += prefill_pairs(n, r.computed)
+            read_kv(kv, r, hi)
+            if r.reaches_image(n):
                 imgs += 1
                 img_tokens += r.page.plan.image_tokens
-                r.img_at = None
-            if r.computed == r.need:  # the prefill's last chunk samples the next token
-                completed += 1
-                r.generated += 1
-                if r.generated >= r.next_at:
-                    events.append(r)
-        if not dec and not chunks:
-            raise RuntimeError("the engine model scheduled nothing in a step: a request needs more KV blocks than "
-                               f"the cache has ({K}), or a bug")
-        peak = max(peak, used)
-        dt = step_time.seconds(StepLoad(dec, pre, ctx, imgs, img_tokens, attention_pairs=pairs,
-                                        kv_tokens=sum(t + o for t, o in kv.values()), new_requests=admitted))
-        if not dt > 0:
-            raise ValueError(f"the step time must be positive seconds, got {dt!r} (from {step_time.describe()})")
-        clock += dt
-        steps += 1
-        seqs, toks = dec + len(chunks), dec + pre
-        seqs_total += seqs
-        tokens_total += toks
-        prefill_total += pre
-        u_seq += dt * seqs / S
-        u_tok += dt * toks / T
-        u_max += dt * max(seqs / S, toks / T)
-        gen += dec + completed
-        samples.append((clock, gen))
+        return StepLoad(len(step.decodes), pre, ctx, imgs, img_tokens, attention_pairs=pairs,
+                        kv_tokens=sum(t + o for t, o in kv.values()), new_requests=step.admitted)
+
+    # ---- absorbing a step ---------------------------------------------------------------------------------
+    def advance(self, step: ScheduledStep, seconds: float) -> None:
+        """Absorb a scheduled step that took ``seconds``: token counts, the clock and the run's figures, then
+        what the new tokens set off (forks, stops, ends; pages ending and entering)."""
+        events, completed = self._update_tokens(step)
+        self._count(step, seconds, completed)
         finished = False
         for r in events:
             if r.done:  # its page was stopped by an earlier event of this step
                 continue
             page, g = r.page, r.generated
             while r.ki < len(r.kids) and r.kids[r.ki][0] <= g:
-                start(page, r.kids[r.ki][1])
+                self._start(page, r.kids[r.ki][1])
                 r.ki += 1
             if r.stop_at is not None and g >= r.stop_at:
-                stop(page)
+                self._stop(page)
                 finished = True
             elif g >= r.out:
-                finish(r)
+                self._finish(r)
                 finished = True
             else:
-                r.advance()
+                r.update_next_at()
         if finished:
-            running = [r for r in running if not r.done]
-    wall = clock
-    return SimResult(records, wall, steps, u_seq / wall, u_tok / wall, u_max / wall, seqs_total / steps,
-                     tokens_total / steps, prefill_total, samples, preempted, peak)
+            self.running = [r for r in self.running if not r.done]
+
+    def _update_tokens(self, step: ScheduledStep) -> tuple[list[SimRequest], int]:
+        """Decodes generate a token, chunks advance their prefill (a prefill's last chunk samples the first
+        token; a chunk that reaches the image encodes it). Returns the requests that reached their next event,
+        decodes first, and the number of prefills completed."""
+        events: list[SimRequest] = []
+        for r in step.decodes:
+            r.generated += 1
+            r.kv += 1
+            if r.generated >= r.next_at:
+                events.append(r)
+        completed = 0
+        for r, n in step.chunks:
+            if r.reaches_image(n):
+                r.img_at = None
+            r.computed += n
+            r.kv = r.computed
+            if r.computed == r.need:  # the prefill's last chunk samples the next token
+                completed += 1
+                r.generated += 1
+                if r.generated >= r.next_at:
+                    events.append(r)
+        return events, completed
+
+    def _count(self, step: ScheduledStep, dt: float, completed: int) -> None:
+        """Move the clock by the step's ``dt`` seconds and add the step to the run's figures."""
+        S, T = self.env.max_num_seqs, self.env.max_num_batched_tokens
+        dec, pre = step.load.decode_seqs, step.load.prefill_tokens
+        self.clock += dt
+        self.steps += 1
+        seqs, toks = dec + len(step.chunks), dec + pre
+        self.seqs_total += seqs
+        self.tokens_total += toks
+        self.prefill_tokens += pre
+        self.u_seq += dt * seqs / S
+        self.u_tok += dt * toks / T
+        self.u_max += dt * max(seqs / S, toks / T)
+        self.generated += dec + completed
+        self.samples.append((self.clock, self.generated))
+
+    # ---- requests and pages -------------------------------------------------------------------------------
+    def _start(self, page: SimPage, i: int) -> None:
+        """Request ``i`` of the page starts: it joins the waiting queue."""
+        r = SimRequest(page, i)
+        page.reqs.append(r)
+        page.live += 1
+        self.waiting.append(r)
+
+    def _enter(self) -> None:
+        """The next page enters (if any is left): its first request starts."""
+        if self.next_plan < len(self.plans):
+            self._start(SimPage(self.plans[self.next_plan], self.clock), 0)
+            self.next_plan += 1
+
+    def _end_page(self, page: SimPage) -> None:
+        """The page's record; the next page enters in its place."""
+        pl, clock = page.plan, self.clock
+        self.records.append({
+            "page": pl.name, "status": pl.status, "valid": pl.valid, "e2e_s": clock - page.t_start,
+            "t_start": page.t_start, "t_end": clock, "output_tokens": sum(r.generated for r in page.reqs),
+            "prompt_tokens": page.prompt, "cached_tokens": page.cached, "f_seq": pl.f_seq, "f_padoc": pl.f_padoc,
+            "n_branches": pl.n_branches})
+        self._enter()
+
+    def _finish(self, r: SimRequest) -> None:
+        """``r`` generated its last token: its blocks go back, the requests it starts when it ends start (unless
+        its page was stopped), and its page ends with its last request."""
+        r.done = True
+        page = r.page
+        page.live -= 1
+        if self.kv_blocks.capacity is not None:
+            self.kv_blocks.set_own(r, 0)
+            self.kv_blocks.sync_hold(page)
+        for j in page.end_kids[r.i]:
+            if not page.stopped:
+                self._start(page, j)
+        if page.live == 0:
+            self._end_page(page)
+
+    def _stop(self, page: SimPage) -> None:
+        """A status that ends the page: abort its live requests (their tokens so far count)."""
+        page.stopped = True
+        for q in page.reqs:
+            q.done = True
+        self.kv_blocks.release(page)
+        page.live = 0
+        self._end_page(page)
+
+    def _preempt(self, r: SimRequest) -> None:
+        """vLLM's recompute preemption: its blocks go back, it waits at the front of the queue, and on
+        readmission it prefills its prompt and what it generated so far (less the page prefix it finds
+        cached; a page's first request, which has none to find, recomputes it all)."""
+        self.preempted += 1
+        self.kv_blocks.set_own(r, 0)
+        r.admitted = False
+        r.computed = r.kv = r.pin = 0
+        r.need = r.prompt + r.generated
+        self.kv_blocks.sync_hold(r.page)
+        self.waiting.appendleft(r)
+
+    def result(self) -> SimResult:
+        """The run's figures (once :attr:`done`)."""
+        wall, steps = self.clock, self.steps
+        return SimResult(self.records, wall, steps, self.u_seq / wall, self.u_tok / wall, self.u_max / wall,
+                         self.seqs_total / steps, self.tokens_total / steps, self.prefill_tokens, self.samples,
+                         self.preempted, self.kv_blocks.peak)
+
+
+def simulate(plans: Sequence[PagePlan], concurrency: int, step_time: StepTime, env: Envelope = Envelope()
+             ) -> SimResult:
+    """Run every plan once through one engine (:class:`SimEngine`) under a closed loop of ``concurrency``
+    pages, each step priced by ``step_time``."""
+    engine = SimEngine(plans, concurrency, env)
+    while not engine.done:
+        step = engine.schedule()
+        dt = step_time.seconds(step.load)
+        if not dt > 0:
+            raise ValueError(f"the step time must be positive seconds, got {dt!r} (from {step_time.describe()})")
+        engine.advance(step, dt)
+    return engine.result()
