@@ -29,24 +29,23 @@ Ray-free: imports neither ray nor vllm at module level (vLLM is imported when th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
-import heapq
-import itertools
 import logging
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Mapping
 
 from padoc_ray import metrics
+from padoc_ray.knobs import knob
 from padoc_ray.engine.interface import EngineDeadError, GenRequest
 from padoc_ray.protocol import Page
 from padoc_ray.scheduler import EventSink, PageInput, PageRecord, RegionEvent, SchedulerConfig, replay_input, run_page
 from padoc_ray.scheduler.meter import EngineMeter
 from padoc_ray.scheduler.replay import inject_loops
 from padoc_ray.scheduler.runner import branch_admission
-from padoc_ray.scheduler.state import DECODE_MODES
+from padoc_ray.scheduler.slots import PrioritySlots
+from padoc_ray.scheduler.config import DECODE_MODES, SCHEDULER_FLAGS
 from padoc_ray.status import IMAGE_UNREADABLE, INTERNAL_ERROR, UNSUPPORTED_MODE
 
 logger = logging.getLogger(__name__)
@@ -54,24 +53,40 @@ logger = logging.getLogger(__name__)
 ENGINES = ("vllm", "noop")
 
 
+def _max_num_seqs(n: int | None) -> dict:
+    """``--max-num-seqs N``: the engine overrides it stands for (none: the preset's)."""
+    return {"max_num_seqs": n} if n else {}
+
+
+def _max_num_seqs_of(overrides: Mapping[str, Any]) -> int | None:
+    return overrides.get("max_num_seqs")
+
+
 @dataclass(frozen=True, kw_only=True)
 class HostConfig:
     """How one engine host runs pages. Engine settings: the machine's preset (see
     :func:`padoc_ray.engine.config.engine_preset`) plus ``engine_overrides``."""
 
-    engine: str = "vllm"  #: "vllm", or "noop" (no model: every page is an empty layout; measures overhead)
+    #: "vllm", or "noop" (no model: every page is an empty layout; measures overhead)
+    engine: str = knob("vllm", choices=("vllm", "noop"))
     preset: str = "auto"  #: engine preset: auto (gpu when CUDA is visible, else cpu), gpu or cpu
-    engine_overrides: Mapping[str, Any] = field(default_factory=dict)  #: EngineConfig fields on top of the preset
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)  #: per-page limits
+    #: EngineConfig fields on top of the preset; on the command line: --max-num-seqs
+    engine_overrides: Mapping[str, Any] = knob(factory=dict, flags=("--max-num-seqs",), dest="max_num_seqs",
+                                               parse="int", to_field=_max_num_seqs, from_field=_max_num_seqs_of,
+                                               help="engine max_num_seqs", default_text="the engine preset's")
+    #: per-page limits (every field is a flag)
+    scheduler: SchedulerConfig = knob(factory=SchedulerConfig, nested=SCHEDULER_FLAGS)
     #: fork: the PaDoc layout stream + concurrent content branches; sequential: one interleaved stream (the
     #: paper's baseline). The mode of a page that names none
-    mode: str = "fork"
+    mode: str = knob("fork", choices=DECODE_MODES)
     pages_in_flight: int = 16  #: pages run concurrently on the engine (more wait their turn)
-    max_live_branches: int | None = None  #: cap on content branches live in the engine at once (None: none)
+    #: cap on content branches live in the engine at once (None: none)
+    max_live_branches: int | None = knob(None, default_text="no cap")
     #: benchmarks: the share of teacher-forced branches whose first attempt is forced to repeat a phrase
     #: to its token limit (chosen per page by ``inject_seed``); every later attempt replays the truth. 0: none
-    inject_loops: float = 0.0
-    inject_seed: int = 0  #: picks the branches inject_loops forces to loop (the same seed, the same branches)
+    inject_loops: float = knob(0.0, metavar="FRACTION")
+    #: picks the branches inject_loops forces to loop (the same seed, the same branches)
+    inject_seed: int = knob(0, flags=("--seed",), metavar="N")
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -445,42 +460,6 @@ def event_json(ev: RegionEvent, page_index: int) -> dict:
     else:
         out["markdown"] = ev.markdown
     return out
-
-
-class PrioritySlots:
-    """``n`` slots; waiters get them lowest ``priority`` first, then in arrival order. A waiter
-    cancelled while it waits leaves the queue; a slot granted to it at that moment is handed on."""
-
-    def __init__(self, n: int):
-        self.free = n
-        self._waiters: list[tuple[int, int, asyncio.Future]] = []
-        self._arrivals = itertools.count()
-
-    @contextlib.asynccontextmanager
-    async def slot(self, priority: int = 0):
-        if self.free > 0 and not self._waiters:
-            self.free -= 1
-        else:
-            fut = asyncio.get_running_loop().create_future()
-            heapq.heappush(self._waiters, (priority, next(self._arrivals), fut))
-            try:
-                await fut
-            except asyncio.CancelledError:
-                if fut.done() and not fut.cancelled():
-                    self._release()
-                raise
-        try:
-            yield
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        self.free += 1
-        while self.free > 0 and self._waiters:
-            _, _, fut = heapq.heappop(self._waiters)
-            if not fut.done():  # a cancelled waiter's future is done: skip it
-                self.free -= 1
-                fut.set_result(None)
 
 
 def row_request(row: dict, image: bytes | memoryview, *, tenant: str = "", salt: str | None = None,

@@ -16,6 +16,7 @@ from typing import Iterator
 
 # error codes: padoc_ray.status lists them all (stable strings; they end up in Parquet rows)
 from padoc_ray.pdf_draws import DrawCounter  # noqa: F401 - re-exported: open_pdf attaches one to each document
+from padoc_ray.knobs import knob
 from padoc_ray.status import (  # noqa: F401 - re-exported for the callers of pdf.py
     ABSURD_PAGE_SIZE,
     CORRUPT_IMAGE,
@@ -65,10 +66,10 @@ class RenderConfig:
     #: render pages to this many pixels on their longest side (the model's processor resizes further to its
     #: pixel budget)
     longest_side: int = 1600
-    dpi: float | None = None  #: render PDF pages at this DPI instead (None: by longest_side)
+    dpi: float | None = knob(None, default_text="none")  #: render PDF pages at this DPI instead (None: by longest_side)
     max_pixels: int = MAX_RENDER_PIXELS
     #: XObject draws a page may make (see :func:`page_draws`); more: page_too_complex (0: no limit)
-    max_page_draws: int = MAX_PAGE_DRAWS
+    max_page_draws: int = knob(MAX_PAGE_DRAWS, flags=("--page-draw-limit",), metavar="N")
 
     def __post_init__(self) -> None:
         if self.dpi is not None and not 10 <= self.dpi <= 1200:

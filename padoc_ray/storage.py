@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
+from padoc_ray.knobs import knob
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,9 @@ logger = logging.getLogger(__name__)
 class StorageConfig:
     """How to reach object storage. ``endpoint`` also comes from AWS_ENDPOINT_URL(_S3)."""
 
-    endpoint: str | None = None  #: S3-compatible endpoint URL, e.g. http://127.0.0.1:9000 (credentials: the AWS chain)
+    #: S3-compatible endpoint URL, e.g. http://127.0.0.1:9000 (credentials: the AWS chain)
+    endpoint: str | None = knob(None, flags=("--s3-endpoint",), dest="s3_endpoint",
+                                default_text="AWS_ENDPOINT_URL(_S3), else AWS")
     region: str | None = None  #: default: AWS_REGION / AWS_DEFAULT_REGION, else us-east-1
     #: attempts per request (the first one included) in the AWS standard retry mode, for both clients:
     #: pyarrow's (inputs, Parquet) and boto3's (model copies, the output lock). Throttling (503 SlowDown),
@@ -38,7 +41,7 @@ class StorageConfig:
     retry_attempts: int = 6
     #: one file's whole read, local or s3://, must finish within this (then read_failed, retried by a
     #: rerun); also pyarrow's S3 connect/request time-out. 512 MiB (the file-size cap) at 2 MB/s fits
-    read_timeout_s: float = 300.0
+    read_timeout_s: float = knob(300.0, flags=("--read-timeout",), metavar="SECONDS")
 
     def __post_init__(self) -> None:
         if not self.read_timeout_s > 0:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from padoc_ray.eval.agreement import AgreementConfig, box_iou, compare_pages, difficulty, match_regions
+from padoc_ray.curation.agreement import AgreementConfig, box_iou, compare_pages, difficulty, match_regions
 from padoc_ray.protocol.page import Box, Page, Region
 
 
@@ -85,7 +85,7 @@ def test_empty_pages_agree():
 def test_comparison_stage_records_every_page(tmp_path):
     """The job's comparison stage on hand-made prediction sets: reasons for every page it cannot compare."""
     from padoc_ray.pipeline.config import BatchConfig
-    from padoc_ray.pipeline.reannotate import ReannotateConfig, compare, load_ground_truth
+    from padoc_ray.curation.reannotate import ReannotateConfig, compare, load_ground_truth
 
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.pdf").write_bytes(b"%PDF-1.4 placeholder")

@@ -377,5 +377,7 @@ def test_bench_attention_cli(tmp_path, capsys):
 def test_bench_attention_bad_usage(argv, msg, capsys):
     from padoc_ray.cli import main
 
-    assert main(["bench", "attention", *argv]) == 2
+    with pytest.raises(SystemExit) as e:  # every command's usage errors: die(), SystemExit(2)
+        main(["bench", "attention", *argv])
+    assert e.value.code == 2
     assert msg in capsys.readouterr().err

@@ -15,9 +15,9 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from padoc_ray.eval.agreement import AgreementConfig, compare_pages
-from padoc_ray.eval.consensus import build_consensus, default_min_agree
-from padoc_ray.eval.importers import load_set, parse_compare
+from padoc_ray.curation.agreement import AgreementConfig, compare_pages
+from padoc_ray.curation.consensus import build_consensus, default_min_agree
+from padoc_ray.curation.importers import load_set, parse_compare
 from padoc_ray.storage import StorageConfig
 from padoc_ray.protocol.page import Box, Page, Region, page_from_omnidocbench
 
@@ -119,7 +119,7 @@ def test_the_content_is_the_medoid_of_the_members():
 
 
 def test_disagreeing_pages_are_harder():
-    from padoc_ray.pipeline.reannotate import PageSlot, compare
+    from padoc_ray.curation.reannotate import PageSlot, compare
 
     rng = random.Random(3)
     slots, sets = [], {"a": {}, "b": {}, "c": {}}
@@ -361,7 +361,7 @@ def test_reannotate_arguments(tmp_path):
 
 # ---- train --sample-weights ------------------------------------------------------------------------
 def test_weighted_draws_follow_difficulty_and_never_pick_pages_without_consensus():
-    from padoc_ray.eval.agreement import SAMPLE_WEIGHT_FLOOR, sample_weight
+    from padoc_ray.trainer.packing import SAMPLE_WEIGHT_FLOOR, sample_weight
     from padoc_ray.trainer.loop import batch_for_step
 
     assert sample_weight(False, 0.9) == 0.0 and sample_weight(None, None) == 0.0
@@ -377,7 +377,7 @@ def test_weighted_draws_follow_difficulty_and_never_pick_pages_without_consensus
 def test_apply_sample_weights_matches_pages_by_name_or_source(tmp_path):
     import pyarrow as pa
 
-    from padoc_ray.pipeline.reannotate import AGREEMENT_SCHEMA
+    from padoc_ray.curation.reannotate import AGREEMENT_SCHEMA
     from padoc_ray.trainer.packing import NO_CONSENSUS, NOT_WEIGHTED, ImageRef, PageRef, apply_sample_weights
 
     def row(**kw):

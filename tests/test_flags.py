@@ -1,7 +1,7 @@
 """Every flag of every command, checked against the config dataclasses (padoc_ray.cli.flags).
 
 The table is built live from the ``padoc-ray`` argparse tree and the ``jobs/*.py`` parsers: a flag
-made from a field must default to that field's value (through its alias's converter), a hand-written
+made from a field must default to that field's value (through its face's converter), a hand-written
 flag must not shadow a field's flag, every flag that existed before the flags were derived
 (tests/data/flags_before_i26.json) must still exist with its default, and every SchedulerConfig knob
 must be reachable, the same way, on every parsing surface.
@@ -102,6 +102,9 @@ def test_each_field_flag_default_is_the_config_s_own(parsers):
                 want = getattr(ServeConfig(model="m"), name)
             else:
                 f = {f.name: f for f in dataclasses.fields(cls)}[name]
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    assert a.required, (path, a.option_strings, "a field without a default must be a required flag")
+                    continue
                 want = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             assert value == want, (path, a.option_strings)
 
@@ -143,19 +146,44 @@ def test_every_flag_of_before_still_exists_with_its_default(parsers):
                 assert now[spelling].required == old["required"], (cmd, spelling)
 
 
-def test_the_alias_table_flags_all_exist(parsers):
-    from padoc_ray.cli.flags import aliases
+def _knob_fields() -> list[tuple[type, str, tuple[str, ...]]]:
+    """(class, field, the flags its face names) of every config field declared with a renamed flag, found by
+    reading the package's source for ``knob(... flags=...)`` and importing the modules that have one."""
+    import ast
+    import importlib
+    import pathlib
 
-    seen: dict[tuple[str, str], set[str]] = {}
+    from padoc_ray.knobs import face_of
+
+    pkg = pathlib.Path(ROOT) / "padoc_ray"
+    out = []
+    for path in sorted(pkg.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if "knob(" not in text or path.name == "knobs.py":
+            continue
+        mod = importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and dataclasses.is_dataclass(getattr(mod, node.name, None)):
+                for f in dataclasses.fields(getattr(mod, node.name)):
+                    if face_of(f).flags:
+                        out.append((getattr(mod, node.name), f.name, face_of(f).flags))
+    return out
+
+
+def test_every_renamed_flag_a_field_declares_exists(parsers):
+    """A field whose knob names its flags (a public name older than the field's) has those flags, all of
+    them, on some command: a face cannot name a flag nobody gets."""
+    seen: dict[tuple[type, str], set[str]] = {}
     for p in parsers.values():
         for a in _options(p):
             if hasattr(a, "padoc_field"):
                 cls, name, _ = a.padoc_field
-                seen.setdefault((cls.__name__, name), set()).update(a.option_strings)
-    for key, alias in aliases().items():
-        if alias.flags:
-            assert key in seen, key
-            assert set(alias.flags) <= seen[key], (key, alias.flags, seen[key])
+                seen.setdefault((cls, name), set()).update(a.option_strings)
+    fields = _knob_fields()
+    assert len(fields) > 30  # the scan is live
+    for cls, name, flags in fields:
+        assert (cls, name) in seen, f"{cls.__name__}.{name}: no command has its flag {flags[0]}"
+        assert set(flags) <= seen[(cls, name)], (cls.__name__, name, flags, seen[(cls, name)])
 
 
 SURFACES = {
@@ -192,7 +220,7 @@ def _built_scheduler(surface, args):
     if surface == "serve":
         return serve.config_from_args(args).host.scheduler
     if surface.startswith("bench"):
-        return bench._host_cfg(args, 4).scheduler
+        return bench.config_from_args(args).host.scheduler
     return scheduler_from_args(args)
 
 

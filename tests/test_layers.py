@@ -11,13 +11,14 @@ PKG = pathlib.Path(__file__).resolve().parent.parent / "padoc_ray"
 
 #: bottom to top; a part is a top-level module or sub-package of padoc_ray
 LAYERS: list[tuple[str, ...]] = [
-    ("status", "storage", "protocol", "metrics", "compat", "pdf_draws"),  # import no other part
+    ("knobs",),  # imports no other part: what a config field's flag looks like
+    ("status", "storage", "protocol", "metrics", "compat", "pdf_draws"),  # import nothing but knobs
     ("pdf", "groundtruth", "tokenizer", "ray_init", "lease", "listing", "modelstore"),
     ("engine", "output"),
     ("scheduler", "raster", "eval", "checkpoint"),
     ("host", "corpus", "trainer", "viewer"),  # viewer: Serve's page view draws with it
     ("inputs", "doctor", "pipeline", "serve", "perfmodel"),  # perfmodel: the engine model and the Table 3 writer
-    ("bench",),
+    ("bench", "curation"),  # curation: re-annotation runs the batch job (pipeline) once per prediction set
     ("cli",),
 ]
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}

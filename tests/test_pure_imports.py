@@ -30,7 +30,8 @@ PURE_PACKAGES = ["padoc_ray.protocol", "padoc_ray.scheduler", "padoc_ray.eval.e2
 PURE_MODULES = [
     "padoc_ray.engine", "padoc_ray.engine.interface", "padoc_ray.engine.config", "padoc_ray.engine.fake",
     "padoc_ray.engine.faults",
-    "padoc_ray.eval.pageiou", "padoc_ray.eval.agreement", "padoc_ray.eval.consensus", "padoc_ray.eval.importers",
+    "padoc_ray.eval.pageiou", "padoc_ray.curation", "padoc_ray.curation.agreement", "padoc_ray.curation.consensus",
+    "padoc_ray.curation.importers", "padoc_ray.eval.coverage",
     "padoc_ray.trainer.tree", "padoc_ray.trainer.config", "padoc_ray.groundtruth", "padoc_ray.status",
     # the online service's HTTP edge (its runner, jobs and uploads run without Ray too, over pyarrow)
     "padoc_ray.serve.guard", "padoc_ray.serve.errors", "padoc_ray.serve.fair", "padoc_ray.serve.schemas",

@@ -1,6 +1,8 @@
 """Issue 26, one path from renderer to row: the batch job's stages (``rasterize`` then
-``EngineStage``) and the online service's document path (``RenderPool`` then the engine replica's
-``parse_page``) give the same page rows, images and document status for the same input.
+``EngineStage``), the online service's document path (``RenderPool`` then the engine replica's
+``parse_page``) and ``padoc-ray parse-page`` (its flags, ``render_input`` then ``parse_rows``; issue 47)
+give the same page rows, images and document status for the same input, and one row shape: Serve's
+page JSON and parse-page's JSON are the one row JSON (``rows.row_json``), parse-page's with its own keys.
 
 Both run in this process on the scripted engine (it replays the teacher-forced truth of
 examples/ground_truth.json, so pages that have truth come back with content, the others with an
@@ -31,6 +33,7 @@ from padoc_ray.raster import DocFailed, RendererConfig
 from padoc_ray.raster.document import PAGE_OUT_OF_RANGE, DocumentOpened
 from padoc_ray.serve.app import EngineReplica
 from padoc_ray.serve.config import ServeConfig
+from padoc_ray.serve import documents
 from padoc_ray.serve.documents import RenderPool, document_status, page_choice
 
 from .pdf_factory import png_page, text_pdf, xref_broken_pdf
@@ -54,8 +57,8 @@ DIFFER_BY_DESIGN = {
     "source_size": "the batch job records the input as its listing saw it, to read a replaced input again; "
                    "an upload has no listing (null)",
     "source_mtime": "likewise",
-    "source_uri": "the batch job writes the input's URI, the service the upload's label (its file name): "
-                  "compared by base name instead",
+    "source_uri": "the batch job writes the input's URI, the service the upload's label (its file name), "
+                  "parse-page the file's name: compared by base name instead",
 }
 
 
@@ -161,6 +164,47 @@ async def _serve(name: str, data: bytes, cfg: ServeConfig, wanted) -> tuple[list
     return rows.to_table(sorted(out, key=lambda r: r["page_index"])).to_pylist(), images, verdict
 
 
+# ---- parse-page: its flags, render_input, parse_rows (no engine process), then its JSON -------------------------
+async def _parse_page(path: str, pages, model_dir: str) -> tuple[list[dict], dict[int, str], object, list]:
+    """parse-page's rows (as the batch job's schema), images, verdict (DocFailed, or the page count), and for
+    each parsed page the JSON it prints with the row it printed it from."""
+    from padoc_ray.cli import build_parser
+    from padoc_ray.cli.parse import page_json, render_input
+    from padoc_ray.inputs import parse_rows
+
+    argv = ["parse-page", path, "--model", model_dir, "--doc-page-limit", str(CAP), "--image-frame-limit",
+            str(FRAMES), *(["--page", str(pages[0] + 1)] if pages else [])]
+    doc = render_input(path, build_parser().parse_args(argv))
+    images = {p.row["page_index"]: hashlib.sha256(p.image).hexdigest() for p in doc.pages if p.rendered}
+    host = await _host().start()
+    try:
+        done = await parse_rows(host, doc.pages)
+    finally:
+        host.shutdown()
+    printed = [(page_json(row, rec, family="padoc", equals_truth=None), row) for row, rec in done if rec is not None]
+    out = rows.to_table([row for row, _ in done]).to_pylist()
+    return out, images, doc.failed or doc.page_count, printed
+
+
+def _same_row_shape(printed: dict, row: dict, serve_row: dict) -> None:
+    """parse-page's JSON of a page is its row's JSON plus its own keys (the same values, ``spans`` as
+    [order, start, end] lists, each region with its index and ignore besides), and has the shape of what
+    Serve answers for that page (``rows.row_json`` of Serve's row) plus those keys."""
+    from padoc_ray.cli.parse import PAGE_JSON_EXTRAS
+
+    shared, served = rows.row_json(row), rows.row_json(serve_row)
+    assert set(shared) == set(served) and "run_id" not in served
+    assert set(printed) == set(served) | set(PAGE_JSON_EXTRAS), set(printed) ^ (set(served) | set(PAGE_JSON_EXTRAS))
+    for k, v in shared.items():
+        if k == "spans":
+            assert printed[k] == [[s["order"], s["start"], s["end"]] for s in v]
+        elif k == "regions":
+            assert [{k2: r[k2] for k2 in s} for r, s in zip(printed[k], v, strict=True)] == v
+            assert all(set(r) == set(s) | {"index", "ignore"} for r, s in zip(printed[k], served[k], strict=True))
+        else:
+            assert printed[k] == v, k
+
+
 def _comparable(r: dict) -> dict:
     out = {k: v for k, v in r.items() if k not in DIFFER_BY_DESIGN}
     out["source_name"] = os.path.basename(r["source_uri"])
@@ -179,19 +223,25 @@ def test_batch_and_serve_make_the_same_rows(tmp_path, pages):
     scfg = ServeConfig(model="unused", max_pages=CAP, render=RenderConfig(), image_encoding="zstd",
                        limits=InputLimits(max_image_frames=FRAMES))
 
-    async def both(name: str, data: bytes):
-        return (await _batch(str(tmp_path / "in" / name), data, bcfg), await _serve(name, data, scfg, pages))
+    async def surfaces(name: str, data: bytes):
+        path = str(tmp_path / "in" / name)
+        return (await _batch(path, data, bcfg), await _serve(name, data, scfg, pages),
+                await _parse_page(path, pages, str(tmp_path / MODEL_ID)))
 
+    assert documents.row_json is rows.row_json  # the one row JSON: Serve's pages are rows.row_json(row)
     seen = set()
     for name, data in files.items():
-        (b_rows, b_images, b_doc), (s_rows, s_images, verdict) = asyncio.run(both(name, data))
+        (b_rows, b_images, b_doc), (s_rows, s_images, verdict), (p_rows, p_images, p_verdict, printed) = \
+            asyncio.run(surfaces(name, data))
         b_doc_level = [r for r in b_rows if r["page_index"] == -1]
         if pages is not None and name in ("memo.pdf", "huge.pdf", "photo.png"):
             # a one-page document asked for page 2: by design the batch job drops the page (--pages applies to
             # every input: nothing selected, no row, so the documents table cannot count its pages: missing),
-            # the service refuses the request (page_out_of_range)
+            # the service refuses the request (page_out_of_range), parse-page renders nothing (and exits 2:
+            # "page 2 does not exist")
             assert b_rows == [] and b_doc["status"] == "missing", name
             assert isinstance(verdict, DocFailed) and verdict.code == PAGE_OUT_OF_RANGE, (name, verdict)
+            assert p_rows == [] and p_verdict == 1, (name, p_verdict)
             seen.add("out_of_range")
             continue
         if b_doc_level:  # a document-level failure: one batch row; the service refuses the document
@@ -208,12 +258,28 @@ def test_batch_and_serve_make_the_same_rows(tmp_path, pages):
                                                   f"per request"), verdict
             assert b_doc["error_code"] == verdict.code and b_doc["status"] in (verdict.code, "skipped"), name
             assert s_rows == [] and s_images == {}, name
+            # parse-page: the same code (its stderr line), its own message for the page cap
+            assert isinstance(p_verdict, DocFailed) and p_rows == [] and p_images == {}, (name, p_verdict)
+            assert (p_verdict.code, p_verdict.page_count) == (verdict.code, verdict.page_count), name
+            if verdict.code != TOO_MANY_PAGES:
+                assert p_verdict.message == verdict.message, name
+            else:
+                assert p_verdict.message.startswith(f"{CAP + 2} of its {CAP + 2} pages selected, over the limit of "
+                                                    f"{CAP} (--doc-page-limit); select one with --page"), p_verdict
             seen.add(verdict.code)
             continue
         assert isinstance(verdict, DocumentOpened), (name, verdict)
         assert verdict.page_count == b_doc["page_count"] and len(verdict.pages) == b_doc["pages_selected"], name
         assert [r["page_index"] for r in b_rows] == [r["page_index"] for r in s_rows] == list(verdict.pages), name
         assert [_comparable(r) for r in b_rows] == [_comparable(r) for r in s_rows], name
+        assert [_comparable(r) for r in p_rows] == [_comparable(r) for r in b_rows], name
+        assert p_verdict == verdict.page_count and p_images == b_images, name
+        parsed = [r for r in s_rows if r["e2e_s"] is not None]  # the pages that reached the engine
+        assert len(printed) == len(parsed), name
+        for (j, row), r in zip(printed, parsed):
+            _same_row_shape(j, row, r)
+            if j["regions"] and j["spans"]:
+                seen.add("json")
         for r in b_rows + s_rows:  # both surfaces carry the engine time of a page that ran, none for one that did not
             if r["status"] == "ok":
                 assert r["engine_s"] is not None, (name, r["page_index"])
@@ -226,10 +292,10 @@ def test_batch_and_serve_make_the_same_rows(tmp_path, pages):
         assert b_doc["status"] == document_status(s_rows), name
         seen.add(b_doc["status"])
     if pages is None:  # every outcome was covered
-        assert seen >= {"ok", "partial", "failed", "content", "corrupt_pdf", "not_pdf", TOO_MANY_PAGES,
+        assert seen >= {"ok", "partial", "failed", "content", "json", "corrupt_pdf", "not_pdf", TOO_MANY_PAGES,
                         TOO_MANY_FRAMES}, seen
     else:
-        assert seen >= {"ok", "content", "out_of_range"}, seen
+        assert seen >= {"ok", "content", "json", "out_of_range"}, seen
 
 
 def test_both_surfaces_start_their_host_from_the_config(tiny_model_dir):

@@ -17,8 +17,8 @@ import pytest
 
 from padoc_ray import status
 from padoc_ray.output import rows
-from padoc_ray.serve.documents import BadRequest, doc_error_status
-from padoc_ray.serve.job_manager import JobManager, TooManyJobs, result_refusal
+from padoc_ray.serve.errors import Refusal
+from padoc_ray.serve.job_manager import JobManager, result_refusal
 from padoc_ray.serve.jobs import KEY_ENV, JobStore, tenant_key
 from padoc_ray.storage import StorageConfig
 
@@ -360,8 +360,10 @@ def test_caps_hold_and_tenants_start_round_robin(tmp_path):
         views = {}
         for name in ("a1", "a2", "a3", "a4"):
             views[name] = await _create(mgr, "A", name)
-        with pytest.raises(TooManyJobs, match="4 unfinished jobs"):
+        with pytest.raises(Refusal, match="4 unfinished jobs") as refused:
             await _create(mgr, "A", "a5")
+        assert (refused.value.code, refused.value.status, refused.value.headers) == ("too_many_jobs", 429,
+                                                                                    {"Retry-After": "30"})
         for name in ("b1", "b2"):
             views[name] = await _create(mgr, "B", name)
         await _until(lambda: len(runner.started) == 3, "three jobs running")
@@ -419,7 +421,7 @@ def test_cancel_ends_cancelled_in_every_state(tmp_path):
         for v in (running, queued, orphan, elsewhere):
             view = await b.view(v["id"], "t")
             assert view["status"] == status.JOB_CANCELLED, v["name"]
-            refusal = result_refusal(view, doc_error_status)
+            refusal = result_refusal(view)
             assert (refusal.status, refusal.code, refusal.headers) == (409, "job_cancelled", {})
             assert (await b.cancel(v["id"], "t"))["status"] == status.JOB_CANCELLED  # final
         assert a.store.active() == []
@@ -429,17 +431,16 @@ def test_cancel_ends_cancelled_in_every_state(tmp_path):
 
 def test_result_refusals_say_what_each_state_means():
     base = {"error": None}
-    assert result_refusal({**base, "status": status.JOB_DONE}, doc_error_status) is None
-    waiting = result_refusal({**base, "status": status.JOB_QUEUED}, doc_error_status)
+    assert result_refusal({**base, "status": status.JOB_DONE}) is None
+    waiting = result_refusal({**base, "status": status.JOB_QUEUED})
     assert (waiting.status, waiting.code, waiting.headers) == (409, "job_not_finished", {"Retry-After": "2"})
-    failed = result_refusal({"status": status.JOB_FAILED, "error": {"code": status.ENCRYPTED_PDF, "message": "pw"}},
-                            doc_error_status)
+    failed = result_refusal({"status": status.JOB_FAILED, "error": {"code": status.ENCRYPTED_PDF, "message": "pw"}})
     assert (failed.status, failed.code, failed.message) == (422, status.ENCRYPTED_PDF, "pw")
 
 
 def test_a_document_that_fails_as_a_whole_fails_its_job(tmp_path):
     async def runner(st, skip):
-        raise BadRequest(status.ENCRYPTED_PDF, "the PDF needs a password", 422)
+        raise Refusal(status.ENCRYPTED_PDF, "the PDF needs a password")
         yield  # an async generator
 
     async def main():

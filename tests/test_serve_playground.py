@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from padoc_ray.serve import playground
-from padoc_ray.serve.documents import BadRequest
+from padoc_ray.serve.errors import Refusal
 from padoc_ray.serve.streams import PAGES, REGIONS, stream_mode
 
 
@@ -17,7 +17,7 @@ def test_stream_takes_fastapis_bool_spellings_and_regions():
         assert stream_mode(v) == PAGES, v
     assert stream_mode("regions") == REGIONS
     for v in ("maybe", "region", "2"):
-        with pytest.raises(BadRequest) as e:
+        with pytest.raises(Refusal) as e:
             stream_mode(v)
         assert (e.value.code, e.value.status) == ("bad_request", 422)
 

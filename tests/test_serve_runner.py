@@ -21,7 +21,8 @@ from padoc_ray.protocol.render import SEPARATOR
 from padoc_ray.raster import RendererConfig
 from padoc_ray.raster.document import DocumentOpened
 from padoc_ray.serve.config import ServeConfig
-from padoc_ray.serve.documents import BadRequest, RenderPool
+from padoc_ray.serve.documents import RenderPool
+from padoc_ray.serve.errors import Refusal
 from padoc_ray.serve.fair import FairGate
 from padoc_ray.serve.runner import BATCH, INTERACTIVE, Document, DocumentRunner, EngineBusy, RunOptions
 from tests.pdf_factory import text_pdf
@@ -189,7 +190,7 @@ def test_a_burst_is_refused_at_admission_and_every_admitted_page_finishes(harnes
             await asyncio.sleep(0.01)
         refused = []
         for doc in (Document(text_pdf(1), "c.pdf"), Document(text_pdf(5), "big.pdf")):
-            with pytest.raises(BadRequest) as e:
+            with pytest.raises(Refusal) as e:
                 await runner.parse_all(doc, _opt("c"))
             refused.append(e.value)
         calls_while_full = list(engine.calls)

@@ -31,13 +31,17 @@ import time
 from dataclasses import dataclass, field
 
 from padoc_ray.trainer.tree import TreeLayout
+from padoc_ray.knobs import knob, negate
 
 GIB = 1 << 30
 
 
 @dataclass(frozen=True, kw_only=True)
 class AttentionBenchConfig:
-    """``bench attention``: one random packed tree per length, each backend timed forward+backward."""
+    """Run each ancestor-attention backend forward+backward on a random packed tree per length (prefix about
+    S/2, forks spread over it, the rest split among the branches) and report median seconds, peak memory and the
+    largest difference from the dense reference. Runs that cannot happen (flex backward on CPU, over the memory
+    budget) are recorded as errors."""
 
     lengths: tuple[int, ...] = (2048, 4096, 8192, 16384)  #: comma list of total packed lengths S
     branches: int = 8  #: content branches per tree
@@ -47,11 +51,17 @@ class AttentionBenchConfig:
     head_dim: int = 128  #: head dimension
     repeats: int = 3  #: timed runs; the median is reported
     warmup: int = 1  #: untimed runs first (flex compilation happens here)
-    device: str = "cpu"  #: cpu or cuda
-    dtype: str | None = None  #: dtype of the inputs and weights (None: float32 on CPU, bfloat16 on CUDA)
-    memory_budget_gib: float = 20.0  #: skip a run whose estimated memory exceeds this (20 fits a 24 GiB machine)
-    flex_compile: bool = True  #: compile flex attention (eager flex materializes all scores)
+    device: str = knob("cpu", choices=("cpu", "cuda"))  #: cpu or cuda
+    #: dtype of the inputs and weights (None: float32 on CPU, bfloat16 on CUDA)
+    dtype: str | None = knob(None, choices=("float32", "float64", "bfloat16", "float16"), default_text="by device")
+    #: skip a run whose estimated memory exceeds this (20 fits a 24 GiB machine)
+    memory_budget_gib: float = knob(20.0, metavar="GIB")
+    #: compile flex attention (eager flex materializes all scores)
+    flex_compile: bool = knob(True, flags=("--no-flex-compile",), dest="no_flex_compile", action="store_true",
+                              to_field=negate, from_field=negate,
+                              help="run flex attention eagerly (slow; materializes the scores) instead of compiled")
     seed: int = 0  #: seed of the trees and inputs
+    json: str | None = knob(None, metavar="OUT.json", help="also write the results here as JSON")
 
     def __post_init__(self):
         from padoc_ray.trainer.attention import BACKENDS
@@ -343,3 +353,18 @@ def format_table(results: dict) -> str:
                          f"{num('max_abs_diff_out', '.1e'):>10}{num('max_abs_diff_grad', '.1e'):>10}  "
                          f"{r.get('error', r.get('kernel', ''))[:90]}")
     return "\n".join(lines)
+
+
+def main(cfg: AttentionBenchConfig) -> int:
+    """Run each backend forward+backward on a random packed tree per length, print the table, write --json."""
+    import sys
+
+    from padoc_ray.bench import UsageError, write_json
+
+    try:
+        results = run_bench(cfg, log=lambda m: print(m, file=sys.stderr, flush=True))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(format_table(results))
+    write_json(cfg.json, results)
+    return 0

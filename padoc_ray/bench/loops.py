@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 
 from padoc_ray.protocol import Page, PageFormatError, page_from_omnidocbench, serialize_padoc, serialize_sequential
 from padoc_ray.scheduler.loops import LayoutLoopConfig, LoopConfig, LoopDetector, LoopHit, StreamLoopGuard
+from padoc_ray.knobs import knob
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO_GT = os.path.join(ROOT, "examples", "ground_truth.json")
@@ -206,13 +207,18 @@ def step_cost(streams: Sequence[Sequence[int]], n_streams: int = 256, steps: int
 # ---- the command ----------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class LoopsConfig:
-    """``padoc-ray bench loops``: the false-positive measurement, and with ``cost`` the cost per step."""
+    """Teacher-force every ground-truth page the project has (the demo pages and the corpus generator over
+    --seeds) through the scheduler's loop detectors, stream by stream, as replay serializes them; print the stops
+    (0 on real pages) and the closest any real stream came to one. --cost also times the detector per engine
+    step at --streams live streams."""
 
     model: str  #: a checkpoint directory (its tokenizer and padoc_protocol.json)
     seeds: int = 4  #: corpus seeds 0..N-1
     pages_per_run: int = 15  #: corpus pages per seed and profile (4 seeds x 4 profiles x 15 = 240 pages)
-    profiles: tuple[str, ...] = PROFILES  #: the corpus generator's profiles
-    gt: tuple[str, ...] = ()  #: another OmniDocBench JSON file of pages to check
+    profiles: tuple[str, ...] = knob(PROFILES, metavar="NAME,NAME,...")  #: the corpus generator's profiles
+    #: another OmniDocBench JSON file of pages to check
+    gt: tuple[str, ...] = knob((), action="append", metavar="GT.json", to_field=tuple, from_field=list,
+                               note="repeatable")
     workers: int = 1  #: corpus generator processes
     cost: bool = False  #: also time the detector per engine step
     streams: int = 256  #: live streams while timing the detector (with cost)

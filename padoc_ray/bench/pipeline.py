@@ -19,9 +19,12 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 
-from padoc_ray.bench.raster import _render_file, _timed
+from padoc_ray.bench import UsageError, pdf_paths, write_json
+from padoc_ray.bench.raster import _cores, _render_file, _timed
 from padoc_ray.host import HostConfig
+from padoc_ray.knobs import knob
 
 
 def raw_raster(paths: list[str], dpi: float, workers: int) -> dict:
@@ -99,3 +102,40 @@ def run(paths: list[str], model: str, dpi: float, workers: int, *, pages_in_flig
         "ratio_job": round(pipe["job_pages_per_s"] / raw, 3),
         "ratio_steady": round(pipe["steady_pages_per_s"] / raw, 3) if pipe["steady_pages_per_s"] else None,
     }
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineBenchConfig:
+    """Run the raster stage's work (render + zstd page encoding) in a plain process pool, then the whole batch
+    job on a local Ray with the no-op engine, then the raw side again; print pages/s of both and the ratio
+    (wall with local Ray start, and the job alone on the running cluster). The no-op actor stands for a GPU
+    engine, so by default it reserves no CPU (--cpus-per-actor 0)."""
+
+    input: str = knob(help="folder (searched recursively) or glob of PDFs")
+    model: str = knob(help="checkpoint directory (only its protocol and tokenizer are used)")
+    dpi: float = 144  #: resolution
+    workers: int = knob(factory=_cores, help="raw-side processes", show=lambda v: "all cores")
+    pages_in_flight: int = 64  #: pages in flight in the actor
+    cpus_per_actor: float = 0.0  #: CPUs reserved by the no-op actor
+    raster_cpus: float = knob(0.25, help="CPUs per raster task (as the batch job)")
+    json: str | None = knob(None, metavar="OUT.json", help="also write the results here as JSON")
+
+
+def main(cfg: PipelineBenchConfig) -> int:
+    paths = pdf_paths(cfg.input)
+    if not os.path.exists(os.path.join(cfg.model, "padoc_protocol.json")):
+        raise UsageError(f"{cfg.model} is not a padoc-ray checkpoint (no padoc_protocol.json)")
+    res = run([os.path.abspath(p) for p in paths], os.path.abspath(cfg.model), cfg.dpi, cfg.workers,
+              pages_in_flight=cfg.pages_in_flight, cpus_per_actor=cfg.cpus_per_actor, raster_cpus=cfg.raster_cpus)
+    raw, pipe = res["raw_raster"], res["noop_pipeline"]
+    print(f"raw raster stage ({cfg.workers} processes): {raw['before']['pages_per_s']} / "
+          f"{raw['after']['pages_per_s']} pages/s (before / after), mean {raw['mean_pages_per_s']}")
+    print(f"no-op pipeline: {pipe['pages']} pages in {pipe['seconds']} s (Ray start {pipe['ray_init_s']} s): "
+          f"{pipe['pages_per_s']} pages/s wall; the job alone (cluster up) {pipe['job_seconds']} s, "
+          f"{pipe['job_pages_per_s']} pages/s")
+    steady = f", {res['ratio_steady']:.0%} (steady: {pipe['steady_pages_per_s']} pages/s)" if res["ratio_steady"] \
+        else ""
+    print(f"pipeline / raw: {res['ratio_wall']:.0%} (wall), {res['ratio_job']:.0%} (job on a running cluster)"
+          f"{steady}")
+    write_json(cfg.json, res, announce=False)
+    return 0

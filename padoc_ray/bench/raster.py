@@ -14,12 +14,17 @@ Same PDFs, same resolution (a DPI). Reports pages/s, each with 1 and N processes
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import subprocess
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from padoc_ray.bench import pdf_paths, write_json
+from padoc_ray.knobs import knob
 
 
 def _render_file(args: tuple) -> int:
@@ -98,3 +103,28 @@ def run(paths: list[str], dpi: float, workers: int, encoding: str = "zstd") -> d
     out["isolation_cost_1proc"] = round(1 - r["padoc_raster_stage/1proc"]["pages_per_s"]
                                         / r["padoc_raster_stage_in_process/1proc"]["pages_per_s"], 3)
     return out
+
+
+def _cores() -> int:
+    return os.cpu_count() or 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class RasterBenchConfig:
+    """Rasterize the same PDFs at the same DPI with pypdfium2 (render only), with the batch job's raster stage
+    (isolated renderer process + page encoding, and the same in process, to show the cost of isolation), render
+    + PNG in process, and pdftoppm (poppler), each with 1 and N processes, and print pages/s."""
+
+    input: str = knob(help="folder (searched recursively) or glob of PDFs")
+    dpi: float = 144  #: resolution for every tool
+    workers: int = knob(factory=_cores, help="processes", show=lambda v: "all cores")
+    #: page encoding of the raster stage variants (zstd: the batch job's default)
+    encoding: str = knob("zstd", choices=("zstd", "png", "ppm"))
+    json: str | None = knob(None, metavar="OUT.json", help="also write the results here as JSON")
+
+
+def main(cfg: RasterBenchConfig) -> int:
+    res = run(pdf_paths(cfg.input), cfg.dpi, cfg.workers, encoding=cfg.encoding)
+    print(json.dumps(res, indent=2))
+    write_json(cfg.json, res, announce=False)
+    return 0

@@ -84,7 +84,9 @@ def run(pages: int, scratch: str, repeats: int = 5) -> dict:
 
 @dataclass(frozen=True, kw_only=True)
 class ViewerBenchConfig:
-    """``padoc-ray bench viewer``."""
+    """Build (once, cached in --scratch) the driver benchmark's synthetic output and its documents table, serve
+    it with padoc-ray view's app on a free local port, and time the documents table, a filter, a search and a
+    page view, cold and warm."""
 
     pages: int = 1_000_000  #: page rows of the synthetic output (built once, cached in scratch)
     scratch: str = "/tmp/padoc-bench"  #: where the synthetic output is built and kept

@@ -7,11 +7,9 @@ import argparse
 from padoc_ray.cli.common import add_command, die
 from padoc_ray.cli.flags import (
     add_fields,
-    add_max_num_seqs,
     add_mode,
     add_render,
     add_scheduler_flags,
-    engine_overrides,
     from_args,
     scheduler_from_args,
 )
@@ -58,8 +56,7 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
     act = p.add_argument_group("engine actors")
     add_fields(act, EnginesConfig, ("num_actors", "gpus_per_actor", "cpus_per_actor", "engine_resources",
                                     "batch_pages"))
-    add_fields(act, HostConfig, ("pages_in_flight", "max_live_branches", "engine"))
-    add_max_num_seqs(act)
+    add_fields(act, HostConfig, ("pages_in_flight", "max_live_branches", "engine", "engine_overrides"))
     rend = p.add_argument_group("rendering")
     add_fields(rend, RasterConfig, ("cpus", "docs_per_task", "pages_per_block", "block_mb", "encoding"))
     add_fields(rend, RendererConfig, ("page_timeout_s", "doc_timeout_s", "page_budget_s", "memory_limit_mb",
@@ -72,7 +69,7 @@ def add_batch_args(p: argparse.ArgumentParser, *, job_io: bool = True) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> BatchConfig:
-    host = from_args(HostConfig, args, scheduler=scheduler_from_args(args), engine_overrides=engine_overrides(args))
+    host = from_args(HostConfig, args, scheduler=scheduler_from_args(args))
     return from_args(
         BatchConfig, args, input=getattr(args, "input", ""), output=getattr(args, "output", ""), model=args.model,
         storage=from_args(StorageConfig, args),
@@ -134,7 +131,7 @@ recorded reason, 1 when a parsing run left inputs unaccounted for, 2 for bad arg
 
 
 def _named_set(text: str) -> tuple[str, tuple[str | None, str]]:
-    from padoc_ray.eval.importers import parse_compare
+    from padoc_ray.curation.importers import parse_compare
 
     try:
         name, fmt, path = parse_compare(text)
@@ -185,9 +182,9 @@ def add_reannotate_args(p: argparse.ArgumentParser) -> None:
 
 
 def reannotate_from_args(args: argparse.Namespace) -> int:
-    from padoc_ray.eval.agreement import AgreementConfig
-    from padoc_ray.eval.importers import PredictionSetError
-    from padoc_ray.pipeline.reannotate import ReannotateConfig, run_reannotate
+    from padoc_ray.curation.agreement import AgreementConfig
+    from padoc_ray.curation.importers import PredictionSetError
+    from padoc_ray.curation.reannotate import ReannotateConfig, run_reannotate
     from padoc_ray.storage import InputError
 
     try:

@@ -9,7 +9,7 @@ import os
 import sys
 
 from padoc_ray.cli.common import DEFAULT_MODEL, EXAMPLES_DIR, add_command, die
-from padoc_ray.cli.flags import add_mode, add_render, add_scheduler_flags, from_args, scheduler_from_args
+from padoc_ray.cli.flags import add_fields, add_mode, add_render, add_scheduler_flags, from_args, scheduler_from_args
 from padoc_ray import status
 
 _scheduler_cfg = scheduler_from_args  # the name tests/test_constrain_layout_flags.py imports
@@ -21,45 +21,129 @@ def _add_generation_args(p: argparse.ArgumentParser) -> None:
     add_render(p)
 
 
-def _run_local(model: str, paths: list[str], args, *, pages=None, truth=None, concurrency: int = 4):
-    from padoc_ray.tokenizer import ModelProtocol
-    from padoc_ray.host import HostConfig, PageHost, check_family
-    from padoc_ray.inputs import load_pages, parse_local
-    from padoc_ray.pdf import RenderConfig
-    from padoc_ray.protocol import ProtocolError
+def _add_render_limits(p: argparse.ArgumentParser) -> None:
+    """The batch job's caps on one input and its renderer's limits (``--doc-page-limit``,
+    ``--render-timeout``, ``--no-render-isolation``, ...), from the same config fields."""
+    from padoc_ray.raster import RendererConfig
+    from padoc_ray.raster.document import InputLimits
 
-    try:
-        model_protocol = ModelProtocol(model)
-    except (ProtocolError, OSError) as e:
-        die(f"cannot load model {model}: {e}")
-    cfg = HostConfig(mode=args.mode, scheduler=scheduler_from_args(args), pages_in_flight=concurrency)
-    try:
-        check_family(model_protocol, cfg)  # before any page is rendered: hpd has no --mode sequential
-    except ProtocolError as e:
-        die(f"{model}: {e}")
-    render = from_args(RenderConfig, args)
-    items = load_pages(paths, render=render, pages=pages)
+    g = p.add_argument_group("rendering (the batch job's caps and renderer limits)")
+    add_fields(g, InputLimits, ("max_doc_pages", "max_image_frames", "max_file_bytes"))
+    add_fields(g, RendererConfig, ("page_timeout_s", "doc_timeout_s", "page_budget_s", "memory_limit_mb", "isolate"),
+               helps={"isolate": "render in this command's own process: no crash isolation and no time-outs (a "
+                                 "renderer crash then ends the command)"})
+    add_render(g, names=("max_page_draws",))
 
-    if not any(it.page is not None for it in items):
-        return items, [None] * len(items), model_protocol
+
+def _page_cap_message(n: int, count: int, cap: int) -> str:
+    """parse-page's ``too_many_pages`` message (the batch job's names its own flags)."""
+    return (f"{n} of its {count} pages selected, over the limit of {cap} (--doc-page-limit); select one with "
+            f"--page or raise it")
+
+
+def render_input(path: str, args):
+    """``path`` rendered as the batch job renders an input (:func:`padoc_ray.inputs.render_local`: the
+    renderer with the flags' caps, limits and codes), as an :class:`~padoc_ray.inputs.LocalDocument`
+    of page rows in the batch job's schema."""
+    import uuid
+
+    from padoc_ray.inputs import LocalDocument, render_local
+    from padoc_ray.pdf import RenderConfig, doc_id_of
+    from padoc_ray.pipeline.config import RasterConfig
+    from padoc_ray.pipeline.limits import listing_refusal
+    from padoc_ray.raster import DocFailed, RendererConfig, renderer_for
+    from padoc_ray.raster.document import InputLimits, PageChoice
+
+    name = os.path.basename(path)
+    limits = from_args(InputLimits, args)
+    st = os.stat(path)
+    too_large = listing_refusal(st.st_size, limits)
+    if too_large is not None:  # as the batch job's listing refuses it: never read
+        return LocalDocument(name, failed=DocFailed(*too_large))
+    with open(path, "rb") as f:
+        data = f.read()
+    # the row names the file as Serve names an upload, by its file name (as parse-page's pages always were)
+    base = dict(run_id=uuid.uuid4().hex[:12], uri=name, doc_id=doc_id_of(data), mode=args.mode,
+                model_id=os.path.basename(args.model.rstrip("/")), source_size=len(data),
+                source_mtime=st.st_mtime_ns // 1_000_000)
+    choice = PageChoice(wanted=None if not args.page else (args.page - 1,), cap=limits.max_doc_pages,
+                        cap_message=_page_cap_message)
+    renderer = renderer_for(from_args(RendererConfig, args))
+    try:
+        return render_local(renderer, data, name, base, choice, from_args(RenderConfig, args), RasterConfig().encoding,
+                            max_frames=limits.max_image_frames)
+    finally:
+        renderer.close()  # its process is not needed while the engine runs
+
+
+def _run_local(args, model_protocol, cfg, doc, truth) -> list:
+    """Start a local engine (only when a page rendered) and run the document's rendered pages:
+    [(row, record or None)] in page order."""
+    from padoc_ray.host import PageHost
+    from padoc_ray.inputs import parse_rows
+
+    if not doc.rendered:
+        return [(p.row, None) for p in doc.pages]
 
     async def go():
-        host = await PageHost(model, cfg, truth=truth, model_protocol=model_protocol).start()
+        host = await PageHost(args.model, cfg, truth=truth, model_protocol=model_protocol).start()
         try:
-            return await parse_local(host, items)
+            return await parse_rows(host, doc.pages)
         finally:
             host.shutdown()
 
     try:
-        return items, asyncio.run(go()), model_protocol
+        return asyncio.run(go())
     except Exception as e:  # noqa: BLE001 - page errors are records; what reaches here is the engine's
         msg = " ".join(str(e).split())
         die(f"the engine failed ({type(e).__name__}): {msg[:600]} (padoc-ray doctor checks this machine)", code=1)
 
 
+def _local_model(args):
+    """The model's protocol and the host config of ``args``, checked before anything renders (exit 2
+    when they do not fit: hpd has no --mode sequential)."""
+    from padoc_ray.host import HostConfig, check_family
+    from padoc_ray.protocol import ProtocolError
+    from padoc_ray.tokenizer import ModelProtocol
+
+    try:
+        model_protocol = ModelProtocol(args.model)
+    except (ProtocolError, OSError) as e:
+        die(f"cannot load model {args.model}: {e}")
+    cfg = HostConfig(mode=args.mode, scheduler=scheduler_from_args(args), pages_in_flight=1)
+    try:
+        check_family(model_protocol, cfg)
+    except ProtocolError as e:
+        die(f"{args.model}: {e}")
+    return model_protocol, cfg
+
+
+#: parse-page's JSON keys beside the shared row JSON's: the page as the protocol writes it (Page.to_dict's
+#: width, height, page_no, image_path, errors; each region also gets its index and ignore), the record's
+#: message (error_message is null for an ok page) and retries, the model's family, and the --replay verdict
+PAGE_JSON_EXTRAS = ("width", "height", "page_no", "image_path", "errors", "message", "retries", "family",
+                    "equals_truth")
+
+
+def page_json(row: dict, rec, *, family: str, equals_truth: bool | None) -> dict:
+    """parse-page's JSON of one parsed page: the shared row JSON (:func:`padoc_ray.output.rows.row_json`,
+    what Serve answers for a page) with :data:`PAGE_JSON_EXTRAS`; ``spans`` stays parse-page's
+    ``[order, start, end]`` lists (the row's ``{order, start, end}``, same values)."""
+    from padoc_ray.output.rows import row_json
+
+    obj = row_json(row)
+    page = rec.page.to_dict()
+    mine = page.pop("regions")
+    obj.update(page)
+    obj["regions"] = [{**r, **shared} for r, shared in zip(mine, row["regions"], strict=True)]
+    obj.update(message=rec.message, retries=rec.retries, family=family, equals_truth=equals_truth,
+               spans=[[s["order"], s["start"], s["end"]] for s in row["spans"]])
+    return obj
+
+
 def cmd_parse_page(args) -> int:
     from padoc_ray.groundtruth import load_truth
-    from padoc_ray.protocol import markdown_spans, quantized, to_json, to_markdown
+    from padoc_ray.protocol import quantized, to_markdown
 
     if not os.path.exists(args.input):
         die(f"no such file: {args.input}")
@@ -68,39 +152,29 @@ def cmd_parse_page(args) -> int:
     if args.replay and not os.path.exists(args.replay):
         die(f"ground truth {args.replay} not found")
     truth = load_truth(args.replay)
-    pages = [args.page - 1] if args.page else None
-    items, recs, model_protocol = _run_local(args.model, [args.input], args, pages=pages, truth=truth, concurrency=1)
-    if not items:
+    model_protocol, cfg = _local_model(args)
+    doc = render_input(args.input, args)
+    if doc.failed is not None:
+        print(f"padoc-ray: {doc.source}: {doc.failed.code}: {doc.failed.message}", file=sys.stderr)
+        return 1
+    if not doc.pages:
         die(f"page {args.page} does not exist in {args.input}")
+    family = getattr(model_protocol, "family", "padoc")
     rc = 0
-    for it, rec in zip(items, recs):
+    for row, rec in _run_local(args, model_protocol, cfg, doc, truth):
         if rec is None:
-            print(f"padoc-ray: {it.source}: {it.error.code}: {it.error.message}", file=sys.stderr)
+            print(f"padoc-ray: {doc.source}: {row['status']}: {row['error_message']}", file=sys.stderr)
             rc = 1
             continue
         # with --replay: did the teacher-forced run reproduce its ground-truth page? (None: no truth for it)
-        t = truth.get((os.path.basename(it.source), it.page_index)) if args.replay else None
+        t = truth.get((doc.source, row["page_index"])) if args.replay else None
         equals = None if t is None else rec.page.regions == quantized(t, model_protocol.vocab).regions
         if args.format == "json":
-            obj = json.loads(to_json(rec.page))
-            markdown, spans = markdown_spans(rec.page)
-            obj.update(status=rec.status, valid=rec.valid, message=rec.message, e2e_s=round(rec.e2e_s, 4),
-                       n_branches=rec.n_branches, f_seq=rec.f_seq, f_padoc=rec.f_padoc, equals_truth=equals,
-                       output_tokens=rec.output_tokens, retries=rec.retries,
-                       engine_s=None if rec.engine_s is None else round(rec.engine_s, 4),
-                       family=getattr(model_protocol, "family", "padoc"), markdown=markdown,
-                       spans=[list(sp) for sp in spans], prompt_tokens=rec.prompt_tokens,
-                       cached_tokens=rec.cached_tokens)
-            regions = obj.get("regions")
-            if isinstance(regions, list) and len(regions) == len(rec.region_attempts):
-                for r, n, fin in zip(regions, rec.region_attempts, rec.region_finish, strict=True):
-                    if isinstance(r, dict):
-                        r.update(attempts=n, finish=fin)
-            print(json.dumps(obj, ensure_ascii=False, indent=2))
+            print(json.dumps(page_json(row, rec, family=family, equals_truth=equals), ensure_ascii=False, indent=2))
         else:
             print(to_markdown(rec.page), end="")
         shown = "" if equals is None else f" truth={'match' if equals else 'DIFFERS'}"
-        print(f"[{it.source} page {it.page_index + 1}: status={rec.status} valid={rec.valid} "
+        print(f"[{doc.source} page {row['page_index'] + 1}: status={rec.status} valid={rec.valid} "
               f"regions={len(rec.page.regions)} branches={rec.n_branches} {rec.e2e_s:.2f}s "
               f"F_seq={rec.f_seq} F_PaDoc={rec.f_padoc}{shown}]", file=sys.stderr)
         rc = rc or (0 if rec.status == status.OK and equals is not False else 1)
@@ -212,6 +286,7 @@ def register(sub) -> None:
                          "page); the result says whether the page equals its truth (JSON: equals_truth), and a "
                          "page that does not exits 1")
     _add_generation_args(pp)
+    _add_render_limits(pp)
     pp.set_defaults(func=cmd_parse_page)
 
     d = add_command(sub, "demo", help="run the batch job on the bundled sample PDFs with the tiny model",

@@ -63,7 +63,8 @@ def register(sub) -> None:
                         "render_workers_per_tenant"))
     add_fields(s, StorageConfig, ("endpoint",), base=d.storage)
     add_fields(s, ServeConfig, ("engine_replicas",), base=d)
-    add_fields(s, HostConfig, ("pages_in_flight", "max_live_branches"), base=d.host, number=positive)
+    add_fields(s, HostConfig, ("pages_in_flight", "max_live_branches", "engine_overrides"), base=d.host,
+               number=positive)
     add_fields(s, ServeConfig, ("engine_max_ongoing", "engine_max_queued", "render_workers", "engine_gpus"),
                base=d, number=positive, numbers=("engine_max_ongoing", "engine_max_queued", "render_workers"))
     s.add_argument("--metrics-port", type=int, default=None, metavar="PORT",

@@ -10,7 +10,7 @@ that cannot be opened at all (not a PDF, empty, encrypted, corrupt, no pages) ge
 from __future__ import annotations
 
 import datetime as dt
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -178,6 +178,26 @@ def page_row(base: dict, rec, *, render_s: float | None = None) -> dict:
         "output_tokens": rec.output_tokens, "prompt_tokens": rec.prompt_tokens, "cached_tokens": rec.cached_tokens,
         "f_seq": rec.f_seq, "f_padoc": rec.f_padoc, "engine_s": rec.engine_s,
     }
+
+
+#: row fields the JSON of a row leaves out (internal, or not the client's business)
+_HIDDEN = frozenset({"run_id"})
+
+
+def row_json(row: dict) -> dict:
+    """A page row (the batch job's schema) as JSON-ready values: what Serve answers for a page and what
+    ``parse-page --format json`` prints (with its own keys added). Timestamps as ISO text, top-level
+    floats rounded to 4 places, ``run_id`` left out."""
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if k in _HIDDEN:
+            continue
+        if isinstance(v, dt.datetime):
+            v = v.isoformat()
+        elif isinstance(v, float):
+            v = round(v, 4)
+        out[k] = v
+    return out
 
 
 def to_table(rows: Iterable[dict]) -> pa.Table:

@@ -11,6 +11,7 @@ from padoc_ray.host import HostConfig
 from padoc_ray.pdf import RenderConfig
 from padoc_ray.pipeline.limits import InputLimits
 from padoc_ray.storage import StorageConfig
+from padoc_ray.knobs import knob, range_text
 from padoc_ray.listing import output_inside_input
 from padoc_ray.raster import ENCODINGS, RendererConfig
 
@@ -21,12 +22,15 @@ class InputsConfig:
     keep one hostile input from exhausting the job."""
 
     limits: InputLimits = field(default_factory=InputLimits)  #: caps per input (pages, frames, bytes)
-    pages: tuple[int, ...] | None = None  #: 0-based page indices to parse (None: all)
+    #: 0-based page indices to parse (None: all)
+    pages: tuple[int, ...] | None = knob(None, parse="page_ranges", to_field=lambda v: None if v is None else tuple(v),
+                                         default_text="all",
+                                         help="1-based page ranges to parse in every document, e.g. 1-3,7")
     #: parse at most this many pages of each document (None: all)
-    max_pages_per_doc: int | None = None
+    max_pages_per_doc: int | None = knob(None, metavar="N", default_text="all")
     #: a folder or s3://bucket/prefix that a manifest --input may name (repeatable; replaces the default, the
     #: manifest's own folder). Lines outside get a row with status disallowed_uri and are never read
-    manifest_allow: tuple[str, ...] = ()
+    manifest_allow: tuple[str, ...] = knob((), action="append", metavar="PREFIX", to_field=tuple, from_field=list)
     #: follow symbolic links in an --input folder whose target is inside it (each folder entered once, no file
     #: listed twice). Off: each link is a row with status symlink, never read (see padoc_ray.listing.list_inputs)
     follow_symlinks: bool = False
@@ -46,15 +50,17 @@ class RasterConfig:
     #: CPUs Ray reserves per rasterization task; a task mostly waits on its renderer process and Ray Data
     #: keeps part of the CPU budget for later stages, so 0.25 keeps every core rendering (measured: steady
     #: no-op pipeline 237 pages/s at 0.25 vs 142 at 0.5 on 2 cores)
-    cpus: float = 0.25
-    block_mb: int = 16  #: target size of blocks of rendered pages (bounds memory in flight)
+    cpus: float = knob(0.25, flags=("--raster-cpus",))
+    #: target size of blocks of rendered pages (bounds memory in flight)
+    block_mb: int = knob(16, flags=("--raster-block-mb",), metavar="MB")
     #: input files per rasterization task; None: up to 8, fewer when there are few files per CPU (small
     #: files then share Ray's per-task cost; a large document still streams page by page)
-    docs_per_task: int | None = None
-    pages_per_block: int = 16  #: rendered pages per block leaving the raster stage
+    docs_per_task: int | None = knob(None, flags=("--raster-docs-per-task",), default_text="auto")
+    #: rendered pages per block leaving the raster stage
+    pages_per_block: int = knob(16, flags=("--raster-pages-per-block",))
     #: how rendered pages travel to engine actors, all lossless: zstd (raw pixels, zstd level 1: ~3 ms to
     #: encode, as small as PNG), png (~33 ms to encode), or ppm (uncompressed)
-    encoding: str = "zstd"
+    encoding: str = knob("zstd", flags=("--image-encoding",), choices=ENCODINGS)
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODINGS:
@@ -74,16 +80,18 @@ class EnginesConfig:
     #: each engine actor's host: engine (vllm|noop, preset, overrides), decode mode, per-page limits, pages
     #: in flight per actor (16), cap on live branches per actor (none)
     host: HostConfig = field(default_factory=HostConfig)
-    num_actors: tuple[int, int] = (1, 1)  #: (min, max) engine actors (autoscaled between)
+    #: (min, max) engine actors (autoscaled between)
+    num_actors: tuple[int, int] = knob((1, 1), flags=("--actors",), parse="range_pair", from_field=tuple,
+                                       show=range_text, note="N or MIN,MAX")
     gpus_per_actor: float = 0.0  #: GPUs per engine actor (1 on GPU clusters)
     cpus_per_actor: float = 1.0  #: CPUs per engine actor
     #: custom Ray resources each engine actor asks for, e.g. {"padoc_gpu_node": 1}: engine actors then run
     #: only on nodes started with that resource (``ray start --resources '{"padoc_gpu_node": 2}'`` holds two),
     #: rasterization and writing anywhere. Empty: no custom resource, any node with the CPUs and GPUs
     #: above. CPU, GPU and memory are not custom resources (use cpus_per_actor / gpus_per_actor)
-    engine_resources: Mapping[str, float] = field(default_factory=dict)
+    engine_resources: Mapping[str, float] = knob(factory=dict, parse="resources", metavar="JSON", from_field=dict)
     #: pages per engine-actor call; they run concurrently inside the actor
-    batch_pages: int = 16
+    batch_pages: int = knob(16, flags=("--engine-batch-pages",))
 
     def __post_init__(self) -> None:
         lo, hi = self.num_actors
@@ -105,11 +113,11 @@ class OutputsConfig:
     writer_cpus: float = 0.1  #: CPUs per Parquet write task (light; do not reserve a core)
     #: unreadable Parquet files under pages/ are skipped; the driver removes those of earlier (killed) runs at
     #: once, files of unknown origin once older than this (seconds), the live run's never
-    leftover_grace_s: float = 3600.0
+    leftover_grace_s: float = knob(3600.0, flags=("--leftover-grace",), metavar="SECONDS")
     #: when another run holds the output, wait this long for it (seconds; 0: refuse at once, exit code 2)
-    lock_wait_s: float = 0.0
+    lock_wait_s: float = knob(0.0, flags=("--wait-lock",), metavar="SECONDS")
     #: an s3:// output's lock is stale (its run is taken for dead) when its heartbeat is older than this
-    lock_stale_s: float = 120.0
+    lock_stale_s: float = knob(120.0, flags=("--lock-stale",), metavar="SECONDS")
     #: price of one GPU hour (USD): summary.json then gets usd_per_million_pages, from its engine_seconds_per_page
     #: (one engine per GPU). None: no price
     gpu_hour_usd: float | None = None
@@ -133,7 +141,7 @@ class BatchConfig:
     model: str  #: checkpoint directory, local or s3://
     #: teacher-forced replay: OmniDocBench-format ground truth whose pages (matched by file name
     #: and page_no, see examples/ground_truth.json) force the model's output (tiny-model demos, benchmarks)
-    replay_gt: str | None = None
+    replay_gt: str | None = knob(None, flags=("--replay",), dest="replay", metavar="GT.json")
     storage: StorageConfig = field(default_factory=StorageConfig)  #: how s3:// inputs, outputs and models are reached
     inputs: InputsConfig = field(default_factory=InputsConfig)
     raster: RasterConfig = field(default_factory=RasterConfig)

@@ -9,11 +9,11 @@ the batch job's raster stage (:func:`padoc_ray.pipeline.stages.rasterize`) and t
 * one :class:`PageRow` per page to render: its row in the batch job's schema
   (:func:`padoc_ray.output.rows.base_row`) with the rendered image, or, when rendering the page
   failed, its error row (:func:`padoc_ray.output.rows.error_row`) and no image;
-* or, instead of all that, a single :class:`~padoc_ray.raster.renderer.DocFailed` (code, message,
+* or, instead of all that, a single :class:`~padoc_ray.raster.events.DocFailed` (code, message,
   page count when known): the document could not be opened, or its selection was refused (nothing
   is rendered then, and no :class:`DocumentOpened` comes first).
 
-The renderer's own events (:class:`~padoc_ray.raster.renderer.PageRendered` and the others) stay
+The renderer's own events (:mod:`padoc_ray.raster.events`: ``PageRendered`` and the others) stay
 between the renderer and this module; every surface sees :class:`PageRow` only.
 
 :class:`PageChoice` is the one page selection with its caps: the batch job's ``--pages`` /
@@ -29,8 +29,9 @@ from typing import Callable, Iterator
 
 from padoc_ray.output import rows
 from padoc_ray.pdf import PdfError, RenderConfig
-from padoc_ray.raster.renderer import DocFailed, Opened, PageFailed
+from padoc_ray.raster.events import DocFailed, Opened, PageFailed
 from padoc_ray.status import PAGE_OUT_OF_RANGE, TOO_MANY_PAGES
+from padoc_ray.knobs import MB, knob, none_is_zero, zero_is_none
 
 
 # ---- the caps on one input ------------------------------------------------------------------------------
@@ -46,9 +47,18 @@ class InputLimits:
       bounds a task's memory; large scanned PDFs stay well below it.
     """
 
-    max_doc_pages: int | None = 5000  #: selected pages of one document; more: too_many_pages (None: no cap)
-    max_image_frames: int = 1000  #: frames of one image; more: too_many_frames
-    max_file_bytes: int | None = 512 << 20  #: bytes of one input file; more: file_too_large (None: no cap)
+    #: selected pages of one document; more: too_many_pages (None: no cap)
+    max_doc_pages: int | None = knob(5000, flags=("--doc-page-limit",), metavar="N", to_field=zero_is_none,
+                                     from_field=none_is_zero, note="0: no limit")
+    #: frames of one image; more: too_many_frames
+    max_image_frames: int = knob(1000, flags=("--image-frame-limit",), metavar="N")
+    #: bytes of one input file; more: file_too_large (None: no cap)
+    max_file_bytes: int | None = knob(512 << 20, flags=("--file-size-limit-mb",), dest="file_size_limit_mb",
+                                      parse="float", metavar="MB", to_field=lambda mb: int(mb * MB) or None,
+                                      from_field=lambda b: 0 if b is None else b / MB,
+                                      help="refuse input files larger than this many MB, from the listing without "
+                                           "reading them, or when read if a file grew past it (status "
+                                           "file_too_large; 0: no limit)")
 
     def __post_init__(self) -> None:
         for name in ("max_doc_pages", "max_image_frames", "max_file_bytes"):

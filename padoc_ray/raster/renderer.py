@@ -25,8 +25,9 @@ or outlives a deadline is killed and replaced; only the document being rendered 
 A page whose content would draw too many XObjects is refused before pdfium loads it
 (``page_too_complex``, :class:`padoc_ray.pdf.DrawCounter`, ``RenderConfig.max_page_draws``).
 
-:class:`InProcessRenderer` renders in the caller's process with the same interface and no
-protection (for benchmarks and for tools that render one known-good page). Knows nothing of Ray.
+:class:`~padoc_ray.raster.inprocess.InProcessRenderer` renders in the caller's process with the
+same interface and no protection. What a renderer yields is :mod:`padoc_ray.raster.events`'s.
+Knows nothing of Ray.
 """
 
 from __future__ import annotations
@@ -42,31 +43,44 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_ready
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Iterator
 
+from padoc_ray.knobs import knob, negate, none_is_zero, zero_is_none
 from padoc_ray.pdf import PdfError, RenderConfig
+from padoc_ray.raster.events import DocFailed, Event, Opened, PageFailed, PageRendered, Selector
 from padoc_ray.status import RENDER_CRASHED, RENDER_TIMEOUT
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from padoc_ray.raster.inprocess import InProcessRenderer
 
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RendererConfig:
     """How documents are rendered. Defaults suit crawled PDFs at 1-2k pixels per page."""
 
-    isolate: bool = True  #: render in a separate process (crash and hang protection)
-    page_timeout_s: float = 120.0  #: opening a document, or rendering one page, takes at most this
-    doc_timeout_s: float | None = 600.0  #: all of a document's pages take at most this (None: no limit)
+    #: render in a separate process (crash and hang protection)
+    isolate: bool = knob(True, flags=("--no-render-isolation",), dest="no_render_isolation", action="store_true",
+                         to_field=negate, from_field=negate,
+                         help="render inside the raster task's own process: no crash isolation and no time-outs (a "
+                              "renderer crash then fails the whole task); for benchmarks")
+    #: opening a document, or rendering one page, takes at most this
+    page_timeout_s: float = knob(120.0, flags=("--render-timeout",), metavar="SECONDS")
+    #: all of a document's pages take at most this (None: no limit)
+    doc_timeout_s: float | None = knob(600.0, flags=("--doc-timeout",), metavar="SECONDS", to_field=zero_is_none,
+                                       from_field=none_is_zero, note="0: no limit")
     #: renderer seconds per selected page: a document's limit is this times its selected pages, at
     #: least page_timeout_s, at most doc_timeout_s (None: doc_timeout_s alone). A legitimate page
     #: renders in well under a second (the slowest measured: docs/batch.md, issue 27), so a 3-page document
     #: holds a raster slot for at most 120 s, not 600 s; 60 pages or more get the whole doc_timeout_s
-    page_budget_s: float | None = 10.0
+    page_budget_s: float | None = knob(10.0, flags=("--page-render-budget",), metavar="SECONDS", to_field=zero_is_none,
+                                       from_field=none_is_zero, note="0: --doc-timeout alone")
     crash_tries: int = 2  #: tries of a page whose renderer crashed, before it gets render_crashed
     max_crashes_per_doc: int = 3  #: crashes after which the rest of a document gets render_crashed
     recycle_after_pages: int = 5000  #: a fresh renderer process after this many pages (bounds leaks)
-    memory_limit_mb: int = 8192  #: address-space limit of the renderer process (0: none)
+    #: address-space limit of the renderer process (0: none)
+    memory_limit_mb: int = knob(8192, flags=("--render-memory-limit-mb",), metavar="MB")
     #: added to the renderer process's niceness (0: its parent's). The online service renders job
     #: documents at 10, so that on a busy machine the interactive requests' renderers get the CPU first
     nice: int = 0
@@ -112,80 +126,6 @@ class _WorkClock:
 
     def left(self) -> float:
         return self.limit_s - self.spent()
-
-
-# ---- what rendering a document yields -----------------------------------------------------------------
-@dataclass
-class Opened:
-    page_count: int
-    repaired: bool
-
-
-@dataclass
-class DocFailed:
-    code: str
-    message: str
-    page_count: int | None = None  #: pages (or frames) counted before it failed, when known
-
-
-@dataclass
-class PageRendered:
-    index: int
-    meta: dict  #: image_width, image_height, page_width_pt, page_height_pt, rotation, render_s
-    image_bytes: bytes  #: see padoc_ray.raster.codec
-
-
-@dataclass
-class PageFailed:
-    index: int
-    code: str
-    message: str
-
-
-Event = Opened | DocFailed | PageRendered | PageFailed
-#: page count -> page indices to render, in order; raising PdfError refuses the document (DocFailed)
-Selector = Callable[[int], list[int]]
-
-
-class InProcessRenderer:
-    """Renders in this process: no deadline, no crash isolation."""
-
-    def __init__(self, cfg: RendererConfig = RendererConfig()):
-        self.cfg = cfg
-
-    def render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig, encoding: str, *,
-                        max_frames: int | None = None, cancel: threading.Event | None = None) -> Iterator[Event]:
-        """As :meth:`IsolatedRenderer.render_document`; ``cancel`` is seen between pages only."""
-        from padoc_ray.pdf import ImageDocument, ReusedBitmapBuffer, is_repaired, open_document
-        from padoc_ray.raster.worker import render_encoded
-
-        buffer = ReusedBitmapBuffer()
-        try:
-            doc = open_document(data, max_frames=max_frames)
-        except PdfError as e:
-            yield DocFailed(e.code, e.message, getattr(e, "count", None))
-            return
-        try:
-            yield Opened(len(doc), not isinstance(doc, ImageDocument) and is_repaired(doc))
-            try:
-                pages = select(len(doc))
-            except PdfError as e:
-                yield DocFailed(e.code, e.message, len(doc))
-                return
-            for i in pages:
-                if cancel is not None and cancel.is_set():
-                    return
-                try:
-                    meta, payload = render_encoded(doc, i, render, encoding, buffer)
-                except PdfError as e:
-                    yield PageFailed(i, e.code, e.message)
-                else:
-                    yield PageRendered(i, meta, payload)
-        finally:
-            doc.close()
-
-    def close(self) -> None:
-        pass
 
 
 class _Died(Exception):
@@ -347,123 +287,22 @@ class IsolatedRenderer:
     def _render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig, encoding: str,
                          max_frames: int | None, clock: _WorkClock,
                          cancel: threading.Event | None) -> Iterator[Event]:
-        cfg = self.cfg
-        todo: deque[int] | None = None  # pages still to render (known once opened)
-        crashes = 0
-        tries: dict[int, int] = {}
+        """Open the document, then stream its pages; a crash, a page's time-out or a recycle ends a
+        pass in one renderer process, and the next pass reopens the document in a fresh one."""
+        doc = _DocState(self.cfg, clock)
         clean = False
-        doc_bound = False  # whether the last deadline was the document's, not the page's
-
-        def deadline() -> float:
-            nonlocal doc_bound
-            left = clock.left()
-            doc_bound = left <= cfg.page_timeout_s
-            return time.monotonic() + min(cfg.page_timeout_s, left)
-
-        def rest(code: str, message: str) -> Iterator[PageFailed]:
-            while todo:
-                yield PageFailed(todo.popleft(), code, message)
-
         try:
             while True:
-                if self._proc is not None and self._pages >= cfg.recycle_after_pages:
+                if self._proc is not None and self._pages >= self.cfg.recycle_after_pages:
                     self.close()
                     self.recycles += 1
-                # (re)open the document in a live renderer
-                try:
-                    self._send(("open", data, name, max_frames))
-                    reply = self._recv(deadline(), cancel)
-                except (_Died, _TimedOut) as e:
-                    self._kill()
-                    self.restarts += 1
-                    if isinstance(e, _TimedOut):
-                        code = RENDER_TIMEOUT
-                        msg = _doc_late(clock) if doc_bound else (
-                            f"opening the document took longer than {cfg.page_timeout_s:g} s (renderer killed)")
-                    else:
-                        crashes += 1
-                        if crashes < (cfg.crash_tries if todo is None else cfg.max_crashes_per_doc):
-                            continue
-                        code = RENDER_CRASHED
-                        msg = f"the renderer process crashed {crashes} time(s) on this document ({e})"
-                    if todo is None:  # never opened: one row for the document
-                        yield DocFailed(code, msg)
-                    else:  # reopening after a failed page: the pages still to do
-                        yield from rest(code, f"not rendered: {msg}")
-                    clean = True
-                    return
-                if reply[0] == "doc_error":
-                    yield DocFailed(*reply[1:])
-                    clean = True
-                    return
-                if todo is None:
-                    _, count, repaired = reply
-                    yield Opened(count, repaired)
-                    try:
-                        todo = deque(select(count))
-                    except PdfError as e:
-                        self._send(("close",))
-                        yield DocFailed(e.code, e.message, count)
-                        clean = True
-                        return
-                    clock.limit_s = cfg.doc_limit_s(len(todo))
-                # stream the pages still to do; a crash or time-out ends this pass, the next reopens
-                sent = False
-                while todo:
-                    try:
-                        if not sent:
-                            self._send(("render", list(todo), render, encoding))
-                            sent = True
-                        reply = self._recv(deadline(), cancel)
-                    except _TimedOut:
-                        self._kill()
-                        self.restarts += 1
-                        i = todo.popleft()
-                        if doc_bound:
-                            late = _doc_late(clock)
-                            yield PageFailed(i, RENDER_TIMEOUT, f"page {i}: {late} (renderer killed)")
-                            yield from rest(RENDER_TIMEOUT, f"not rendered: {late}")
-                            clean = True
-                            return
-                        yield PageFailed(i, RENDER_TIMEOUT, f"page {i}: rendering took longer than "
-                                                            f"{cfg.page_timeout_s:g} s (renderer killed)")
-                        break
-                    except _Died as e:
-                        self.restarts += 1
-                        crashes += 1
-                        i = todo[0]
-                        tries[i] = tries.get(i, 0) + 1
-                        logger.warning("renderer crashed on %s page %d (%s): try %d of %d", name, i, e, tries[i],
-                                       cfg.crash_tries)
-                        if tries[i] >= cfg.crash_tries:
-                            todo.popleft()
-                            yield PageFailed(i, RENDER_CRASHED, f"page {i}: the renderer process crashed on it "
-                                                                f"{tries[i]} time(s) ({e})")
-                        if crashes >= cfg.max_crashes_per_doc:
-                            yield from rest(RENDER_CRASHED, f"not rendered: the renderer process crashed {crashes} "
-                                                            f"time(s) on this document ({e})")
-                            clean = True
-                            return
-                        break
-                    i = todo.popleft()
-                    if reply[1] != i:  # the protocol is strictly ordered; anything else is a bug
-                        raise RuntimeError(f"renderer answered page {reply[1]}, expected {i}")
-                    self._pages += 1
-                    recycle = bool(todo) and self._pages >= cfg.recycle_after_pages
-                    if recycle:  # mid-stream: a fresh process reopens the document for the rest
-                        self._kill()
-                        self.recycles += 1
-                    if reply[0] == "page":
-                        yield PageRendered(i, reply[2], reply[3])
-                    else:
-                        yield PageFailed(i, reply[2], reply[3])
-                    if recycle:
-                        break
-                if not todo:
-                    if self._proc is not None:
-                        self._send(("close",))
-                    clean = True
-                    return
+                opened = yield from self._open(doc, data, name, select, max_frames, cancel)
+                if opened is None:  # the renderer crashed opening it: again, in a fresh process
+                    continue
+                if opened and not (yield from self._stream(doc, name, render, encoding, cancel)):
+                    continue  # this pass ended early: the next one reopens the document
+                clean = True  # the document has ended: its events said how
+                return
         except _Cancelled:  # the consumer left mid-page: the renderer is killed below, nothing more is said
             self.cancels += 1
             logger.info("rendering %s cancelled: its renderer process is killed", name)
@@ -472,10 +311,139 @@ class IsolatedRenderer:
             if not clean:  # the consumer stopped early, or an error: the child's state is unknown
                 self._kill()
 
+    def _open(self, doc: _DocState, data: bytes, name: str, select: Selector, max_frames: int | None,
+              cancel: threading.Event | None) -> Iterator[Event]:
+        """(Re)open the document in a live renderer (the first time: yield :class:`Opened` and select
+        its pages). Returns True to stream its pages, False when the document has ended (the events
+        say why), None to try again (the renderer crashed, and the document may be tried again)."""
+        cfg = self.cfg
+        try:
+            self._send(("open", data, name, max_frames))
+            reply = self._recv(doc.deadline(), cancel)
+        except (_Died, _TimedOut) as e:
+            self._kill()
+            self.restarts += 1
+            if isinstance(e, _TimedOut):
+                code = RENDER_TIMEOUT
+                msg = doc.late() if doc.doc_bound else (
+                    f"opening the document took longer than {cfg.page_timeout_s:g} s (renderer killed)")
+            else:
+                doc.crashes += 1
+                if doc.crashes < (cfg.crash_tries if doc.todo is None else cfg.max_crashes_per_doc):
+                    return None
+                code = RENDER_CRASHED
+                msg = f"the renderer process crashed {doc.crashes} time(s) on this document ({e})"
+            if doc.todo is None:  # never opened: one row for the document
+                yield DocFailed(code, msg)
+            else:  # reopening after a failed page: the pages still to do
+                yield from doc.rest(code, f"not rendered: {msg}")
+            return False
+        if reply[0] == "doc_error":
+            yield DocFailed(*reply[1:])
+            return False
+        if doc.todo is None:
+            _, count, repaired = reply
+            yield Opened(count, repaired)
+            try:
+                doc.todo = deque(select(count))
+            except PdfError as e:
+                self._send(("close",))
+                yield DocFailed(e.code, e.message, count)
+                return False
+            doc.clock.limit_s = cfg.doc_limit_s(len(doc.todo))
+        return True
 
-def _doc_late(clock: _WorkClock) -> str:
-    return (f"the document's rendering time limit ({clock.limit_s:g} s of renderer time: doc_timeout_s, or "
-            f"page_budget_s per selected page) passed")
+    def _stream(self, doc: _DocState, name: str, render: RenderConfig, encoding: str,
+                cancel: threading.Event | None) -> Iterator[Event]:
+        """Stream the pages still to do from the open document. Returns True when the document has
+        ended, False when a crash, a page's time-out or a recycle ended this pass with pages left."""
+        cfg = self.cfg
+        sent = False
+        while doc.todo:
+            try:
+                if not sent:
+                    self._send(("render", list(doc.todo), render, encoding))
+                    sent = True
+                reply = self._recv(doc.deadline(), cancel)
+            except _TimedOut:
+                self._kill()
+                self.restarts += 1
+                i = doc.todo.popleft()
+                if doc.doc_bound:
+                    late = doc.late()
+                    yield PageFailed(i, RENDER_TIMEOUT, f"page {i}: {late} (renderer killed)")
+                    yield from doc.rest(RENDER_TIMEOUT, f"not rendered: {late}")
+                    return True
+                yield PageFailed(i, RENDER_TIMEOUT, f"page {i}: rendering took longer than "
+                                                    f"{cfg.page_timeout_s:g} s (renderer killed)")
+                break
+            except _Died as e:
+                if (yield from self._crashed(doc, name, e)):
+                    return True
+                break
+            i = doc.todo.popleft()
+            if reply[1] != i:  # the protocol is strictly ordered; anything else is a bug
+                raise RuntimeError(f"renderer answered page {reply[1]}, expected {i}")
+            self._pages += 1
+            recycle = bool(doc.todo) and self._pages >= cfg.recycle_after_pages
+            if recycle:  # mid-stream: a fresh process reopens the document for the rest
+                self._kill()
+                self.recycles += 1
+            yield PageRendered(i, reply[2], reply[3]) if reply[0] == "page" else PageFailed(i, reply[2], reply[3])
+            if recycle:
+                break
+        if doc.todo:
+            return False
+        if self._proc is not None:
+            self._send(("close",))
+        return True
+
+    def _crashed(self, doc: _DocState, name: str, e: _Died) -> Iterator[PageFailed]:
+        """The renderer crashed on the document's next page: count it, and give the page up after
+        ``crash_tries``. Returns True when the document has had too many crashes (the rest gave up)."""
+        cfg = self.cfg
+        self.restarts += 1
+        doc.crashes += 1
+        i = doc.todo[0]
+        doc.tries[i] = doc.tries.get(i, 0) + 1
+        logger.warning("renderer crashed on %s page %d (%s): try %d of %d", name, i, e, doc.tries[i],
+                       cfg.crash_tries)
+        if doc.tries[i] >= cfg.crash_tries:
+            doc.todo.popleft()
+            yield PageFailed(i, RENDER_CRASHED, f"page {i}: the renderer process crashed on it "
+                                                f"{doc.tries[i]} time(s) ({e})")
+        if doc.crashes >= cfg.max_crashes_per_doc:
+            yield from doc.rest(RENDER_CRASHED, f"not rendered: the renderer process crashed {doc.crashes} "
+                                                f"time(s) on this document ({e})")
+            return True
+        return False
+
+
+class _DocState:
+    """One document's progress across the renderer processes it takes: the pages still to do
+    (None until it is opened), its crashes, and the tries of each page that crashed one."""
+
+    def __init__(self, cfg: RendererConfig, clock: _WorkClock):
+        self.cfg, self.clock = cfg, clock
+        self.todo: deque[int] | None = None
+        self.crashes = 0
+        self.tries: dict[int, int] = {}
+        self.doc_bound = False  # whether the last deadline was the document's, not the page's
+
+    def deadline(self) -> float:
+        """When the renderer's next answer is due: the page's time-out, or what the document has left."""
+        left = self.clock.left()
+        self.doc_bound = left <= self.cfg.page_timeout_s
+        return time.monotonic() + min(self.cfg.page_timeout_s, left)
+
+    def rest(self, code: str, message: str) -> Iterator[PageFailed]:
+        """Every page still to do, failed with ``code``."""
+        while self.todo:
+            yield PageFailed(self.todo.popleft(), code, message)
+
+    def late(self) -> str:
+        return (f"the document's rendering time limit ({self.clock.limit_s:g} s of renderer time: doc_timeout_s, "
+                f"or page_budget_s per selected page) passed")
 
 
 def _drain(fd: int) -> None:
@@ -499,7 +467,10 @@ _RENDERERS: dict[RendererConfig, IsolatedRenderer | InProcessRenderer] = {}
 
 def renderer_for(cfg: RendererConfig) -> IsolatedRenderer | InProcessRenderer:
     """This process's renderer for ``cfg`` (kept between calls: a Ray worker reuses its renderer
-    process across raster tasks). A forked process gets renderers of its own."""
+    process across raster tasks): an :class:`IsolatedRenderer`, or with ``isolate`` off an
+    :class:`~padoc_ray.raster.inprocess.InProcessRenderer`. A forked process gets renderers of its own."""
+    from padoc_ray.raster.inprocess import InProcessRenderer
+
     r = _RENDERERS.get(cfg)
     if r is not None and isinstance(r, IsolatedRenderer) and r._owner != os.getpid():
         r = None

@@ -17,6 +17,7 @@ from padoc_ray.pdf import RenderConfig
 from padoc_ray.raster import ENCODINGS, RendererConfig
 from padoc_ray.raster.document import InputLimits
 from padoc_ray.storage import StorageConfig
+from padoc_ray.knobs import MB, knob, range_text
 
 TOKEN_ENV = "PADOC_RAY_API_TOKEN"
 
@@ -39,7 +40,7 @@ class ServeConfig:
     host: HostConfig = field(default_factory=lambda: HostConfig(pages_in_flight=32))
     #: teacher forcing (tiny-model demos and tests): OmniDocBench-format ground truth, matched by the
     #: upload's file name and page, as the batch job matches by file name
-    replay_gt: str | None = None
+    replay_gt: str | None = knob(None, flags=("--replay",), dest="replay", metavar="GT.json")
     render: RenderConfig = field(default_factory=RenderConfig)  #: 1600 px on the longest side
     #: rendering happens in the ingress, in renderer processes (pdfium is not thread-safe), with deadlines
     renderer: RendererConfig = field(default_factory=lambda: RendererConfig(doc_timeout_s=300.0))
@@ -48,12 +49,17 @@ class ServeConfig:
     #: Its page caps are max_pages / max_job_pages and its byte cap max_upload_bytes (below)
     limits: InputLimits = field(default_factory=InputLimits)
     image_encoding: str = "zstd"  #: how page images travel from the ingress to the engine (lossless)
-    max_upload_bytes: int = 50 << 20  #: request bodies above this get 413 (before they are read whole)
+    #: request bodies above this get 413 (before they are read whole)
+    max_upload_bytes: int = knob(50 << 20, flags=("--max-upload-mb",), dest="max_upload_mb", parse="positive_float",
+                                 metavar="MB", to_field=lambda m: int(m * MB), from_field=lambda b: b / MB,
+                                 help="largest request body; bigger ones get 413")
     max_pages: int = 50  #: pages one /v1/parse or chat request may select (413 above)
     max_job_pages: int = 5000  #: pages one /v1/jobs document may select (413 above)
-    request_timeout_s: float = 600.0  #: per-request deadline of /v1/parse and chat (504 after it)
+    #: per-request deadline of /v1/parse and chat (504 after it)
+    request_timeout_s: float = knob(600.0, flags=("--request-timeout",))
     #: s3:// prefixes a request may name (``uri`` of /v1/parse, ``image_url`` of chat); empty: none
-    allowed_s3: tuple[str, ...] = ()
+    allowed_s3: tuple[str, ...] = knob((), flags=("--allow-s3",), action="append", metavar="s3://BUCKET[/PREFIX]",
+                                       to_field=tuple, from_field=list, note="repeatable")
     storage: StorageConfig = field(default_factory=StorageConfig)
     #: where async jobs live (local folder or s3://): their input, state and page rows (Parquet, the
     #: batch job's schema). Every ingress replica must see it; None: a folder under the Ray temp dir
@@ -63,10 +69,11 @@ class ServeConfig:
     #: environment variable when set, else (a local store only) <job store>/store.key, created once. An
     #: s3:// job store needs one of the two: its key is never kept beside its jobs (cluster/README.md)
     job_key: str | None = None
-    job_lease_s: float = 15.0  #: a running job whose owner has not written for this long is taken over
+    #: a running job whose owner has not written for this long is taken over
+    job_lease_s: float = knob(15.0, flags=("--job-lease",))
     #: finished jobs (done, failed, cancelled: input, state and page rows) are deleted this long after
     #: they finished; 0 keeps them until deleted by hand
-    job_ttl_s: float = 86400.0
+    job_ttl_s: float = knob(86400.0, flags=("--job-ttl",), metavar="SECONDS")
     max_jobs: int = 4  #: jobs one ingress replica runs at once; more wait queued, started round-robin by tenant
     #: job pages one ingress replica has at the engine at once (of its engine slots): the engine's batch
     #: keeps room for interactive pages. PaDoc's pages/s is flat from 16 concurrent pages up (the paper's
@@ -84,7 +91,7 @@ class ServeConfig:
     max_queued_jobs_per_tenant: int = 100
     #: seconds a client may take to send its whole request body; past it 408 (a slow client cannot hold
     #: a request slot for long)
-    body_timeout_s: float = 60.0
+    body_timeout_s: float = knob(60.0, flags=("--body-timeout",), metavar="SECONDS")
     #: HTTP requests of one tenant an ingress replica handles at once; past it 429 with Retry-After, so
     #: that no client holds every slot (keep it below ingress_max_ongoing)
     max_requests_per_tenant: int = 16
@@ -99,14 +106,17 @@ class ServeConfig:
     #: Host names the service answers to besides 127.0.0.1, localhost and listen_host. Without a token (or
     #: with this list set) any other name gets 400 bad_host, so a web page that rebinds its own name to
     #: this address reads nothing; with a token and no list, any name (the token guards it)
-    allowed_hosts: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = knob((), flags=("--allowed-host",), metavar="NAME,NAME,...",
+                                          note="comma list; besides 127.0.0.1, localhost and --host")
     #: sha256 of the bearer token; None: no auth. ``padoc-ray serve`` fills it from PADOC_RAY_API_TOKEN
     token_sha256: str | None = None
     #: sha256 of more accepted bearer tokens, each its own tenant (PADOC_RAY_API_TOKEN holds them all,
     #: comma-separated; the first is token_sha256)
     extra_token_sha256: tuple[str, ...] = ()
     # Serve deployment options (see docs/serve.md)
-    engine_replicas: tuple[int, int] = (1, 1)  #: (min, max) engine replicas, autoscaled between
+    #: (min, max) engine replicas, autoscaled between
+    engine_replicas: tuple[int, int] = knob((1, 1), parse="range_pair", metavar="N|MIN,MAX", from_field=tuple,
+                                            show=range_text)
     #: autoscaling target: pages in flight per engine replica (a page is one engine call)
     target_ongoing_pages: int = 16
     engine_max_ongoing: int = 64  #: pages one engine replica accepts at once (host queues past pages_in_flight)
@@ -115,7 +125,7 @@ class ServeConfig:
     ingress_max_ongoing: int = 64  #: HTTP requests one ingress replica handles at once
     ingress_max_queued: int = 64  #: HTTP requests waiting; past it Serve answers 503 with Retry-After
     engine_cpus: float = 1.0
-    engine_gpus: float = 0.0  #: GPUs per engine replica (1 on GPU machines)
+    engine_gpus: float = knob(0.0, flags=("--gpus-per-replica",))  #: GPUs per engine replica (1 on GPU machines)
     ingress_cpus: float = 0.5
 
     def __post_init__(self) -> None:

@@ -51,6 +51,6 @@ def page(request, title: str):
 
 def asset(name: str):
     if name not in ASSETS:
-        return errors.error(404, errors.NOT_FOUND, "no such asset")
+        return errors.Refusal(errors.NOT_FOUND, "no such asset").response()
     return FileResponse(os.path.join(_folder(), name), media_type=ASSETS[name],
                         headers={"Cache-Control": "public, max-age=86400"})

@@ -13,39 +13,33 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import datetime as dt
 import io
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from padoc_ray.output import rows
+from padoc_ray.output.rows import row_json
 from padoc_ray.raster import DocFailed, IsolatedRenderer, RendererConfig, decode_image
 from padoc_ray.raster.document import DocumentItem, PageChoice, document_rows
 from padoc_ray.serve import errors
+from padoc_ray.serve.errors import Refusal
 from padoc_ray.serve.fair import FairGate
-from padoc_ray.status import PAGE_OUT_OF_RANGE, RENDER_FAILED, TOO_MANY_PAGES, http_status
+from padoc_ray.status import PAGE_OUT_OF_RANGE, RENDER_FAILED, TOO_MANY_PAGES
 from padoc_ray.status import document_status as status_rollup
 
-__all__ = ["PAGE_OUT_OF_RANGE", "BadRequest", "RenderPool", "doc_error_status", "document_status", "page_choice",
-           "parse_page_spec", "png_data_url", "row_json"]
-
-
-class BadRequest(ValueError):
-    """A request the client must change: ``code`` and ``status`` (HTTP) travel with it."""
-
-    def __init__(self, code: str, message: str, status: int = 400):
-        super().__init__(message)
-        self.code, self.message, self.status = code, message, status
+__all__ = ["PAGE_OUT_OF_RANGE", "RenderPool", "document_status", "page_choice", "parse_page_spec", "png_data_url",
+           "row_json"]
 
 
 def parse_page_spec(spec: str | None, limit: int) -> tuple[int, ...] | None:
-    """``pages=`` of a request (``"1-3,7"``, 1-based) -> 0-based indices; None/"" -> all pages."""
+    """``pages=`` of a request (``"1-3,7"``, 1-based) -> 0-based indices; None/"" -> all pages. Refuses
+    (:class:`~padoc_ray.serve.errors.Refusal`) more than ``limit`` (``too_many_pages``) or a selection
+    that does not parse (``bad_pages``)."""
     try:
         return rows.parse_page_ranges(spec, limit)
     except rows.PageRangeError as e:
-        raise BadRequest(TOO_MANY_PAGES, f"pages: {e}", http_status(TOO_MANY_PAGES)) if e.too_many else \
-            BadRequest(errors.BAD_PAGES, f"pages: {e}", 422) from None
+        raise Refusal(TOO_MANY_PAGES if e.too_many else errors.BAD_PAGES, f"pages: {e}") from None
 
 
 def page_choice(wanted: tuple[int, ...] | None, max_pages: int) -> PageChoice:
@@ -59,32 +53,9 @@ def _cap_message(n: int, _count: int, cap: int) -> str:
             f"or use /v1/jobs)")
 
 
-def doc_error_status(code: str) -> int:
-    """The HTTP status of a document that failed as a whole (413 for the caps, else 422 mostly)."""
-    return http_status(code)
-
-
 def document_status(page_rows: list[dict]) -> str:
     """ok (every page ok) | partial | failed (no page ok): :func:`padoc_ray.status.document_status`."""
     return status_rollup(r.get("status") for r in page_rows)
-
-
-#: row fields a response leaves out (internal, or not the client's business)
-_HIDDEN = frozenset({"run_id"})
-
-
-def row_json(row: dict) -> dict:
-    """A page row (the batch job's schema) as JSON-ready values."""
-    out: dict[str, Any] = {}
-    for k, v in row.items():
-        if k in _HIDDEN:
-            continue
-        if isinstance(v, dt.datetime):
-            v = v.isoformat()
-        elif isinstance(v, float):
-            v = round(v, 4)
-        out[k] = v
-    return out
 
 
 def png_data_url(image: bytes | memoryview) -> str:

@@ -89,16 +89,15 @@ def model_info(model_protocol, default_mode: str) -> dict:
 
 
 def mode_refusal(info: dict | None, mode: str):
-    """The :class:`~padoc_ray.serve.documents.BadRequest` (422 ``unsupported_mode``) of a request for a
-    decoding mode the served checkpoint lacks (``info``: :func:`model_info`; None: unknown, no check)."""
+    """The :class:`~padoc_ray.serve.errors.Refusal` (``unsupported_mode``) of a request for a decoding
+    mode the served checkpoint lacks (``info``: :func:`model_info`; None: unknown, no check)."""
     from padoc_ray import status
-    from padoc_ray.serve.documents import BadRequest
+    from padoc_ray.serve.errors import Refusal
 
     if info is None or mode in info["modes"]:
         return None
     why = info.get("refused", {}).get(mode) or f"the served checkpoint has no mode {mode}"
-    return BadRequest(status.UNSUPPORTED_MODE, f"{why} (this service's modes: {', '.join(info['modes'])})",
-                      status.http_status(status.UNSUPPORTED_MODE))
+    return Refusal(status.UNSUPPORTED_MODE, f"{why} (this service's modes: {', '.join(info['modes'])})")
 
 
 class RayEngine:

@@ -47,7 +47,7 @@ from starlette.websockets import WebSocketClose
 
 from padoc_ray import status
 from padoc_ray.serve import errors
-from padoc_ray.serve.errors import Refused
+from padoc_ray.serve.errors import Refusal
 from padoc_ray.viewer.hosts import answered_hosts, host_name
 
 if TYPE_CHECKING:
@@ -64,8 +64,6 @@ TENANT_HEADER = "X-Padoc-Tenant"
 _TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _NUMBER = re.compile(r"[0-9]{1,20}")
-#: on every refusal: it comes before the body (if any) was read whole, so the connection cannot carry another request
-_CLOSE = {"Connection": "close"}
 
 
 def is_open(route: str, open_routes: tuple[str, ...] = OPEN_ROUTES) -> bool:
@@ -124,14 +122,14 @@ def _headers(scope: Scope, name: bytes) -> list[str]:
 
 class _Body:
     """The request's ``receive``, counted and bounded until the body's last message: raises
-    :class:`Refused` (413 past ``cap`` bytes, 408 past ``deadline``, the event loop's clock), and the
+    :class:`Refusal` (413 past ``cap`` bytes, 408 past ``deadline``, the event loop's clock), and the
     same again on every later call. After the body it passes messages through untimed (a route may
     wait on ``receive`` for the client's disconnect)."""
 
     def __init__(self, receive: Receive, cap: int, deadline: float, timeout_s: float):
         self.receive, self.cap, self.deadline, self.timeout_s = receive, cap, deadline, timeout_s
         self.seen, self.done = 0, False
-        self.refusal: Refused | None = None
+        self.refusal: Refusal | None = None
 
     async def __call__(self) -> Message:
         if self.refusal is not None:
@@ -142,16 +140,16 @@ class _Body:
             async with asyncio.timeout_at(self.deadline):
                 msg = await self.receive()
         except TimeoutError:
-            self.refusal = Refused(408, errors.BODY_TIMEOUT, f"the request body did not arrive whole within "
-                                                             f"{self.timeout_s:g} s", _CLOSE)
+            self.refusal = Refusal(errors.BODY_TIMEOUT, f"the request body did not arrive whole within "
+                                                        f"{self.timeout_s:g} s", close=True)
             raise self.refusal from None
         if msg["type"] != "http.request":
             self.done = True  # http.disconnect: the route sees it
             return msg
         self.seen += len(msg.get("body", b""))
         if self.seen > self.cap:
-            self.refusal = Refused(413, status.FILE_TOO_LARGE, f"request body over the limit of {self.cap} bytes",
-                                   _CLOSE)
+            self.refusal = Refusal(status.FILE_TOO_LARGE, f"request body over the limit of {self.cap} bytes",
+                                   close=True)
             raise self.refusal
         self.done = not msg.get("more_body", False)
         return msg
@@ -198,26 +196,25 @@ class Guard:
             got = _headers(scope, b"host")
             if len(got) != 1 or host_name(got[0]) not in self.config.hosts:
                 shown = got[0][:100] if len(got) == 1 else f"{len(got)} Host headers"
-                return await Refused(400, errors.BAD_HOST, f"this service does not answer to {shown!r} (it answers "
-                                     f"to {', '.join(self.config.hosts)}; more names: allowed_hosts, "
-                                     f"--allowed-host)", _CLOSE).response()(scope, receive, send)
+                return await Refusal(errors.BAD_HOST, f"this service does not answer to {shown!r} (it answers "
+                                                      f"to {', '.join(self.config.hosts)}; more names: allowed_hosts, "
+                                                      f"--allowed-host)", close=True).response()(scope, receive, send)
         if is_open(route, self.config.open_routes):
             return await self.app(scope, receive, send)
         cfg = self.config
         try:
             tenant = self._tenant(scope)
             self._check_length(scope)
-        except Refused as e:
+        except Refusal as e:
             return await e.response()(scope, receive, send)
         scope.setdefault("state", {})["tenant"] = tenant
         client = scope.get("client")
         slot = tenant or f"client:{client[0] if client else '?'}"
         if self._slots[slot] >= cfg.max_requests_per_tenant:
-            resp = errors.error(429, errors.TOO_MANY_REQUESTS, f"{cfg.max_requests_per_tenant} requests of this "
-                                f"tenant (without one: this client address) are in flight, the most it may have; "
-                                f"retry when one finishes",
-                                {"Retry-After": str(cfg.retry_after_s), **_CLOSE})
-            return await resp(scope, receive, send)
+            refused = Refusal(errors.TOO_MANY_REQUESTS, f"{cfg.max_requests_per_tenant} requests of this tenant "
+                              f"(without one: this client address) are in flight, the most it may have; retry when "
+                              f"one finishes", retry_after=cfg.retry_after_s, close=True)
+            return await refused.response()(scope, receive, send)
         self._slots[slot] += 1
         body = _Body(receive, cfg.max_body_bytes, asyncio.get_running_loop().time() + cfg.body_timeout_s,
                      cfg.body_timeout_s)
@@ -230,7 +227,7 @@ class Guard:
 
         try:
             await self.app(scope, body, tracked)
-        except Refused as e:  # an inner app without Starlette's exception middleware let it through
+        except Refusal as e:  # an inner app without Starlette's exception middleware let it through
             if not started:  # else the response is cut short: the server closes the connection
                 await e.response()(scope, receive, send)
         finally:
@@ -239,18 +236,18 @@ class Guard:
                 del self._slots[slot]
 
     def _tenant(self, scope: Scope) -> str:
-        """The request's tenant, after its token is checked (:class:`Refused` 401 / 400)."""
+        """The request's tenant, after its token is checked (:class:`Refusal` 401 / 400)."""
         cfg, tenant = self.config, ""
         if cfg.tokens_sha256:
             tenant = token_tenant(scope, cfg) or ""
             if not tenant:
-                raise Refused(401, errors.UNAUTHORIZED, "a valid bearer token is required",
-                              {"WWW-Authenticate": "Bearer", **_CLOSE})
+                raise Refusal(errors.UNAUTHORIZED, "a valid bearer token is required",
+                              headers={"WWW-Authenticate": "Bearer"}, close=True)
         if cfg.tenant_header:
             values = _headers(scope, TENANT_HEADER.lower().encode())
             if len(values) != 1 or not _TENANT.fullmatch(values[0]):
-                raise Refused(400, errors.BAD_TENANT, f"send one {TENANT_HEADER} header of 1-64 characters of "
-                                                      f"A-Z a-z 0-9 . _ -", _CLOSE)
+                raise Refusal(errors.BAD_TENANT, f"send one {TENANT_HEADER} header of 1-64 characters of "
+                                                 f"A-Z a-z 0-9 . _ -", close=True)
             tenant = values[0]
         return tenant
 
@@ -260,7 +257,7 @@ class Guard:
         if not values:
             return
         if len(values) > 1 or not _NUMBER.fullmatch(values[0].strip()):
-            raise Refused(400, errors.BAD_REQUEST, "invalid Content-Length", _CLOSE)
+            raise Refusal(errors.BAD_REQUEST, "invalid Content-Length", close=True)
         if int(values[0]) > self.config.max_body_bytes:
-            raise Refused(413, status.FILE_TOO_LARGE, f"request body over the limit of {self.config.max_body_bytes} "
-                                                      f"bytes", _CLOSE)
+            raise Refusal(status.FILE_TOO_LARGE, f"request body over the limit of {self.config.max_body_bytes} "
+                                                 f"bytes", close=True)

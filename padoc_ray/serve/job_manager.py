@@ -23,12 +23,11 @@ import itertools
 import logging
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 from padoc_ray import status
 from padoc_ray.serve import errors
-from padoc_ray.serve.documents import BadRequest
+from padoc_ray.serve.errors import Refusal
 from padoc_ray.serve.jobs import FINAL, InvalidJob, JobStore, tenant_key
 
 logger = logging.getLogger(__name__)
@@ -36,38 +35,22 @@ logger = logging.getLogger(__name__)
 RunPages = Callable[[dict, frozenset], AsyncIterator[dict]]
 
 
-class TooManyJobs(Exception):
-    """The tenant has ``limit`` unfinished jobs already (POST /v1/jobs answers 429)."""
-
-    def __init__(self, limit: int):
-        super().__init__(f"this tenant has {limit} unfinished jobs, the most it may have; retry when one finished")
-        self.limit = limit
+#: seconds a client is told to wait (Retry-After) when the tenant has too many jobs, and for an unfinished result
+TOO_MANY_JOBS_RETRY_S, NOT_FINISHED_RETRY_S = 30, 2
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """Why /result has no result yet: the HTTP status, error code, message and headers to answer."""
-
-    status: int
-    code: str
-    message: str
-    headers: dict = field(default_factory=dict)
-
-
-def result_refusal(view: dict, error_status: Callable[[str], int]) -> Refusal | None:
-    """None for a done job; else what /result answers: a failed job its document code (HTTP status by
-    ``error_status``), a cancelled one 409 ``job_cancelled`` (final: no Retry-After), an unfinished
-    one 409 ``job_not_finished`` with Retry-After."""
+def result_refusal(view: dict) -> Refusal | None:
+    """None for a done job; else what /result answers: a failed job its document code, a cancelled one
+    ``job_cancelled`` (final: no Retry-After), an unfinished one ``job_not_finished`` with Retry-After."""
     state = view["status"]
     if state == status.JOB_DONE:
         return None
     if state == status.JOB_FAILED:
         err = view.get("error") or {}
-        code = err.get("code") or status.JOB_FAILED
-        return Refusal(error_status(code), code, err.get("message", ""))
+        return Refusal(err.get("code") or status.JOB_FAILED, err.get("message", ""))
     if state == status.JOB_CANCELLED:
-        return Refusal(409, errors.JOB_CANCELLED, "the job was cancelled; it has no result")
-    return Refusal(409, errors.JOB_NOT_FINISHED, f"the job is {state}", {"Retry-After": "2"})
+        return Refusal(errors.JOB_CANCELLED, "the job was cancelled; it has no result")
+    return Refusal(errors.JOB_NOT_FINISHED, f"the job is {state}", retry_after=NOT_FINISHED_RETRY_S)
 
 
 #: why a local run is stopped: a cancel (it ends ``cancelled``), the manager closing or a lost lease (it stays
@@ -121,10 +104,13 @@ class JobManager:
 
     # ---- the routes' calls ---------------------------------------------------------------------------
     async def create(self, *, tenant: str, name: str, data: bytes, options: dict, pages_total: int) -> dict:
+        """The new job's view; refuses (``too_many_jobs``) a tenant with ``max_queued_jobs_per_tenant``
+        unfinished jobs already."""
         key = tenant_key(tenant)
         active = await asyncio.to_thread(self.store.active)
         if sum(k == key for _, k in active) >= self.max_queued:
-            raise TooManyJobs(self.max_queued)
+            raise Refusal(errors.TOO_MANY_JOBS, f"this tenant has {self.max_queued} unfinished jobs, the most it "
+                          f"may have; retry when one finished", retry_after=TOO_MANY_JOBS_RETRY_S)
         st = await asyncio.to_thread(self.store.create, tenant=tenant, name=name, data=data, options=options,
                                      pages_total=pages_total)
         self._genuine.add(st["id"])
@@ -284,7 +270,7 @@ class JobManager:
             page_rows = await asyncio.to_thread(store.page_rows, job_id)
             done = {**st, "status": status.JOB_DONE, "document_status": status.document_status(
                 r["status"] for r in page_rows if r["page_index"] >= 0)}
-        except BadRequest as e:
+        except Refusal as e:
             done = {**st, "status": status.JOB_FAILED, "error": {"code": e.code, "message": e.message}}
         except InvalidJob as e:
             done = {**st, "status": status.JOB_FAILED, "error": {"code": status.INTERNAL_ERROR, "message": str(e)}}

@@ -2,7 +2,8 @@
 
 The answer is a ``chat.completion`` whose ``usage`` counts the page's tokens, plus a ``padoc`` object
 (the page's status, validity, branches, regions and their ``spans`` when the page row has them).
-Errors come in OpenAI's error shape.
+Errors come in OpenAI's error shape: a refusal (:class:`~padoc_ray.serve.errors.Refusal`) with its
+code's status, or a failed page with its status's.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import uuid
 
 from padoc_ray import status
 from padoc_ray.serve import errors
-from padoc_ray.serve.documents import BadRequest
 from padoc_ray.serve.engine import mode_refusal
+from padoc_ray.serve.errors import Refusal
 from padoc_ray.serve.runner import INTERACTIVE, Document, DocumentRunner, RunOptions
 from padoc_ray.serve.schemas import ChatRequest, PadocOptions
 from padoc_ray.serve.uploads import check_size, decode_base64, fetch_s3, label
@@ -24,7 +25,7 @@ def _image(body: ChatRequest) -> str:
     urls = [p.image_url.url for m in body.messages if isinstance(m.content, list)
             for p in m.content if p.type == "image_url" and p.image_url is not None]
     if len(urls) != 1:
-        raise BadRequest(errors.ONE_IMAGE, f"send exactly one page image (image_url); got {len(urls)}")
+        raise Refusal(errors.ONE_IMAGE, f"send exactly one page image (image_url); got {len(urls)}")
     return urls[0]
 
 
@@ -32,13 +33,13 @@ async def _document(url: str, cfg) -> tuple[bytes, str]:
     if url.startswith("data:"):
         header, sep, payload = url.partition(",")
         if not sep or ";base64" not in header:
-            raise BadRequest(errors.BAD_IMAGE_URL, "image_url must be a base64 data URL or an allowed s3:// URI")
+            raise Refusal(errors.BAD_IMAGE_URL, "image_url must be a base64 data URL or an allowed s3:// URI")
         data, name = decode_base64(payload, "the data URL", errors.BAD_IMAGE_URL), "image"
     elif url.startswith("s3://"):
         data, name = await fetch_s3(url, cfg)
     else:
-        raise BadRequest(errors.BAD_IMAGE_URL, "this service fetches no URLs: send a base64 data URL (or an allowed "
-                                          "s3:// URI)")
+        raise Refusal(errors.BAD_IMAGE_URL, "this service fetches no URLs: send a base64 data URL (or an allowed "
+                                            "s3:// URI)")
     check_size(data, cfg)
     return data, name
 
@@ -46,11 +47,11 @@ async def _document(url: str, cfg) -> tuple[bytes, str]:
 async def chat(body: ChatRequest, *, cfg, runner: DocumentRunner, tenant: str, model_info: dict | None = None):
     """``model_info``: the served checkpoint's family and modes (:func:`padoc_ray.serve.engine.model_info`);
     a ``padoc.mode`` it lacks gets 422 ``unsupported_mode`` before anything is rendered."""
-    if body.stream:
-        return errors.openai_error(400, errors.STREAM_UNSUPPORTED, "stream=true is not supported; send stream=false")
-    if body.model not in (None, cfg.served_model_id):
-        return errors.openai_error(404, errors.MODEL_NOT_FOUND, f"the model {body.model!r} does not exist; see /v1/models")
     try:
+        if body.stream:
+            raise Refusal(errors.STREAM_UNSUPPORTED, "stream=true is not supported; send stream=false")
+        if body.model not in (None, cfg.served_model_id):
+            raise Refusal(errors.MODEL_NOT_FOUND, f"the model {body.model!r} does not exist; see /v1/models")
         data, name = await _document(_image(body), cfg)
         padoc = body.padoc or PadocOptions()
         refused = mode_refusal(model_info, padoc.mode or cfg.host.mode)
@@ -61,19 +62,15 @@ async def chat(body: ChatRequest, *, cfg, runner: DocumentRunner, tenant: str, m
                          salt=uuid.uuid4().hex, run_id=uuid.uuid4().hex[:12], klass=INTERACTIVE)
         page_rows, _ = await asyncio.wait_for(runner.parse_all(Document(data, label(padoc.filename, name)), opt),
                                               cfg.request_timeout_s)
-    except BadRequest as e:
-        if e.code == status.OVERLOADED:
-            return errors.openai_error(503, e.code, e.message, "server_error", headers={"Retry-After": "2"})
-        return errors.openai_error(e.status, e.code, e.message)
+    except Refusal as e:
+        return e.openai_response()
     except TimeoutError:
-        return errors.openai_error(504, status.REQUEST_TIMEOUT, f"not finished within {cfg.request_timeout_s:g} s",
-                                   "timeout_error")
+        return Refusal(status.REQUEST_TIMEOUT, f"not finished within {cfg.request_timeout_s:g} s").openai_response(
+            "timeout_error")
     row = page_rows[0]
     code = row["status"]
     if code not in status.CONTENT_CODES:
-        http = status.http_status(code, 500)
-        return errors.openai_error(http, code, row.get("error_message") or code,
-                                   "invalid_request_error" if 400 <= http < 500 else "server_error")
+        return errors.openai_page_error(code, row.get("error_message") or code)
     completion = int(row.get("output_tokens") or 0)
     prompt = int(row.get("prompt_tokens") or 0)
     extra = {"status": code, "valid": row.get("valid"), "n_branches": row.get("n_branches"),

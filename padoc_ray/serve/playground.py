@@ -54,7 +54,7 @@ def page(request, model: str) -> HTMLResponse:
 
 def asset(name: str):
     if name not in ASSETS:
-        return errors.error(404, errors.NOT_FOUND, "no such asset")
+        return errors.Refusal(errors.NOT_FOUND, "no such asset").response()
     folder, media = ASSETS[name]
     return FileResponse(os.path.join(folder, name), media_type=media,
                         headers={"Cache-Control": "no-cache", **_HEADERS})

@@ -2,11 +2,11 @@
 page, admitted by engine capacity, as a stream of typed items.
 
 :class:`DocumentRunner` yields a :class:`~padoc_ray.raster.document.DocumentOpened` and then one
-finished page row per page, in the order pages finish; a document that fails as a whole raises
-:class:`~padoc_ray.serve.documents.BadRequest`. Pages wait for a slot of the :class:`FairGate`
-sized to what the engine replicas accept (interactive pages ahead of job pages, tenants in turn),
-so a 5,000-page job waits for capacity instead of flooding the engine and failing as
-``overloaded``; only a request refused at admission (too many interactive pages already waiting)
+finished page row per page, in the order pages finish; a document that fails as a whole raises a
+:class:`~padoc_ray.serve.errors.Refusal` with its document code. Pages wait for a slot of the
+:class:`FairGate` sized to what the engine replicas accept (interactive pages ahead of job pages,
+tenants in turn), so a 5,000-page job waits for capacity instead of flooding the engine and failing
+as ``overloaded``; only a request refused at admission (too many interactive pages already waiting)
 gets ``overloaded``. Rendering waits for the gate too: a document has at most one rendered page
 waiting for a slot, so memory is bounded by the slots, not by the document.
 
@@ -30,7 +30,8 @@ from padoc_ray.output import rows
 from padoc_ray.pdf import doc_id_of
 from padoc_ray.raster import DocFailed
 from padoc_ray.raster.document import DocumentOpened, PageRow
-from padoc_ray.serve.documents import BadRequest, doc_error_status, document_status, page_choice, png_data_url, row_json
+from padoc_ray.serve.documents import document_status, page_choice, png_data_url, row_json
+from padoc_ray.serve.errors import Refusal
 from padoc_ray.serve.fair import FairGate
 
 logger = logging.getLogger("padoc_ray.serve")
@@ -205,7 +206,7 @@ class DocumentRunner:
                     break
                 if isinstance(item, DocFailed):
                     metrics.get().document_error(item.code)
-                    raise BadRequest(item.code, item.message, doc_error_status(item.code))
+                    raise Refusal(item.code, item.message)
                 if opt.klass == INTERACTIVE:
                     if isinstance(item, DocumentOpened):
                         self._reserve(len(item.pages))
@@ -240,17 +241,21 @@ class DocumentRunner:
                 max_frames=self.cfg.limits.max_image_frames, count_only=True, tenant=tenant)) as items:
             async for item in items:
                 if isinstance(item, DocFailed):
-                    raise BadRequest(item.code, item.message, doc_error_status(item.code))
+                    raise Refusal(item.code, item.message)
                 if isinstance(item, DocumentOpened):
                     opened = item
         if opened is None:
-            raise BadRequest(status.RENDER_FAILED, "the document could not be opened", 422)
+            raise Refusal(status.RENDER_FAILED, "the document could not be opened")
         return opened
 
 
-def _overloaded() -> BadRequest:
-    return BadRequest(status.OVERLOADED, "every engine replica is at capacity; retry later",
-                      status.http_status(status.OVERLOADED))
+#: seconds a request refused as ``overloaded`` is told to wait (its Retry-After)
+OVERLOADED_RETRY_S = 2
+
+
+def _overloaded() -> Refusal:
+    return Refusal(status.OVERLOADED, "every engine replica is at capacity; retry later",
+                   retry_after=OVERLOADED_RETRY_S)
 
 
 def result(served_model: str, name: str, page_rows: list[dict], count: int | None, mode: str) -> dict:

@@ -21,7 +21,8 @@ from typing import AsyncIterator
 
 from padoc_ray import metrics, status
 from padoc_ray.serve import errors
-from padoc_ray.serve.documents import BadRequest, document_status, row_json
+from padoc_ray.serve.documents import document_status, row_json
+from padoc_ray.serve.errors import Refusal
 from padoc_ray.serve.runner import Document, DocumentRunner, RunOptions
 
 
@@ -44,13 +45,13 @@ def stream_mode(value: str | None) -> str | None:
         return PAGES
     if v == REGIONS:
         return REGIONS
-    raise BadRequest(errors.BAD_REQUEST, "stream is true, false or regions", 422)
+    raise Refusal(errors.INVALID_REQUEST, "stream is true, false or regions")
 
 
 async def page_lines(runner: DocumentRunner, doc: Document, opt: RunOptions, budget: float, *,
                      regions: bool = False) -> AsyncIterator[str]:
-    """Opens the document (raising its BadRequest before the first line), then returns the lines
-    (with the region event lines when ``regions``)."""
+    """Opens the document (raising its :class:`~padoc_ray.serve.errors.Refusal` before the first line),
+    then returns the lines (with the region event lines when ``regions``)."""
     items: asyncio.Queue = asyncio.Queue()  # ("event", dict) | ("row", dict) | ("error", exc) | ("end", None)
     if regions:
         opt = dataclasses.replace(opt, on_event=lambda ev: items.put_nowait(("event", ev)))

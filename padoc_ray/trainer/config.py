@@ -25,6 +25,8 @@ import math
 import typing
 from dataclasses import dataclass
 
+from padoc_ray.knobs import knob
+
 #: the ancestor-attention backends of :mod:`padoc_ray.trainer.attention`
 BACKENDS = ("dense", "flex", "tree_varlen")
 DEVICES = ("auto", "cpu", "cuda")
@@ -85,7 +87,7 @@ class StepConfig:
 
     #: ancestor-attention backend: dense (materialized mask, the reference), flex (flex attention; no backward on
     #: CPU), tree_varlen (gathered prefixes + varlen causal attention)
-    backend: str = "tree_varlen"
+    backend: str = knob("tree_varlen", choices=BACKENDS)
     grad_accum: int = 1  #: packed pages per step and worker (global batch = workers x grad_accum)
 
     def __post_init__(self) -> None:
@@ -139,7 +141,7 @@ class DataConfig:
     """The pages: ``gt`` + ``images`` (an OmniDocBench-format JSON and the folder holding each
     page's ``image_path``) or ``batch_output`` (padoc-ray batch output; ``ok`` rows, images
     re-rendered from their source). ``sample_weights``: a re-annotation's agreement.parquet; pages
-    are then drawn by difficulty (:func:`padoc_ray.eval.agreement.sample_weight`; pages without a
+    are then drawn by difficulty (:func:`padoc_ray.trainer.packing.sample_weight`; pages without a
     consensus never), default None: every page equally often. ``packing``: how a page becomes a
     sample."""
 
@@ -177,7 +179,7 @@ class RayConfig:
     """
 
     workers: int = 1  #: Ray Train workers
-    device: str = "auto"  #: auto: GPUs when the cluster has one per worker, else CPU
+    device: str = knob("auto", choices=DEVICES)  #: auto: GPUs when the cluster has one per worker, else CPU
     address: str | None = None
     run_name: str = "train"  #: run name under OUT/ray_results
     checkpoint_every: int = 50  #: steps between distributed checkpoints; the last step always saves
@@ -185,7 +187,7 @@ class RayConfig:
     #: start from this checkpoint (a checkpoint_* folder) when the run has none of its own. Loading a checkpoint
     #: unpickles its metadata (a crafted folder runs code on every worker), so it must be under --out, or owned
     #: by you, with no symbolic links, writable by no one else
-    resume: str | None = None
+    resume: str | None = knob(None, metavar="CHECKPOINT_DIR")
     grad_dump: str | None = None
 
     def __post_init__(self) -> None:

@@ -24,7 +24,8 @@ taught to end a page early; ``meta["dropped_regions"]`` records how many went. A
 cut in the middle. A page whose prompt (with the image) does not fit, or whose first region alone
 does not fit, is skipped with a :class:`PackingError` code. Pages arrive as
 :class:`PageRef` (a :class:`~padoc_ray.protocol.Page` plus where its image is) from an
-OmniDocBench JSON + images folder or from the batch job's Parquet rows.
+OmniDocBench JSON + images folder or from the batch job's Parquet rows, and may be weighted by a
+corpus re-annotation's difficulty (:func:`sample_weight`: how often training draws a page).
 
 This module knows nothing of attention kernels, optimizers or Ray.
 """
@@ -233,16 +234,26 @@ def pages_from_batch_output(path: str) -> tuple[list[PageRef], list[Skipped]]:
     return refs, skipped
 
 
+#: the weight of the easiest page that has a consensus: the hardest (difficulty 1) is drawn
+#: ``(SAMPLE_WEIGHT_FLOOR + 1) / SAMPLE_WEIGHT_FLOOR`` = 5 times as often
+SAMPLE_WEIGHT_FLOOR = 0.25
+
+
+def sample_weight(consensus: bool | None, difficulty: float | None) -> float:
+    """How often training draws a page, from its re-annotation row: 0 without a consensus
+    annotation (never drawn), else ``SAMPLE_WEIGHT_FLOOR + difficulty`` (harder pages more often;
+    a page no two annotations were compared on counts as difficulty 0)."""
+    if not consensus:
+        return 0.0
+    return SAMPLE_WEIGHT_FLOOR + min(1.0, max(0.0, difficulty or 0.0))
+
+
 def apply_sample_weights(refs: list[PageRef], path: str) -> tuple[list[PageRef], list[Skipped]]:
     """Weight pages by a re-annotation's ``agreement.parquet`` (its ``kind = "page"`` rows), see
-    :func:`padoc_ray.eval.agreement.sample_weight`. A page is found by its name (``image_path``),
-    else by its source file name and page index. Pages without a consensus (weight 0) and pages the
-    table does not hold are skipped with a reason."""
-    import dataclasses
-
+    :func:`sample_weight`. A page is found by its name (``image_path``), else by its source file
+    name and page index. Pages without a consensus (weight 0) and pages the table does not hold are
+    skipped with a reason."""
     import pyarrow.parquet as pq
-
-    from padoc_ray.eval.agreement import sample_weight
 
     try:
         t = pq.read_table(path, columns=["kind", "image_path", "source_uri", "page_index", "consensus",

@@ -20,6 +20,7 @@ from padoc_ray.viewer.data import PAGE_SIZE, DocQuery, Output, lost_pages
 from padoc_ray.viewer.hosts import answered_hosts
 from padoc_ray.viewer.images import PageImages, common_prefix
 from padoc_ray.viewer.pageview import embed_json, page_view
+from padoc_ray.knobs import knob
 
 STATIC = os.path.join(os.path.dirname(__file__), "static")
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -41,10 +42,11 @@ class ViewerConfig:
     any_source: bool = False
     #: names besides 127.0.0.1, localhost and ``host`` that the viewer answers to (the request's Host header);
     #: any other name gets 400, so a web page that rebinds its own name to this address reads nothing
-    allowed_hosts: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = knob((), flags=("--allowed-host",), metavar="NAME,NAME,...",
+                                          note="comma list; besides 127.0.0.1, localhost and --host")
     #: seconds a connection gets to send a whole request head (after it opens, or after its last answer); a
     #: client that sends part of one and then nothing is cut off then, not held open (uvicorn has no such limit)
-    header_timeout_s: float = 10.0
+    header_timeout_s: float = knob(10.0, parse="positive_float", metavar="SECONDS")
 
     def __post_init__(self) -> None:
         if not self.header_timeout_s > 0:

@@ -20,12 +20,17 @@ import time
 from dataclasses import asdict, dataclass
 
 from padoc_ray import status
+from padoc_ray.knobs import knob
 
 ENGINES = ("noop", "vllm")
 
 
 @dataclass(frozen=True, kw_only=True)
 class FairnessConfig:
+    """Start `padoc-ray serve --tenant-header`, time tenant B's sequential one-page /v1/parse requests on the
+    idle service, then while tenant A's --job-pages job runs; print P50/P95 of both, the loaded/idle P95 ratio
+    (target: within 2x) and the job's progress during the probes."""
+
     engine: str = "noop"  #: "noop" (the service's own scheduling) or "vllm" (the tiny model, teacher-forced)
     model: str | None = None  #: checkpoint directory (None: models/tiny)
     job_pages: int = 2000  #: pages of tenant A's job (copies of memo.pdf's page)
@@ -36,6 +41,7 @@ class FairnessConfig:
     #: the service's --max-job-pages-beside-interactive (job pages at the engine while interactive pages
     #: come); None: its default
     max_job_pages_beside_interactive: int | None = None
+    json: str | None = knob(None, metavar="OUT.json", help="write the report here", required=True)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -145,3 +151,12 @@ def run(cfg: FairnessConfig, root: str, log=print) -> dict:
                 "running_throughout": after["status"] == status.JOB_RUNNING and after["pages_done"] < cfg.job_pages},
         "server": stopped,
     }
+
+
+def main(cfg: FairnessConfig) -> int:
+    """Run it, write the report to ``cfg.json`` and print its headline figures."""
+    from padoc_ray.bench import service_report
+
+    report = service_report(cfg, run)
+    print(json.dumps({k: report[k] for k in ("idle", "loaded", "p95_loaded_over_idle", "job")}, indent=2))
+    return 0

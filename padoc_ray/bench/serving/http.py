@@ -25,6 +25,9 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from padoc_ray import status
+from padoc_ray.bench import DEFAULT_MODEL, EXAMPLES_DIR, UsageError, pdf_paths, require_path
+from padoc_ray.knobs import knob
+from padoc_ray.scheduler import SchedulerConfig
 from padoc_ray.perfmodel.table3 import quantile
 
 
@@ -198,7 +201,6 @@ def run(model: str, gt: str, pdfs: Sequence[str], concurrencies: Sequence[int] =
     """``constrain_layout``: keep layout streams in the layout grammar (SchedulerConfig.constrain_layout)."""
     from padoc_ray.groundtruth import load_truth
     from padoc_ray.host import HostConfig
-    from padoc_ray.scheduler import SchedulerConfig
 
     items = _items(pdfs)
     truth = load_truth(gt)
@@ -232,3 +234,35 @@ def format_table(report: dict) -> str:
                      f"{b['http_over_direct_pages_per_s']:.2f} ({b['http_over_prerendered_pages_per_s']:.2f}) | "
                      f"{d['p50_s']:.3f} / {d['p95_s']:.3f} | {h['p50_s']:.3f} / {h['p95_s']:.3f} |")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpBenchConfig:
+    """Send the same one-page requests (teacher-forced) to a PageHost directly and to the Serve endpoint
+    (padoc-ray serve's application on a local Ray) over HTTP, in closed loops at each concurrency, one side after
+    the other; print pages/s and P50/P95 latency of both and HTTP pages/s as a fraction of direct."""
+
+    model: str = knob(DEFAULT_MODEL, help="checkpoint directory")
+    input: str = knob(EXAMPLES_DIR, help="folder or glob of PDFs", show=lambda v: "the bundled examples")
+    gt: str = knob(os.path.join(EXAMPLES_DIR, "ground_truth.json"), help="ground truth covering every page of "
+                   "--input", show=lambda v: "the examples'")
+    concurrency: tuple[int, ...] = knob((1, 8, 32), parse="ints", help="clients, e.g. 1,8,32")
+    requests: int = 64  #: one-page requests per concurrency and side
+    warmup: int = 4  #: untimed requests per side first
+    out: str | None = knob(None, help="folder for http_bench.json")
+    scheduler: SchedulerConfig = knob(factory=SchedulerConfig, nested=("constrain_layout",))
+
+
+def main(cfg: HttpBenchConfig) -> int:
+    require_path(cfg.gt, "--gt")
+    require_path(cfg.model, "--model")
+    try:
+        report = run(os.path.abspath(cfg.model), os.path.abspath(cfg.gt), pdf_paths(cfg.input), cfg.concurrency,
+                     requests=cfg.requests, warmup=cfg.warmup, out_dir=cfg.out,
+                     constrain_layout=cfg.scheduler.constrain_layout)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(format_table(report))
+    if cfg.out:
+        print(f"wrote {os.path.join(cfg.out, 'http_bench.json')}")
+    return 0

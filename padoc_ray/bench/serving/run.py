@@ -37,8 +37,9 @@ from padoc_ray.perfmodel.table3 import (
     plot_report,
     quantile,
 )
+from padoc_ray.bench.serving.pages import BenchPage, PageSetError, bench_truth, load_page_sets
 from padoc_ray.bench.steps.run import StepsConfig
-from padoc_ray.groundtruth import GroundTruthError, Truth, parse_truth
+from padoc_ray.knobs import comma_items, comma_text, knob, negate
 from padoc_ray.protocol import Page, quantized
 
 __all__ = [
@@ -67,17 +68,25 @@ _EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path
 class ServeBenchConfig:
     """One benchmark run. Defaults: the paper's serving benchmark (Table 3, Appendix E.3)."""
 
-    concurrency: tuple[int, ...] = (16, 32, 64, 128, 256)  #: closed-loop levels (pages in flight)
-    pages: int | None = 384  #: use the first N pages of the set (the paper's subset size); None: all
-    modes: tuple[str, ...] = ("fork", "sequential")
+    #: closed-loop levels (pages in flight)
+    concurrency: tuple[int, ...] = knob((16, 32, 64, 128, 256), parse="ints", note="comma list")
+    #: use the first N pages of the set (the paper's subset size); None: all
+    pages: int | None = knob(384, metavar="N", note="all when fewer exist")
+    #: decode modes to run, comma list
+    modes: tuple[str, ...] = knob(("fork", "sequential"), from_field=comma_text, to_field=comma_items)
     warmup: int = 2  #: untimed pages per mode before the timed runs (the paper: two warm-up requests)
-    target: str = "direct"  #: "direct" (a PageHost here) or "http" (the Serve endpoint on a local Ray)
+    #: "direct" (a PageHost here) or "http" (the Serve endpoint on a local Ray)
+    target: str = knob("direct", choices=("direct", "http"))
     sample_interval_s: float = 0.2  #: how often the engine's generation-token counter is read
     peak_window_s: float = 10.0  #: window of the peak output-token rate
     http_timeout_s: float = 3600.0  #: per HTTP request (client and service)
     #: teacher-force every page with its truth (a random-weight model then does a trained model's work);
     #: False: the model generates freely and the truth only picks the page set (a real checkpoint)
-    replay: bool = True
+    replay: bool = knob(True, flags=("--no-replay",), dest="no_replay", action="store_true", to_field=negate,
+                        from_field=negate,
+                        help="let the model generate freely (a real checkpoint): the ground truth then only names "
+                             "the pages (default: teacher-force every page with its truth, so the tiny "
+                             "random-weight model does a trained model's work)")
     #: before and after every cell, time bench steps' speed probe (a batch of 16 teacher-forced requests on the
     #: same engine): rows get speed_probe_step_ms, which bench model --compare uses to cancel this machine's drift
     #: between the bench steps run and this one (direct target only)
@@ -100,68 +109,6 @@ class ServeBenchConfig:
             raise ValueError(f"target must be one of {', '.join(TARGETS)}")
         if self.sample_interval_s <= 0 or self.peak_window_s <= 0 or self.http_timeout_s <= 0:
             raise ValueError("sample_interval_s, peak_window_s and http_timeout_s must be > 0")
-
-
-# ---- the page set -----------------------------------------------------------------------------------------
-class PageSetError(ValueError):
-    """A page set that cannot be used (missing file, bad JSON, duplicate page names)."""
-
-
-@dataclass
-class BenchPage:
-    name: str  #: the page image's file name: its replay truth's key and its upload name
-    data: bytes  #: the image file's bytes (decoded per request, as a server would)
-    doc_id: str
-    truth: Page
-    gt: str  #: the ground-truth file it came from
-
-
-def load_page_sets(sets: Sequence[tuple[str, str]], limit: int | None = None) -> tuple[list[BenchPage], list[dict]]:
-    """Pages of (GT.json, images folder) pairs in order, at most ``limit`` in all; and per set
-    ``{"gt", "images", "count"}`` (pages used from it). Raises :class:`PageSetError`."""
-    from padoc_ray.pdf import doc_id_of
-
-    pages: list[BenchPage] = []
-    info: list[dict] = []
-    seen: dict[str, str] = {}
-    for gt, images in sets:
-        if not os.path.isfile(gt):
-            raise PageSetError(f"--gt {gt}: no such file")
-        if not os.path.isdir(images):
-            raise PageSetError(f"--images {images}: no such folder")
-        try:
-            with open(gt, "rb") as f:
-                entries = parse_truth(f.read(), f"--gt {gt}")
-        except (OSError, GroundTruthError) as e:
-            raise PageSetError(str(e)) from None
-        n = 0
-        for t in entries:
-            if limit is not None and len(pages) >= limit:
-                break
-            if t.page is None:
-                raise PageSetError(f"--gt {gt}: page {t.index} is not OmniDocBench format ({t.error})")
-            truth = t.page
-            name = os.path.basename(truth.image_path or "")
-            path = os.path.join(images, name)
-            if not name or not os.path.isfile(path):
-                raise PageSetError(f"--gt {gt}: page {t.index}: image {path} not found (is --images right?)")
-            if name in seen:
-                raise PageSetError(f"page image name {name} is in both {seen[name]} and {gt} (the truth is matched "
-                                   f"by file name)")
-            seen[name] = gt
-            with open(path, "rb") as f:
-                data = f.read()
-            pages.append(BenchPage(name, data, doc_id_of(data), truth, gt))
-            n += 1
-        info.append({"gt": gt, "images": images, "count": n})
-    if not pages:
-        raise PageSetError("the page set is empty")
-    return pages, info
-
-
-def bench_truth(pages: Sequence[BenchPage]) -> Truth:
-    """The host's replay truth for the bench pages (each image is a one-page document)."""
-    return Truth.of_pages({p.name: p.truth for p in pages})
 
 
 def host_config(*, pages_in_flight: int, max_tokens: int | None = None, max_branches: int | None = None,

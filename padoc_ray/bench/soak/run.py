@@ -10,6 +10,7 @@ It talks only HTTP, so it measures whatever server the checkout has.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import tempfile
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from padoc_ray.knobs import knob
 from padoc_ray.bench.soak.report import build_report, warmup_seconds
 from padoc_ray.bench.soak.traffic import MIX, Client, Shared, drain_jobs, soak_inputs, write_replay_truth
 
@@ -27,7 +29,13 @@ ENGINES = ("noop", "vllm")
 
 @dataclass(frozen=True, kw_only=True)
 class SoakConfig:
-    """One soak run. Defaults: half an hour of eight clients on the no-op engine."""
+    """Start `padoc-ray serve` (its own local Ray, a bearer token), run --clients closed-loop clients for
+    --minutes with a mix of sync parses, NDJSON streams, jobs (some cancelled), chat completions, bad inputs (must
+    get 4xx) and client disconnects, drain the jobs, stop the server with SIGTERM, and write the figures: RSS
+    slope (MB/h, after the warm-up) of every Serve process, and the slope of its floor (each 5-minute window's
+    lowest sample: what a leak raises and work in flight does not), 5xx (503 with Retry-After apart), lost jobs,
+    duplicated job pages, latency per kind. Exits 1 when there were 5xx, lost jobs or duplicated pages. Defaults:
+    half an hour of eight clients on the no-op engine."""
 
     minutes: float = 30.0  #: how long the clients send traffic
     clients: int = 8  #: concurrent closed-loop clients
@@ -42,6 +50,7 @@ class SoakConfig:
     drain_s: float = 120.0  #: after the traffic, how long unfinished jobs may take to finish
     request_timeout_s: float = 300.0  #: client-side timeout of one request
     seed: int = 0  #: the clients' random picks
+    json: str | None = knob(None, metavar="OUT.json", help="write the report here", required=True)
 
     def __post_init__(self) -> None:
         if self.minutes <= 0 or self.clients < 1:
@@ -127,3 +136,14 @@ def _wait(stop: threading.Event, end: float, log, shared) -> None:
         log(f"{len(shared.responses)} requests so far, {len(shared.jobs)} jobs")
     stop.set()
 
+
+
+def main(cfg: SoakConfig) -> int:
+    """Run it, write the report to ``cfg.json`` and print its headline figures; exit 1 when there were 5xx, lost jobs or duplicated pages."""
+    from padoc_ray.bench import service_report
+
+    report = service_report(cfg, run)
+    keys = ("requests", "http_5xx", "http_503_retry_after", "jobs_lost", "job_pages_duplicated")
+    print(json.dumps({**{k: report[k] for k in keys}, "rss_slope_mb_per_h": report["rss_slope_mb_per_h"],
+                      "rss_floor_slope_mb_per_h": report["rss_floor_slope_mb_per_h"]}, indent=2))
+    return 1 if report["http_5xx"] or report["jobs_lost"] or report["job_pages_duplicated"] else 0

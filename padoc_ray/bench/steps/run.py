@@ -18,12 +18,19 @@ work per page (its branches attend over shorter contexts than one long sequentia
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from padoc_ray.bench import DEFAULT_MODEL, EXAMPLES_DIR, UsageError, write_json
+from padoc_ray.host import HostConfig
+from padoc_ray.knobs import knob
 from padoc_ray.perfmodel.fitted import NEEDED_SERIES, fit_steps
+
 from .series import EXTRA_SERIES, series_fits
 
 DEFAULT_BATCHES = (1, 4, 16, 64, 128, 256)
@@ -42,7 +49,8 @@ _FORCED_TEXT = ("Decoding depth drops from the sum of all region lengths to the 
 
 @dataclass(frozen=True)
 class StepsConfig:
-    batches: tuple[int, ...] = DEFAULT_BATCHES  #: batch sizes n to measure, each <= the engine's max_num_seqs
+    #: batch sizes n to measure, each <= the engine's max_num_seqs
+    batches: tuple[int, ...] = knob(DEFAULT_BATCHES, flags=("--batch",), parse="ints")
     tokens: int = 128  #: tokens every request decodes (teacher-forced, so exactly this many)
     repeat: int = 3  #: timed runs per batch size (the median is reported), after one untimed warm-up run
     #: series measured beside decode vs batch, for the engine model (prefill, context, distinct, admit, vision)
@@ -313,3 +321,46 @@ def format_report(rep: dict) -> str:
                      f"(largest error {100 * model['residual']['max_rel']:.1f}% over "
                      f"{model['points']} measured points)")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepsCommand:
+    """On the real engine with the serving settings for this machine: for each batch size n, n requests sharing
+    one page image and prompt (one page's branches) each decode --tokens teacher-forced tokens at once. Prints
+    step time and tokens/s per n, the fit step = fixed + per_seq x n, and for each n (read as C pages decoded one
+    stream each) the batching gain left: how much more token throughput a larger batch gets here. With --series
+    it also measures what the engine model (bench model --steps) fits: prefill tokens, context length over one
+    shared prefix and over prefixes of each sequence's own, bursts of requests admitted together, and the vision
+    encoder per image."""
+
+    model: str = knob(DEFAULT_MODEL, help="checkpoint directory")
+    image: str = knob(os.path.join(EXAMPLES_DIR, "paper.pdf"), show=lambda v: "examples/paper.pdf",
+                      help="page image, or a PDF whose first page is rendered as the batch job does")
+    steps: StepsConfig = knob(factory=StepsConfig, nested=tuple(f.name for f in dataclasses.fields(StepsConfig)))
+    #: the engine: --max-num-seqs (every batch size must fit)
+    host: HostConfig = knob(factory=HostConfig, nested=("engine_overrides",))
+    json: str | None = knob(None, metavar="OUT.json", help="also write the results here as JSON")
+
+
+def main(cmd: StepsCommand) -> int:
+    from padoc_ray.pdf import PdfError
+
+    if not os.path.isdir(cmd.model):
+        raise UsageError(f"--model: model directory not found: {cmd.model} (build one with: padoc-ray "
+                         f"build-tiny-model {cmd.model})")
+    if not os.path.exists(os.path.join(cmd.model, "padoc_protocol.json")):
+        raise UsageError(f"--model: {cmd.model} is not a padoc-ray checkpoint bench steps can measure (no "
+                         f"padoc_protocol.json: it fits the padoc family's step costs, which bench model then prices)")
+    if not os.path.isfile(cmd.image):
+        raise UsageError(f"--image: {cmd.image} is not a file")
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        rep = run(os.path.abspath(cmd.model), cmd.image, cmd.steps, engine_overrides=dict(cmd.host.engine_overrides),
+                  log=log)
+    except PdfError as e:
+        raise UsageError(f"--image: {cmd.image}: {e}") from None
+    except ValueError as e:
+        raise UsageError(f"bench steps: {e}") from None
+    print(format_report(rep))
+    write_json(cmd.json, rep)
+    return 0

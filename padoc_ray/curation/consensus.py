@@ -5,7 +5,7 @@ keeps the regions on which at least ``min_agree`` of them agree:
 
 1. **Clusters.** The sets are visited in the order given; each set's regions are matched one to
    one to the clusters found so far (greedy by box IoU against each cluster's median box, at least
-   ``match_iou``, as :func:`padoc_ray.eval.agreement.match_regions` pairs regions); a region left
+   ``match_iou``, as :func:`padoc_ray.curation.agreement.match_regions` pairs regions); a region left
    over starts a new cluster. A cluster therefore holds at most one region per set.
 2. **Support.** A cluster with members from at least ``min_agree`` sets becomes a consensus region:
    its box is the coordinate-wise median of the members' boxes, its category the members'
@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Mapping
 
-from padoc_ray.eval.agreement import content_distance, match_regions
+from padoc_ray.curation.agreement import content_distance, match_regions
 from padoc_ray.protocol.page import Box, Page, Region
 
 

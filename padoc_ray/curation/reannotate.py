@@ -6,7 +6,7 @@ prediction sets, and optionally existing annotations (``--gt``, OmniDocBench for
 1. **Prediction sets.** padoc-ray's own parses, one batch run per ``--modes`` entry, written to
    ``OUTPUT/predictions/<mode>/`` (they are the batch job itself, so they resume: a rerun parses
    only what is missing), plus ``--compare NAME=[FORMAT:]PATH`` sets read by
-   :mod:`padoc_ray.eval.importers` (other padoc-ray batch outputs, OmniDocBench JSON, MinerU
+   :mod:`padoc_ray.curation.importers` (other padoc-ray batch outputs, OmniDocBench JSON, MinerU
    ``content_list.json``, dots.ocr layout JSON). A ``--compare NAME=PATH`` whose PATH is a
    checkpoint padoc-ray can run (a local folder of a known family: a PaDoc checkpoint, or an
    HPD-Parsing one; ``NAME=model:PATH`` says so for any path, s3:// included) is another parser:
@@ -18,9 +18,9 @@ prediction sets, and optionally existing annotations (``--gt``, OmniDocBench for
    (page counts from the batch rows, else from the file). Prediction sets name documents by file
    name; a name without extension (MinerU, dots.ocr) matches the source with that stem.
 3. **Agreement.** Every pair of prediction sets is compared on every page (and, with ``--gt``, the
-   ground truth with each set and with the consensus) by :func:`padoc_ray.eval.agreement.compare_pages`
+   ground truth with each set and with the consensus) by :func:`padoc_ray.curation.agreement.compare_pages`
    (PageIoU layout agreement, region matching, content distance).
-4. **Consensus and difficulty.** :func:`padoc_ray.eval.consensus.build_consensus` keeps the regions
+4. **Consensus and difficulty.** :func:`padoc_ray.curation.consensus.build_consensus` keeps the regions
    at least ``min_agree`` sets agree on (default: a strict majority). A page's difficulty is the
    mean over its comparisons of ``((1 - layout IoU) + content distance) / 2``.
 
@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from padoc_ray.eval.agreement import AgreementConfig, compare_pages, difficulty
-from padoc_ray.eval.consensus import build_consensus, default_min_agree
+from padoc_ray.curation.agreement import AgreementConfig, compare_pages, difficulty
+from padoc_ray.curation.consensus import build_consensus, default_min_agree
 from padoc_ray.groundtruth import GroundTruthError, parse_truth, source_for
 from padoc_ray.output import rows
 from padoc_ray.pipeline.config import BatchConfig
@@ -119,7 +119,7 @@ class ReannotateConfig:
     dots_dpi: int = 200  #: the dpi dots.ocr rendered PDF pages at (its default), for its pixel boxes
 
     def __post_init__(self) -> None:
-        from padoc_ray.eval.importers import FORMATS
+        from padoc_ray.curation.importers import FORMATS
 
         for name, spec in self.compare.items():
             if _format_and_path(spec) == (None, MODEL_PREFIX):
@@ -412,7 +412,7 @@ def run_reannotate(cfg: ReannotateConfig, *, log=print, start_ray=None) -> dict:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from padoc_ray.eval.importers import load_set
+    from padoc_ray.curation.importers import load_set
     from padoc_ray.pipeline.job import run_batch
 
     t0 = time.perf_counter()

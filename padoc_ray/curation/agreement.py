@@ -13,7 +13,8 @@ Given a reference page and a hypothesis page (existing annotation vs a new parse
 
 and a ``consensus`` flag (layout IoU >= ``consensus_iou`` and content distance <= ``consensus_edit``).
 :func:`difficulty` turns several comparisons into one score in [0, 1]: the mean over pairs of
-``((1 - layout_iou) + content_edit) / 2``. Pure: numpy only (through the metric modules).
+``((1 - layout_iou) + content_edit) / 2``; how often training then draws the page is the trainer's
+(:func:`padoc_ray.trainer.packing.sample_weight`). Pure: numpy only (through the metric modules).
 """
 
 from __future__ import annotations
@@ -133,16 +134,3 @@ def difficulty(agreements: Iterable[PageAgreement]) -> float | None:
     vals = [((1.0 - a.layout_iou) + a.content_edit) / 2 for a in agreements]
     return sum(vals) / len(vals) if vals else None
 
-
-#: the weight of the easiest page that has a consensus: the hardest (difficulty 1) is drawn
-#: ``(SAMPLE_WEIGHT_FLOOR + 1) / SAMPLE_WEIGHT_FLOOR`` = 5 times as often
-SAMPLE_WEIGHT_FLOOR = 0.25
-
-
-def sample_weight(consensus: bool | None, difficulty: float | None) -> float:
-    """How often training draws a page, from its re-annotation row: 0 without a consensus
-    annotation (never drawn), else ``SAMPLE_WEIGHT_FLOOR + difficulty`` (harder pages more often;
-    a page no two annotations were compared on counts as difficulty 0)."""
-    if not consensus:
-        return 0.0
-    return SAMPLE_WEIGHT_FLOOR + min(1.0, max(0.0, difficulty or 0.0))
