@@ -100,8 +100,8 @@ def node_pids(pgid: int) -> dict[int, str]:
     found = {pid for pid, (_, group, _) in procs.items() if group == pgid}
     while True:
         more = {pid for pid, (ppid, _, _) in procs.items() if ppid in found and pid not in found}
-        if not more:
-            return {pid: procs[pid][2] for pid in found}
+        if not more:  # a zombie's command line reads empty: it is already dead, and names nothing to kill
+            return {pid: procs[pid][2] for pid in found if procs[pid][2].strip()}
         found |= more
 
 
