@@ -40,7 +40,7 @@ demo: install model
 
 # Two pytest workers, whole modules each (module fixtures such as a Ray cluster stay in one worker):
 # the suite mostly waits on engines, clusters and subprocesses, so two workers halve its time on 2 cores.
-# Files go out in the collection's order (--no-loadscope-reorder), which tests/suite_order.py makes
+# Files go out in the collection's order (--no-loadscope-reorder), which tests/helpers/suite_order.py makes
 # heavy files first, so the last minutes are short files on both workers, not one long one.
 PYTEST_WORKERS ?= 2
 

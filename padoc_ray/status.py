@@ -27,7 +27,7 @@ never accounted) or the input's document code. :func:`document_status` rolls pag
 (``success``, ``partial_success``, ``failure``).
 
 Pure: imports nothing of the project. Every producer and consumer of a status imports it from here
-(``tests/test_status.py`` scans the package for status literals elsewhere).
+(``tests/contracts/test_statuses.py`` scans the package for status literals elsewhere).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ class StorageConfig:
     #: attempts per request (the first one included) in the AWS standard retry mode, for both clients:
     #: pyarrow's (inputs, Parquet) and boto3's (model copies, the output lock). Throttling (503 SlowDown),
     #: other 5xx answers and dropped connections are retried with jittered exponential backoff; through a
-    #: proxy refusing ~11% of requests, never more than twice in a row, every request got through (tests/test_multinode.py)
+    #: proxy refusing ~11% of requests, never more than twice in a row, every request got through (tests/cluster/pipeline/test_two_node_cluster.py)
     retry_attempts: int = 6
     #: one file's whole read, local or s3://, must finish within this (then read_failed, retried by a
     #: rerun); also pyarrow's S3 connect/request time-out. 512 MiB (the file-size cap) at 2 MB/s fits

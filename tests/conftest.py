@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from .suite_order import pytest_collection_modifyitems  # noqa: F401  (the order of the files: heavy first)
+from tests.helpers.suite_order import pytest_collection_modifyitems  # noqa: F401  (the order of the files: heavy first)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.normpath(os.path.join(ROOT, "..", "shared"))
@@ -83,7 +83,7 @@ def model_protocol(tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def loop_thread():
-    from tests.aio import LoopThread
+    from tests.helpers.aio import LoopThread
 
     lt = LoopThread("test-engine-loop")
     yield lt

@@ -7,7 +7,7 @@ name) and sets ``func`` to a function of the parsed arguments that returns the e
 1 the work ran and something failed, 2 a usage error (:func:`die`, the one error report). The
 flags of config fields (``SchedulerConfig``, ``HostConfig``, ``RenderConfig``, ``BatchConfig`` ...)
 are made by :mod:`padoc_ray.cli.flags` from the dataclasses themselves: their defaults and help come
-from the fields, never restated by hand (``tests/test_flags.py`` checks every flag's default).
+from the fields, never restated by hand (``tests/contracts/test_flags.py`` checks every flag's default).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
   :func:`flags_page`.
 
 ``python -m padoc_ray.cli.docgen`` writes both; ``--check`` writes nothing and exits 1 naming each
-page that differs from what the code generates now (``tests/test_docs.py`` runs the same check).
+page that differs from what the code generates now (``tests/contracts/test_docs.py`` runs the same check).
 
 The pages are the same on every machine: commands and options keep the order the parsers give them
 (registration order, which ``--help`` shows), and defaults that depend on the machine are printed
@@ -37,7 +37,7 @@ REPO_MARK = "$REPO"
 
 def _banner(source: str) -> str:
     return (f"<!-- Generated from {source} by `{REGENERATE}`; do not edit by hand: change the code and run it "
-            f"again (tests/test_docs.py fails while this page is stale). -->")
+            f"again (tests/contracts/test_docs.py fails while this page is stale). -->")
 
 
 def _rst_to_md(text: str) -> str:

@@ -9,7 +9,7 @@ unit and converter are on the field itself (:func:`padoc_ray.knobs.knob`), so no
 sets ``SchedulerConfig.deadline_s``, ``--max-upload-mb`` sets ``ServeConfig.max_upload_bytes`` in MB.
 
 Every flag made here carries ``action.padoc_field = (cls, field name, default of the field)`` so
-``tests/test_flags.py`` compares each flag's default with its field's (through the face's
+``tests/contracts/test_flags.py`` compares each flag's default with its field's (through the face's
 converter): a default restated by hand cannot drift.
 """
 

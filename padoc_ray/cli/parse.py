@@ -12,7 +12,7 @@ from padoc_ray.cli.common import DEFAULT_MODEL, EXAMPLES_DIR, add_command, die
 from padoc_ray.cli.flags import add_fields, add_mode, add_render, add_scheduler_flags, from_args, scheduler_from_args
 from padoc_ray import status
 
-_scheduler_cfg = scheduler_from_args  # the name tests/test_constrain_layout_flags.py imports
+_scheduler_cfg = scheduler_from_args  # the name tests/unit/cli/test_constrain_layout_flag.py imports
 
 
 def _add_generation_args(p: argparse.ArgumentParser) -> None:

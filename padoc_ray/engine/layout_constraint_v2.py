@@ -2,7 +2,7 @@
 CUDA, ``vllm/v1/worker/gpu/``); :mod:`padoc_ray.engine.layout_constraint` is the same for the V1
 runner. Requests opt in the same way (``extra_args={"padoc_constrain_layout": max_regions}``), the
 grammar rows and the mask are :mod:`padoc_ray.engine.layout_mask`'s, and both processors allow the
-same tokens after the same history (``tests/test_layout_constraint_v2.py``).
+same tokens after the same history (``tests/unit/engine/test_layout_constraint_v2.py``).
 
 What MRv2 changes, and how this adapter follows it (``.../gpu/sample/logits_processor/interface.py``):
 

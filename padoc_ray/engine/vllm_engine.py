@@ -7,7 +7,7 @@ process that dies (even by SIGKILL) is vLLM's to notice, and it does (its engine
 on the process's sentinel; the output socket's task fails too): the client is marked dead
 (``llm.errored``) and every request in flight, and every later one, fails with vLLM's
 ``EngineDeadError``, which we map. Measured on the CPU engine: a SIGKILL mid-page ended every page
-in 0.1-0.2 s (tests/test_host_engine.py); killed while idle, ``errored`` was set within 0.3 s. It asks vLLM which
+in 0.1-0.2 s (tests/engine/host/test_page_host_on_vllm.py); killed while idle, ``errored`` was set within 0.3 s. It asks vLLM which
 model runner it will use (:mod:`padoc_ray.engine.runners`) and registers that runner's logits
 processors: on V1 :mod:`~padoc_ray.engine.forcing` and :mod:`~padoc_ray.engine.layout_constraint`,
 on Model Runner V2 :mod:`~padoc_ray.engine.layout_constraint_v2` with vLLM's trace replay doing the

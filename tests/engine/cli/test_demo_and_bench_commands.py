@@ -1,0 +1,83 @@
+"""Commands beyond their --help: `demo`, `bench replay`, `bench pipeline`, each run for real on the
+bundled examples (the tiny model; replay keeps its outputs exact). Output goes to files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, _env
+
+EXAMPLES = os.path.join(ROOT, "examples")
+GT = os.path.join(EXAMPLES, "ground_truth.json")
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+def cli_logged(tmp_path, name: str, *args, timeout=600) -> tuple[int, str, str]:
+    """Run ``padoc-ray ARGS`` with stdout and stderr in files; returns (code, stdout, stderr)."""
+    out, err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
+    with open(out, "w") as o, open(err, "w") as e:
+        rc = subprocess.run([sys.executable, "-m", "padoc_ray.cli", *args], stdout=o, stderr=e, env=_env(),
+                            timeout=timeout, cwd=ROOT).returncode
+    return rc, out.read_text(), err.read_text()
+
+
+def test_demo_parses_the_examples_and_matches_their_truth(tiny_model_dir, tmp_path):
+    out = tmp_path / "demo"
+    rc, stdout, stderr = cli_logged(tmp_path, "demo", "demo", "--model", tiny_model_dir, "--output", str(out))
+    assert rc == 0, stderr[-4000:]
+    lines = [ln.split() for ln in stdout.splitlines() if ln.split()[:1] and ln.split()[0].endswith(".pdf")]
+    assert [(ln[0], ln[1], ln[2], ln[-1]) for ln in lines] == [
+        ("memo.pdf", "1", "ok", "yes"), ("paper.pdf", "1", "ok", "yes"), ("paper.pdf", "2", "ok", "yes"),
+        ("report.pdf", "1", "ok", "yes"), ("report.pdf", "2", "ok", "yes")]  # every page equals its truth
+    assert "--- Markdown of memo.pdf page 1 ---\n# MEMORANDUM" in stdout
+    summary = json.loads(next(ln for ln in stdout.splitlines() if ln.startswith("summary: "))[len("summary: "):])
+    assert summary["pages_written"] == 5 and summary["page_status"] == {"ok": 5} and summary["all_inputs_accounted"]
+    assert json.load(open(out / "summary.json"))["pages_written"] == 5 and (out / ".padoc-demo-output").exists()
+
+
+def test_bench_replay_runs_both_modes_at_each_concurrency(tiny_model_dir, tmp_path):
+    from padoc_ray.inputs import load_pages
+
+    images = tmp_path / "images"
+    images.mkdir()
+    from padoc_ray.pdf import RenderConfig
+
+    for it in load_pages([os.path.join(EXAMPLES, f) for f in ("memo.pdf", "paper.pdf")], render=RenderConfig(
+            longest_side=400)):
+        it.page.image.save(images / f"{os.path.splitext(it.source)[0]}_page{it.page_index}.png")
+    gt = [p for p in json.load(open(GT)) if p["page_info"]["source_pdf"] in ("memo.pdf", "paper.pdf")]
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    out = tmp_path / "bench"
+    rc, stdout, stderr = cli_logged(tmp_path, "bench", "bench", "replay", "--gt", str(tmp_path / "gt.json"),
+                                    "--images", str(images), "--model", tiny_model_dir, "--concurrency", "1,3",
+                                    "--warmup", "0", "--out", str(out))
+    assert rc == 0, stderr[-4000:]
+    summary = json.load(open(out / "summary.json"))
+    assert summary["pages"] == 3 and summary["modes"] == ["fork", "sequential"]
+    assert set(summary["concurrency"]) == {"1", "3"}
+    for block in summary["concurrency"].values():
+        for mode in ("fork", "sequential"):
+            assert block[mode]["pages"] == block[mode]["valid_pages"] == 3 and block[mode]["pages_per_s"] > 0
+        assert block["paired"]  # fork vs sequential per page
+    recs = [json.loads(ln) for ln in open(out / "pages.jsonl")]
+    assert len(recs) == 2 * 2 * 3
+    assert all(r["status"] == "ok" and r["equals_truth"] for r in recs)
+    assert all(r["f_padoc"] < r["f_seq"] for r in recs if r["mode"] == "fork")
+    assert all(r["n_branches"] == 0 for r in recs if r["mode"] == "sequential")
+
+
+def test_bench_pipeline_reports_both_sides(tiny_model_dir, tmp_path):
+    rc, stdout, stderr = cli_logged(tmp_path, "pipe", "bench", "pipeline", "--input", EXAMPLES, "--model",
+                                    tiny_model_dir, "--workers", "1", "--dpi", "72", "--json", str(tmp_path / "p.json"))
+    assert rc == 0, stderr[-4000:]
+    res = json.load(open(tmp_path / "p.json"))
+    assert res["pdfs"] == 3 and res["raw_raster"]["before"]["pages"] == res["raw_raster"]["after"]["pages"] == 5
+    pipe = res["noop_pipeline"]
+    assert pipe["pages"] == 5 and pipe["page_status"] == {"ok": 5} and pipe["all_inputs_accounted"]
+    assert res["ratio_wall"] > 0 and res["ratio_job"] > 0 and "no-op pipeline: 5 pages" in stdout

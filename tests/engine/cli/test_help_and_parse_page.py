@@ -1,0 +1,150 @@
+"""The padoc-ray command line: help texts, bad input, and one real parse through the engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+CLI = [sys.executable, "-m", "padoc_ray.cli"]
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def parser():
+    """The real ``padoc-ray`` parser, built once in this process (not one interpreter per command)."""
+    from padoc_ray.cli import build_parser
+
+    return build_parser()
+
+
+@pytest.mark.parametrize("cmd", [[], ["build-tiny-model"], ["init-model"], ["parse-page"], ["demo"], ["parse"],
+                                 ["reannotate"], ["show"], ["train"], ["eval"], ["eval", "layout"], ["eval", "e2e"],
+                                 ["bench"], ["bench", "replay"],
+                                 ["bench", "raster"], ["bench", "pipeline"], ["bench", "attention"],
+                                 ["bench", "pageiou"], ["bench", "serve"], ["bench", "steps"], ["bench", "model"]])
+def test_every_command_explains_itself(cmd, parser, capsys):
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args([*cmd, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: padoc-ray " + " ".join(cmd)) and len(out) > 200
+
+
+def test_no_command_prints_help_and_fails(capsys, monkeypatch):
+    from padoc_ray.cli import main
+
+    for k in ("VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL"):  # main() sets these defaults for engine processes
+        monkeypatch.setenv(k, os.environ.get(k, "unset-by-test"))
+    assert main([]) == 2
+    assert "COMMAND" in capsys.readouterr().out
+
+
+def test_a_page_past_the_end_is_a_usage_error(tiny_model_dir):
+    """memo.pdf has one page: --page 2 is refused before any engine starts."""
+    out = run_cli("parse-page", os.path.join(ROOT, "examples", "memo.pdf"), "--model", tiny_model_dir, "--page", "2")
+    assert out.returncode == 2 and "page 2 does not exist in" in out.stderr and out.stdout == ""
+
+
+def test_build_tiny_model_refuses_a_non_empty_dir(tmp_path):
+    (tmp_path / "x").write_text("keep")
+    out = run_cli("build-tiny-model", str(tmp_path))
+    assert out.returncode == 2 and "--force" in out.stderr and (tmp_path / "x").exists()
+
+
+def test_parse_page_bad_inputs_are_clear(tmp_path, tiny_model_dir):
+    out = run_cli("parse-page", str(tmp_path / "missing.pdf"), "--model", tiny_model_dir)
+    assert out.returncode == 2 and "no such file" in out.stderr
+    out = run_cli("parse-page", os.path.join(ROOT, "examples", "memo.pdf"), "--model", str(tmp_path / "nomodel"))
+    assert out.returncode == 2 and "model directory not found" in out.stderr
+    notpdf = tmp_path / "notes.pdf"
+    notpdf.write_text("just text")
+    out = run_cli("parse-page", str(notpdf), "--model", tiny_model_dir)
+    assert out.returncode == 1 and "not_pdf" in out.stderr
+    empty = tmp_path / "empty.pdf"
+    empty.write_bytes(b"")
+    out = run_cli("parse-page", str(empty), "--model", tiny_model_dir)
+    assert out.returncode == 1 and "empty_file" in out.stderr
+
+
+@pytest.mark.engine
+def test_parse_page_replays_a_sample_page_through_the_engine(tiny_model_dir):
+    out = run_cli("parse-page", os.path.join(ROOT, "examples", "memo.pdf"), "--model", tiny_model_dir, "--page", "1",
+                  "--format", "json", "--replay", os.path.join(ROOT, "examples", "ground_truth.json"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    obj = json.loads(out.stdout)
+    gt = json.load(open(os.path.join(ROOT, "examples", "ground_truth.json")))
+    memo = next(p for p in gt if p["page_info"]["source_pdf"] == "memo.pdf")
+    assert obj["status"] == "ok" and obj["valid"] is True
+    assert [r["content"] for r in obj["regions"]][:3] == [d["text"] for d in sorted(
+        (d for d in memo["layout_dets"] if d["order"] is not None), key=lambda d: d["order"])][:3]
+    assert obj["f_padoc"] < obj["f_seq"] and obj["n_branches"] == len(memo["layout_dets"])
+    assert obj["output_tokens"] > 0 and obj["retries"] == 0  # every generated token, every attempt
+    assert all(r["attempts"] == 1 and r["finish"] == "stop" for r in obj["regions"])
+
+
+@pytest.mark.engine
+def test_sigterm_stops_a_command_and_shuts_its_engine_down(tiny_model_dir, tmp_path):
+    """SIGTERM unwinds a command like Ctrl-C: its engine shuts down and no vLLM engine-core process
+    outlives it (with Python's default the core was left running, orphaned)."""
+    import contextlib
+    import signal
+    import time
+
+    import psutil
+
+    log = open(tmp_path / "stderr.txt", "w+")
+    proc = subprocess.Popen([*CLI, "bench", "steps", "--model", tiny_model_dir, "--batch", "1", "--tokens", "4000",
+                             "--series", "prefill", "--prefill", "64"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=log)
+    cores: list = []
+    try:
+        deadline = time.monotonic() + 240
+        while not cores and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            kids = psutil.Process(proc.pid).children(recursive=True)
+            cores = [k for k in kids if "EngineCore" in " ".join(k.cmdline() or [k.name()])]
+        assert cores, f"no engine core started: exit {proc.poll()}, {(tmp_path / 'stderr.txt').read_text()[-2000:]}"
+        while time.monotonic() < deadline and cores[0].cpu_times().user < 8:  # up and decoding
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(cores, timeout=30)
+        assert not alive, f"engine core outlived its command: {alive}"
+    finally:
+        for p in [proc, *cores]:  # nothing left behind when an assertion failed
+            with contextlib.suppress(Exception):
+                p.kill()
+        log.close()
+
+
+@pytest.mark.engine
+def test_parse_page_prints_markdown_of_every_page(tiny_model_dir):
+    """Without --page and --format: every page of the PDF as Markdown on stdout (the teacher-forced
+    truth, so exactly the truth's Markdown), one status line per page on stderr (report.pdf: 2 pages)."""
+    from padoc_ray.groundtruth import load_truth
+    from padoc_ray.protocol import quantized, to_markdown
+
+    from tests.conftest import ROOT as root
+
+    gt = os.path.join(root, "examples", "ground_truth.json")
+    out = run_cli("parse-page", os.path.join(root, "examples", "report.pdf"), "--model", tiny_model_dir, "--replay", gt,
+                  "--longest-side", "400")  # a smaller image: less to encode, same forced output
+    assert out.returncode == 0, out.stderr[-3000:]
+    truth = load_truth(gt)
+    from padoc_ray.tokenizer import load_model_protocol
+
+    vocab = load_model_protocol(tiny_model_dir).vocab
+    want = "".join(to_markdown(quantized(truth[("report.pdf", i)], vocab)) for i in (0, 1))
+    assert out.stdout == want and out.stdout.startswith("# ")
+    status = [ln for ln in out.stderr.splitlines() if ln.startswith("[report.pdf page ")]
+    assert [ln.split(" status")[0] for ln in status] == ["[report.pdf page 1:", "[report.pdf page 2:"]
+    assert all("status=ok valid=True" in ln for ln in status)

@@ -1,0 +1,231 @@
+"""The hpd family on the real CPU vLLM engine (stock vLLM, tiny random HPD-format checkpoint): a
+teacher-forced page through the fork equals its truth, each branch's prompt is, as vLLM expands it,
+the layout prompt + the parent's tokens before <FORK> + <CHILD> and hits the prefix cache on every full
+block, both families give the same page for the same truth, and the CLI's parse-page, demo and doctor
+take the checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from padoc_ray.protocol import Box, Page, Region, hpd_tile_grid, quantized, to_markdown
+
+from tests.engine.scheduler.test_run_page_on_vllm import Recording
+
+pytestmark = pytest.mark.engine
+
+from tests.conftest import ROOT  # noqa: E402
+CLI = [sys.executable, "-m", "padoc_ray.cli"]
+BLOCK = 32  # the CPU preset's KV block size
+
+
+def truth_page(w=612, h=792) -> Page:
+    regs = (
+        Region(category="title", box=Box(0.1, 0.05, 0.9, 0.1), content="Quarterly report"),
+        Region(category="text_block", box=Box(0.1, 0.12, 0.9, 0.3), content="Revenue grew in every region."),
+        Region(category="figure", box=Box(0.2, 0.35, 0.8, 0.6), content=None, content_format="none"),
+        Region(category="table", box=Box(0.1, 0.7, 0.9, 0.85), content="<table><tr><td>1</td></tr></table>",
+               content_format="html"),
+        Region(category="page_number", box=Box(0.45, 0.95, 0.55, 0.98), content="3"),
+    )
+    return Page(width=w, height=h, regions=regs)
+
+
+@pytest.fixture(scope="module")
+def hpd_engine(tiny_hpd_dir, loop_thread):
+    """One real engine on the tiny HPD checkpoint, with the settings the host gives the family."""
+    from padoc_ray.engine.vllm_engine import VllmEngine
+    from padoc_ray.host import HostConfig
+
+    cfg = HostConfig(preset="cpu").engine_config(tiny_hpd_dir)
+    assert cfg.trust_remote_code and cfg.max_model_len >= 16384
+
+    async def make():
+        return VllmEngine(cfg)
+
+    async def stop():
+        eng.shutdown()
+        await asyncio.sleep(0.1)
+
+    eng = loop_thread.run(make(), timeout=300)
+    yield eng
+    loop_thread.run(stop(), timeout=120)
+
+
+def _parse(loop_thread, model_dir, engine, truth: Page, name="p.png", **cfg):
+    from padoc_ray.host import HostConfig, PageHost, PageRequest
+
+    rec_engine = Recording(engine)
+
+    async def go():
+        host = await PageHost(model_dir, HostConfig(preset="cpu", **cfg), truth={(name, 0): truth},
+                              engine=rec_engine).start()
+        rec = await host.parse(PageRequest(doc_id="d" * 64, page_index=0, source_name=name,
+                                           image=Image.new("RGB", (truth.width, truth.height), "white")))
+        return host, rec
+
+    host, rec = loop_thread.run(go(), timeout=300)
+    return host, rec, rec_engine.requests
+
+
+def test_a_teacher_forced_page_through_the_fork_equals_its_truth(tiny_hpd_dir, hpd_engine, loop_thread):
+    truth = truth_page()
+    host, rec, reqs = _parse(loop_thread, tiny_hpd_dir, hpd_engine, truth)
+    mp = host.model_protocol
+    assert mp.family == "hpd"
+    assert rec.status == "ok" and rec.valid, rec.message
+    assert rec.page.regions == quantized(truth, mp.vocab).regions
+    assert rec.n_branches == 4 and len(reqs) == 5  # the figure's block has no <FORK>: no branch
+    assert host.cfg.scheduler.max_tokens == 8000  # the family's generation limit
+    # the image as sent: pre-resized to HPD's grid, named by that size, with max_dynamic_patch for the grid
+    main = reqs[0]
+    assert hpd_tile_grid(612, 792) == (3, 4)  # HPD's rule: of the 3 grids nearest in area, the nearest in aspect
+    assert main.image.size == (1344, 1792) and main.mm_processor_kwargs == {"max_dynamic_patch": 12}
+    assert main.image_uuid.endswith("@1344x1792") and all(r.image_uuid == main.image_uuid for r in reqs)
+
+
+def test_each_branch_prompt_expands_to_the_layout_prompt_plus_the_prefix_and_hits_the_cache(
+        tiny_hpd_dir, hpd_engine, loop_thread):
+    """vLLM's own expansion of every branch prompt equals the expanded layout prompt + the parent's tokens
+    before <FORK> + <CHILD>, and each branch's num_cached_tokens covers every full block of that prefix."""
+    from vllm import SamplingParams
+
+    truth = truth_page()
+    host, rec, reqs = _parse(loop_thread, tiny_hpd_dir, hpd_engine, truth, name="q.png")
+    v = host.model_protocol.vocab
+    main, branches = reqs[0], reqs[1:]
+    layout = list(main.forced_tokens)
+
+    async def expanded(req):
+        params = SamplingParams(max_tokens=1, detokenize=False)
+        out = None
+        async for out in hpd_engine.llm.generate(hpd_engine._prompt(req), params, f"expand-{req.request_id}"):
+            pass
+        return list(out.prompt_token_ids)
+
+    main_x = loop_thread.run(expanded(main), timeout=120)
+    ctx = host.model_protocol.tokenizer.token_to_id("<IMG_CONTEXT>")
+    assert main_x.count(ctx) == 13 * 256  # a 3x4 grid: twelve tiles and the thumbnail
+    forks = [i for i, t in enumerate(layout) if t == v.region_close]
+    assert len(forks) == len(branches) == 4
+    for req, fp, cached, n_prompt in zip(branches, forks, rec.branch_cached_tokens, rec.branch_prompt_tokens,
+                                         strict=True):
+        got = loop_thread.run(expanded(req), timeout=120)
+        assert got == main_x + layout[:fp] + [v.branch_start]
+        assert n_prompt == len(got)
+        assert cached >= (len(got) - 1) // BLOCK * BLOCK  # every full block of the prefix (the image's too)
+
+
+def test_both_families_give_the_same_page_for_the_same_truth(tiny_hpd_dir, hpd_engine, tiny_model_dir, cpu_engine,
+                                                              loop_thread):
+    truth = truth_page()
+    _, a, _ = _parse(loop_thread, tiny_model_dir, cpu_engine, truth, name="padoc.png")
+    _, b, _ = _parse(loop_thread, tiny_hpd_dir, hpd_engine, truth, name="hpd.png")
+    assert a.status == b.status == "ok"
+    assert to_markdown(a.page) == to_markdown(b.page)
+    for ra, rb in zip(a.page.regions, b.page.regions, strict=True):
+        assert (ra.category, ra.content, ra.content_format) == (rb.category, rb.content, rb.content_format)
+        assert all(abs(x - y) <= 1e-3 + 1e-9 for x, y in zip(ra.box.as_tuple(), rb.box.as_tuple()))
+
+
+def _cli(*args, timeout=600):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+@pytest.mark.slow
+def test_parse_page_json_with_replay_and_sequential_refused(tiny_hpd_dir):
+    gt = os.path.join(ROOT, "examples", "ground_truth.json")
+    pdf = os.path.join(ROOT, "examples", "memo.pdf")
+    r = _cli("parse-page", pdf, "--model", tiny_hpd_dir, "--replay", gt, "--format", "json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    obj = json.loads(r.stdout)
+    for key in ("status", "valid", "equals_truth", "regions", "n_branches", "markdown", "spans", "prompt_tokens",
+                "cached_tokens"):
+        assert key in obj, key
+    assert obj["status"] == "ok" and obj["valid"] and obj["equals_truth"] is True and obj["family"] == "hpd"
+    assert obj["n_branches"] >= 1 and 0 < obj["cached_tokens"] < obj["prompt_tokens"]
+    for order, start, end in obj["spans"]:
+        assert obj["markdown"][start:end].strip()
+    r = _cli("parse-page", pdf, "--model", tiny_hpd_dir, "--mode", "sequential")
+    assert r.returncode == 2 and "no meaning for an HPD-Parsing checkpoint" in r.stderr
+
+
+@pytest.mark.slow
+def test_demo_runs_the_batch_job_on_the_examples_with_the_hpd_checkpoint(tiny_hpd_dir, tmp_path):
+    """``demo --model``: the batch job (Ray Data, an engine actor) over examples/, replayed: every page ok, rows
+    of the same schema as the padoc family's."""
+    from padoc_ray.output import rows
+    from padoc_ray.output.reader import read_rows
+
+    out = tmp_path / "out"
+    r = _cli("demo", "--model", tiny_hpd_dir, "--output", str(out), timeout=900)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    table = read_rows(str(out))
+    page_rows = [x for x in table.to_pylist() if x["page_index"] >= 0]
+    assert page_rows and all(x["status"] == "ok" and x["valid"] for x in page_rows), \
+        [(x["source_uri"], x["page_index"], x["status"], x["error_message"]) for x in page_rows]
+    assert set(rows.PAGE_SCHEMA.names) <= set(table.schema.names)
+
+
+def test_doctor_reports_the_family_on_both_runners_and_its_problems(tiny_hpd_dir, tmp_path):
+    from padoc_ray.doctor import DoctorConfig, diagnose
+
+    for runner in ("v1", "v2"):
+        rep = diagnose(DoctorConfig(model=tiny_hpd_dir, runner=runner))
+        assert rep["family"] == "hpd" and rep["ok"], rep["problems"]
+        assert rep["processors_load"]
+        assert "InternVLChatModel" in rep["model"]["recognized_by"]
+        assert set(rep["model"]["tokens"]) >= {"<BLOCK>", "<FORK>", "<CHILD>", "<image>"}
+    # a P-MTP head in the main weights (stock vLLM refuses it) and a tokenizer without <FORK>
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_hpd_dir, bad)
+    _add_tensor(bad / "model.safetensors", "language_model.mtp.0.fc.weight")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        p = bad / name
+        if p.exists():
+            p.write_text(p.read_text().replace("<FORK>", "<FROK>"))
+    r = _cli("doctor", "--model", str(bad), "--json", str(tmp_path / "d.json"))
+    rep = json.loads((tmp_path / "d.json").read_text())
+    assert r.returncode == 1 and rep["family"] == "hpd" and not rep["ok"]
+    text = "\n".join(rep["problems"])
+    assert "P-MTP head" in text and "language_model.mtp.0.fc.weight" in text
+    assert "lacks HPD protocol tokens: <FORK>" in text
+
+
+def test_doctor_says_when_the_image_placeholder_is_not_one_token(tiny_hpd_dir):
+    from padoc_ray.doctor import placeholder_problems
+    from padoc_ray.tokenizer import ModelProtocol
+
+    mp = ModelProtocol(tiny_hpd_dir)
+    assert placeholder_problems(mp) == []
+
+    class Split:  # a tokenizer in which the placeholder is three tokens
+        def __init__(self, t):
+            self.t = t
+
+        def encode(self, text):
+            out = []
+            for i, part in enumerate(text.split("<image>")):
+                out += ([1, 2, 3] if i else []) + self.t.encode(part)
+            return out
+
+    mp2 = type("MP", (), {"spec": mp.spec, "tokenizer": Split(mp.tokenizer)})()
+    assert "is 3 tokens" in placeholder_problems(mp2)[0]
+
+
+def _add_tensor(path, name: str) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(path))
+    sd[name] = torch.zeros(4, 4)
+    save_file(sd, str(path), metadata={"format": "pt"})
