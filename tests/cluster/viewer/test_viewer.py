@@ -156,6 +156,30 @@ def test_export_has_every_error_and_a_sample_per_status(demo, tmp_path):
     assert all((tmp_path / "report" / f"p{k}.png").exists() for k in range(info["pages"]))
 
 
+def test_view_export_through_the_command_line(tmp_path, capsys):
+    """``padoc-ray view OUT --export DIR --export-pages N --source-root ROOT``: the flags reach the export. The
+    inputs moved after the run: without --source-root no page image can be drawn; with it every sampled page
+    has its PNG. --export-pages 0 samples the error pages only, 1 adds one page per other document status."""
+    from padoc_ray.cli import main
+
+    demo = viewer_demo.build(str(tmp_path / "run"), copies=3)
+    moved = str(tmp_path / "moved")
+    shutil.move(str(tmp_path / "run" / "in"), moved)
+
+    def run(report: str, *flags: str) -> tuple[str, list[str]]:
+        assert main(["view", demo["out"], "--export", str(tmp_path / report), *flags]) == 0
+        line = capsys.readouterr().out.strip()
+        return line, sorted(f for f in os.listdir(tmp_path / report) if f.endswith(".png"))
+
+    errors = sum(r["status"] != status.OK for r in demo["rows"])
+    line, pngs = run("lost", "--export-pages", "1")
+    assert line.endswith(f"4 page views, {errors} error rows") and pngs == []  # the sources are gone
+    line, pngs = run("found", "--export-pages", "1", "--source-root", moved)
+    assert line.endswith(f"4 page views, {errors} error rows") and pngs == [f"p{k}.png" for k in range(4)]
+    line, pngs = run("errors-only", "--export-pages", "0", "--source-root", moved)
+    assert line.endswith(f"3 page views, {errors} error rows") and len(pngs) == 3
+
+
 def test_the_viewer_answers_only_to_the_names_it_was_started_for(demo):
     """DNS rebinding: a web page the user opens can point its own name at 127.0.0.1:8100; the browser then
     sends that name as Host. Only 127.0.0.1, localhost, --host and --allowed-host get an answer."""

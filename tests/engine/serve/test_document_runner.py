@@ -249,6 +249,28 @@ def test_a_failed_replica_gets_one_more_try_then_the_page_says_so(harness):
     assert twice[0]["status"] == status.ENGINE_UNAVAILABLE
 
 
+def test_a_page_that_fails_inside_a_request_makes_the_document_partial(harness):
+    """Page 1 of 2 loses its replica twice (ENGINE_UNAVAILABLE), page 2 parses: /v1/parse's answer says
+    ``partial``, with one page ok and one failed, each page row carrying its own status."""
+    from padoc_ray.serve.runner import result
+
+    cfg, make = harness
+
+    async def go():
+        host = await _host(cfg)
+        rows, count = await make(HostEngine(host, fail=2), capacity=1).parse_all(Document(text_pdf(2), "a.pdf"),
+                                                                                   _opt())
+        host.shutdown()
+        return rows, count
+
+    rows, count = asyncio.run(go())
+    answer = result("m", "a.pdf", rows, count, "fork")
+    assert answer["status"] == status.DOC_PARTIAL
+    assert answer["document"] | {"doc_id": None} == {"name": "a.pdf", "doc_id": None, "page_count": 2,
+                                                     "pages_selected": 2, "pages_ok": 1, "pages_failed": 1}
+    assert sorted(p["status"] for p in answer["pages"]) == sorted([status.OK, status.ENGINE_UNAVAILABLE])
+
+
 def test_leaving_early_cancels_the_engine_work_and_frees_the_slots(harness):
     cfg, make = harness
 
