@@ -26,6 +26,8 @@ SYMLINK = -3  #: a symbolic link, not followed (--follow-symlinks is off)
 SYMLINK_OUTSIDE = -4  #: a symbolic link whose target is outside the input folder (never read)
 DUPLICATE = -5  #: a followed link to a file or folder listed already (listed once)
 NOT_REGULAR = -6  #: not a regular file: a FIFO, socket or device (never opened)
+UNLISTABLE = -7  #: a folder the walk could not list (no permission): its files are not known
+UNDECODABLE = -8  #: a name that is not UTF-8, listed with its bytes escaped (\\xNN): rows cannot name it, never read
 
 
 def _parent(uri: str) -> str:
@@ -88,6 +90,20 @@ def output_inside_input(input_spec: str, output: str) -> bool:
     return under_prefix(out, normalize_uri(spec))
 
 
+def _utf8(path: str) -> bool:
+    """Whether ``path`` is text (a name of undecodable bytes comes back from the OS with surrogate escapes)."""
+    try:
+        path.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _escaped(path: str) -> str:
+    """A path of undecodable bytes as text a row can hold: each such byte as ``\\xNN``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def _walk_local(root: str, pattern: str | None, follow_symlinks: bool) -> list[tuple[str, int, int]]:
     """Every entry below ``root`` (``pattern``: only its own entries matching it), without following
     symbolic links unless asked, and then only to targets inside ``root``: nothing outside the input
@@ -121,7 +137,10 @@ def _walk_local(root: str, pattern: str | None, follow_symlinks: bool) -> list[t
             try:
                 entries = sorted(os.scandir(folder), key=lambda e: e.name)
             except OSError as e:
+                if folder == root:
+                    raise InputError(f"--input {root}: cannot list it ({e.strerror or e})") from e
                 logger.warning("cannot list %s: %s", folder, e)
+                out.append((folder, UNLISTABLE, -1))  # a row, not a gap
                 continue
             for e in entries:
                 if e.name.startswith(".") or e.name.endswith(".tmp"):
@@ -150,7 +169,8 @@ def _walk_local(root: str, pattern: str | None, follow_symlinks: bool) -> list[t
                 out.append((path, DUPLICATE, -1))
             else:
                 take(path, st)
-    return sorted(out)
+    # a name the OS gave back with surrogate escapes cannot be written to a row: escaped, and never read
+    return sorted((p, size, t) if _utf8(p) else (_escaped(p), UNDECODABLE, -1) for p, size, t in out)
 
 
 def _mtime_ms(info) -> int:

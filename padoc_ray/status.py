@@ -125,6 +125,10 @@ SYMLINK_OUTSIDE_INPUT = _code("symlink_outside_input", DOCUMENT, "a link to outs
 DUPLICATE_LINK = _code("duplicate_link", DOCUMENT, "a followed link to a file or folder listed already (parsed "
                                                    "once)", rerun=ALWAYS)
 NOT_REGULAR_FILE = _code("not_regular_file", DOCUMENT, "a FIFO, socket or device (never opened)", rerun=ALWAYS)
+UNLISTABLE_FOLDER = _code("unlistable_folder", DOCUMENT, "a folder in the input that could not be listed (no "
+                                                         "permission): the files in it are not known", rerun=ALWAYS)
+UNDECODABLE_NAME = _code("undecodable_name", DOCUMENT, "a file name that is not UTF-8: rows cannot name it (listed "
+                                                       "with its bytes escaped, never read)", rerun=ALWAYS)
 
 PAGE_CODES = frozenset(c.name for c in CODES.values() if PAGE in c.tiers)
 DOCUMENT_CODES = frozenset(c.name for c in CODES.values() if DOCUMENT in c.tiers)

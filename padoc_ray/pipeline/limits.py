@@ -30,6 +30,8 @@ from padoc_ray.status import (  # noqa: F401 - the codes of this module's caps a
     MISSING_FILE,
     NOT_REGULAR_FILE,
     READ_FAILED,
+    UNDECODABLE_NAME,
+    UNLISTABLE_FOLDER,
     RETRIED_CODES,
     SYMLINK,
     TOO_MANY_FRAMES,
@@ -48,6 +50,10 @@ _SENTINELS: dict[int, tuple[str, str]] = {
     listing.DUPLICATE: (DUPLICATE_LINK, "a symbolic link to a file or folder listed already: parsed once, "
                                         "under its own path"),
     listing.NOT_REGULAR: (NOT_REGULAR_FILE, "not a regular file (a FIFO, socket or device): never opened"),
+    listing.UNLISTABLE: (UNLISTABLE_FOLDER, "a folder that could not be listed (no permission): the files in it are "
+                                            "not known; a rerun lists it again"),
+    listing.UNDECODABLE: (UNDECODABLE_NAME, "the file name is not UTF-8, so no row can name it (shown here with its "
+                                            "bytes escaped); rename it to parse it"),
 }
 #: codes decided from the listing alone: the driver writes these rows itself
 LISTING_CODES = frozenset({code for code, _ in _SENTINELS.values()} | {FILE_TOO_LARGE})

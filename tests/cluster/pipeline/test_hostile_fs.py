@@ -89,6 +89,67 @@ def test_links_are_listed_not_followed_and_followed_only_inside_the_folder(tmp_p
                                                          "alias.pdf": SYMLINK, "fifo.pdf": NOT_REGULAR}
 
 
+_PROBE = """
+import json, sys
+import pyarrow as pa
+from padoc_ray.listing import list_inputs
+from padoc_ray.pipeline import limits
+from padoc_ray.pipeline.config import BatchConfig
+from padoc_ray.pipeline.stages import rasterize
+inp = sys.argv[1]
+c = BatchConfig.from_flat(input=inp, output=inp + "_out", model="m")
+out = {}
+for uri, size in list_inputs(inp):
+    refused = limits.listing_refusal(size, limits.InputLimits())
+    if refused:  # what the driver writes itself from the listing
+        out[uri] = [[-1, refused[0]]]
+        continue
+    batch = pa.Table.from_pylist([{"uri": uri, "size": size, "done": []}])
+    out[uri] = [[r["page_index"], r["status"]] for t in rasterize(batch, c, "m") for r in t.to_pylist()]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_a_real_hostile_tree_gives_every_entry_a_row(tmp_path):
+    """Made for real, not patched: a file and a folder without permissions (root loses the capabilities that
+    bypass them), a name that is not UTF-8, one with a newline, a folder named like a PDF. Every entry is a
+    row with its own code; none is dropped, none stops the listing."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, _env
+
+    inp = tmp_path / "in"
+    (inp / "locked").mkdir(parents=True)
+    (inp / "x.pdf").mkdir()
+    for name in ("ok.pdf", "secret.pdf", "locked/in.pdf", "new\nline.pdf", "x.pdf/inner.pdf"):
+        (inp / name).write_bytes(text_pdf(1))
+    with open(os.path.join(os.fsencode(inp), b"caf\xe9.pdf"), "wb") as f:  # Latin-1 bytes: not UTF-8
+        f.write(text_pdf(1))
+    (inp / "secret.pdf").chmod(0)
+    (inp / "locked").chmod(0)
+    cmd = [sys.executable, "-c", _PROBE, str(inp)]
+    if os.geteuid() == 0:  # root reads anything: drop the two capabilities that let it
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv (util-linux): cannot drop CAP_DAC_OVERRIDE")
+        cmd = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *cmd]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
+    finally:
+        (inp / "locked").chmod(0o755)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, proc.stderr[-3000:]
+    got = {os.path.relpath(u, inp): rows for u, rows in json.loads(line[7:]).items()}
+    assert got == {
+        "ok.pdf": [[0, None]], "new\nline.pdf": [[0, None]], "x.pdf/inner.pdf": [[0, None]],
+        "secret.pdf": [[-1, "read_failed"]],  # listed (its folder is readable), refused when read
+        "locked": [[-1, "unlistable_folder"]],  # its files are unknown: the folder itself is the row
+        "caf\\xe9.pdf": [[-1, "undecodable_name"]],  # the bytes escaped: a string a Parquet row can hold
+    }
+
+
 def test_every_listing_code_has_a_row_and_is_decided_again_by_a_rerun():
     lim = limits.InputLimits()
     want = {SYMLINK: "symlink", SYMLINK_OUTSIDE: "symlink_outside_input", DUPLICATE: "duplicate_link",
