@@ -6,12 +6,13 @@ STAMP   := $(VENV)/.padoc-installed
 MODEL   ?= models/tiny
 PYTEST_ARGS ?=
 
-.PHONY: install browser tcmalloc demo test test-fast model clean-model check-gpu-profile help
+.PHONY: install browser tcmalloc demo test test-nightly test-fast model clean-model check-gpu-profile help
 
 help:
 	@echo "make demo   - set up .venv (CPU profile), build the tiny model, parse examples/ and print a summary"
-	@echo "make test   - set up .venv (CPU profile) and run the whole test suite (real CPU vLLM engine included)"
-	@echo "make install, make model, make test-fast (no engine tests)"
+	@echo "make test   - set up .venv (CPU profile) and run the test suite (real CPU vLLM engine included), all but the nightly checks"
+	@echo "make test-nightly - the long end-to-end checks make test leaves out (tests marked nightly)"
+	@echo "make install, make model, make test-fast (the fast tiers, tests/unit and tests/contracts: no Ray, no engine)"
 	@echo "make check-gpu-profile - resolve pip install --dry-run '.[gpu]' (needs the index); fails off the tested versions"
 
 $(VPY):
@@ -46,7 +47,7 @@ PYTEST_WORKERS ?= 2
 
 # The viewer's browser tests drive Debian's chromium (Playwright never downloads a browser of its own).
 # Idempotent: apt runs only when chromium is missing (as root, else through sudo). A machine where apt
-# cannot install it still runs the suite: the browser tests then skip, saying why.
+# cannot install it still runs the suite: the browser tests then skip, saying why (on CI, CI=true, they fail).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 browser:
 	-@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
@@ -54,17 +55,24 @@ browser:
 
 # The engine's tcmalloc paths (EngineConfig.allocator="tcmalloc", the heap release under tcmalloc) are
 # tested against Debian's libtcmalloc-minimal4. Idempotent and best-effort like the browser: without it
-# those tests skip, saying why.
+# those tests skip, saying why (on CI they fail).
 TCMALLOC := /usr/lib/$(shell uname -m)-linux-gnu/libtcmalloc_minimal.so.4
 tcmalloc:
 	-@[ -e $(TCMALLOC) ] || ! command -v apt-get >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4; }
 
 test: install browser tcmalloc
-	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  -m "not nightly" $(PYTEST_ARGS)
 
+# The long end-to-end checks whose parts make test covers elsewhere (cluster/gpu_check.sh's V1 leg, the
+# data loop, ...): marked nightly, left out of make test, run here (each file on a worker of its own).
+test-nightly: install
+	$(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m nightly $(PYTEST_ARGS)
+
+# The fast tiers (docs/testing.md): a test there that starts Ray or an engine fails (tests/helpers/tiers.py).
 test-fast: install
-	$(VPY) -m pytest -m "not engine and not slow" $(PYTEST_ARGS)
+	$(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests/unit tests/contracts $(PYTEST_ARGS)
 
 check-gpu-profile:
 	PYTHON=$(PY) cluster/check_gpu_profile.sh

@@ -3,7 +3,8 @@
 It reports the versions that matter, the CUDA devices, the model runner vLLM will pick (or the one
 asked for), the attention backend, the logits processors the engine will register and whether
 vLLM's own loader for that runner accepts them (the loader needs no GPU), whether teacher forcing
-is vLLM's trace replay, and, with a model, the checkpoint's protocol file. It starts no engine
+is vLLM's trace replay and vLLM accepts a teacher-forced page's traces (:func:`trace_replay_problems`),
+and, with a model, the checkpoint's protocol file. It starts no engine
 unless asked (``start``): then one page runs end to end, teacher-forced, and must equal its truth.
 
 A report is a plain dict (the JSON keys are a contract: ``runner``, ``logits_processors``,
@@ -213,6 +214,66 @@ def smoke_test(model: str, timeout_s: float) -> dict:
     return asyncio.run(asyncio.wait_for(go(), timeout_s))
 
 
+def trace_replay_problems(model: str, vllm_config, processors: Sequence[str]) -> list[str]:
+    """What vLLM would refuse of teacher forcing on Model Runner V2 (empty: nothing), checked without a GPU:
+    the smoke page's streams, forced as the scheduler forces them (:func:`~padoc_ray.scheduler.replay.replay_input`),
+    become requests through the engine adapter's own engine arguments and sampling parameters
+    (:func:`~padoc_ray.engine.vllm_engine.engine_args`, :func:`~padoc_ray.engine.vllm_engine.sampling_params`),
+    and each must pass what vLLM does to a request at admission: ``SamplingParams.verify`` against the
+    engine's model config (its trace rules: n=1, ids in the vocabulary, no structured outputs ...), the
+    V2 loader's parameter validation with ``processors``, and the input processor's trace normalization,
+    which must keep every token and end the request with its trace. ``vllm_config``: the engine config
+    built here (None: the checks that need it are skipped)."""
+    import types
+
+    from vllm.v1.engine.input_processor import InputProcessor
+    from vllm.v1.worker.gpu.sample.logits_processor import build_custom_logits_processors_params_validator
+
+    from padoc_ray.engine.interface import GenRequest
+    from padoc_ray.engine.vllm_engine import engine_args, sampling_params
+    from padoc_ray.host import HostConfig
+    from padoc_ray.scheduler.replay import replay_input
+    from padoc_ray.scheduler.runner import PageInput
+    from padoc_ray.tokenizer import ModelProtocol
+
+    problems = []
+    if not engine_args(HostConfig(preset="auto").engine_config(model), "v2").enable_trace_replay:
+        problems.append("the engine arguments for Model Runner V2 leave vLLM's trace replay off (enable_trace_replay)")
+    mp = ModelProtocol(model)
+    image, truth = smoke_page(mp)
+    forced = replay_input(mp, truth, PageInput(page_id="doctor:0", image=image, width=image.width,
+                                                height=image.height), "fork")
+    prompt = list(mp.prompt_ids("fork"))
+    try:
+        validate = build_custom_logits_processors_params_validator(list(processors))
+    except Exception:  # noqa: BLE001 - the loader's refusal is a problem of its own (check_processors)
+        validate = None
+    for k, trace in enumerate([forced.forced_main, *forced.forced_branches]):
+        trace = list(trace)
+        stream = "layout stream" if k == 0 else f"branch {k - 1}"
+        params = sampling_params(GenRequest(request_id=f"doctor-{k}", prompt_ids=prompt, max_tokens=len(trace) + 64,
+                                            forced_tokens=trace), "v2")
+        if params.trace_decode_token_ids != trace:
+            problems.append(f"the {stream}'s forced tokens do not reach vLLM as its trace (trace_decode_token_ids)")
+            continue
+        try:
+            if vllm_config is not None:
+                params.verify(vllm_config.model_config, vllm_config.speculative_config,
+                              vllm_config.structured_outputs_config, None)
+            if validate is not None:
+                validate(params)
+            if vllm_config is not None:
+                InputProcessor._normalize_trace_replay_params(types.SimpleNamespace(
+                    model_config=vllm_config.model_config), params, len(prompt))
+        except Exception as e:  # noqa: BLE001 - vLLM's own words are the report
+            problems.append(f"vLLM refuses the {stream}'s trace: {type(e).__name__}: {e}")
+            continue
+        if params.trace_decode_token_ids != trace or params.max_tokens != len(trace):
+            problems.append(f"vLLM cuts the {stream}'s trace of {len(trace)} tokens to "
+                            f"{len(params.trace_decode_token_ids)} (max_tokens {params.max_tokens})")
+    return problems
+
+
 def diagnose(cfg: DoctorConfig) -> dict:
     """Run every check of ``cfg``; never raises for what it finds (it goes into ``problems``)."""
     from padoc_ray.engine.runners import check_processors, logits_processors, uses_trace_replay
@@ -230,16 +291,21 @@ def diagnose(cfg: DoctorConfig) -> dict:
         built = tempfile.mkdtemp(prefix="padoc-doctor-")
         model = build_tiny_model(os.path.join(built, "tiny"))
     try:
-        _engine_checks(cfg, model, report, problems, notes)
+        vllm_config = _engine_checks(cfg, model, report, problems, notes)
         runner = report["runner"]
         procs = logits_processors(runner, cfg.extra_processors)
         report["logits_processors"] = procs
         load_problems = check_processors(runner, procs)
         report["processors_load"] = not load_problems
         problems += load_problems
-        report["trace_replay"] = uses_trace_replay(runner)
-        report["teacher_forcing"] = ("vLLM's trace replay (enable_trace_replay, trace_decode_token_ids)"
-                                     if report["trace_replay"] else "padoc-ray's forcing processor (V1 interface)")
+        # teacher forcing on MRv2 is vLLM's trace replay, if vLLM accepts a forced page's traces
+        replay = uses_trace_replay(runner)
+        trace_problems = trace_replay_problems(model, vllm_config, procs) if replay else []
+        problems += trace_problems
+        report["trace_replay"] = replay and not trace_problems
+        report["teacher_forcing"] = ("padoc-ray's forcing processor (V1 interface)" if not replay else
+                                     "vLLM's trace replay (enable_trace_replay, trace_decode_token_ids)"
+                                     + ("" if report["trace_replay"] else ": REFUSED, see the problems"))
         if cfg.model is not None:
             report["model"], more = _protocol_report(cfg.model)
             problems += more
@@ -270,8 +336,9 @@ def diagnose(cfg: DoctorConfig) -> dict:
     return report
 
 
-def _engine_checks(cfg: DoctorConfig, model: str, report: dict, problems: list[str], notes: list[str]) -> None:
-    """vLLM's own runner choice and attention backend for this machine's engine preset."""
+def _engine_checks(cfg: DoctorConfig, model: str, report: dict, problems: list[str], notes: list[str]):
+    """vLLM's own runner choice and attention backend for this machine's engine preset; returns vLLM's
+    engine config (None when it could not be built here)."""
     from padoc_ray.engine.runners import runner_of
 
     from padoc_ray.host import HostConfig
@@ -313,6 +380,7 @@ def _engine_checks(cfg: DoctorConfig, model: str, report: dict, problems: list[s
     else:
         report["attention_backend"] = None
     report["attention_backend_requested"] = ecfg.attention_backend
+    return vllm_config
 
 
 def summary_lines(report: dict) -> Sequence[str]:

@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from tests.helpers.suite_order import pytest_collection_modifyitems  # noqa: F401  (the order of the files: heavy first)
+from tests.helpers import suite_order, tiers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.normpath(os.path.join(ROOT, "..", "shared"))
@@ -33,6 +33,20 @@ DEMO_DIR = os.path.join(SHARED, "data", "omnidocbench_demo")
 
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+
+def pytest_configure(config) -> None:
+    """The tiers' hooks (tests/helpers/tiers.py): the fast tiers' guard around each test's setup, call
+    and teardown, and the seconds per tier after the slowest tests."""
+    config.pluginmanager.register(tiers, "padoc-tiers")
+
+
+@pytest.hookimpl(tryfirst=True)  # before --failed-first / --new-first (which then still put theirs first) and -m
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """The files heavy first (:mod:`tests.helpers.suite_order`, by the marks set by hand), then each test's
+    tier marker from its folder (:func:`tests.helpers.tiers.mark_tiers`), which ``-m`` then selects on."""
+    items[:] = suite_order.by_weight(items)
+    tiers.mark_tiers(items)
 
 
 def require_demo_data() -> str:
@@ -219,13 +233,13 @@ def _env(**extra) -> dict:
     return env
 
 
-@pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
+@contextlib.contextmanager
+def ray_start_cluster():
     """`ray start --head` on loopback (2 CPUs), in a session of its own, with token authentication
-    on (the tests' token, :func:`ray_token_path`; clients get it from :func:`_env`). At the end every
-    process of this cluster is stopped (:func:`stop_session`: its session, what names or carries its
-    temp dir, their descendants; Ray's workers run in process groups of their own) and the teardown fails if
-    any is left. Never `ray stop`, which ends every Ray cluster on the machine."""
+    on (the tests' token, :func:`ray_token_path`; clients get it from :func:`_env`); yields its
+    addresses. At the end every process of this cluster is stopped (:func:`stop_session`: its session,
+    what names or carries its temp dir, their descendants; Ray's workers run in process groups of their
+    own) and it fails if any is left. Never `ray stop`, which ends every Ray cluster on the machine."""
     port, dash = _free_port(), _free_port()
     # a short folder: Ray's dashboard puts AF_UNIX sockets (at most 107 bytes a path) under
     # TEMP/session_<date>_<pid>/sockets/, which pytest's (and pytest-xdist's) own tmp paths overflow
@@ -254,10 +268,74 @@ def ray_cluster(tmp_path_factory):
         try:  # a cluster that failed to start is stopped as well, without hiding why it failed
             # grace 2 s: SIGTERMed together, Ray's GCS, raylet, autoscaler monitor and runtime-env agent
             # outlive 10 s of waiting (each waits on the others); the cluster is thrown away, so they are
-            # SIGKILLed after 2 s instead (7-8 s less per test module). Fails the teardown if a process is left
+            # SIGKILLed after 2 s instead (7-8 s less per cluster). Fails the teardown if a process is left
             stop_session(starter, tmp, check=started, grace_s=2)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def worker_ray_cluster():
+    """One :func:`ray_start_cluster` per pytest process (each xdist worker has its own), started when a
+    module first asks for ``ray_cluster`` and stopped at the session's end: a start costs 10-20 s."""
+    with ray_start_cluster() as info:
+        yield info
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(worker_ray_cluster):
+    """This worker's `ray start` cluster (:func:`worker_ray_cluster`), lent to one module at a time. At
+    the module's end what the module left on it is gone before the next one gets it (:func:`release_cluster`:
+    Serve shut down, no actor holding a CPU), else the teardown fails. A test that needs a cluster of its
+    own from the start (one started with its module's environment, or whose state must be fresh) asks
+    for ``own_ray_cluster``."""
+    yield worker_ray_cluster
+    release_cluster(worker_ray_cluster)
+
+
+@pytest.fixture(scope="module")
+def own_ray_cluster():
+    """A :func:`ray_start_cluster` of the module's own, started after the module's autouse fixtures (so
+    with the environment they set) and stopped at the module's end."""
+    with ray_start_cluster() as info:
+        yield info
+
+
+def dashboard_json(cluster: dict, path: str, method: str = "GET", timeout_s: float = 30):
+    """``method`` on the cluster's dashboard at ``path`` with the tests' token; the JSON answer (None when empty)."""
+    import urllib.request
+
+    with open(ray_token_path()) as f:
+        token = f.read().strip()
+    req = urllib.request.Request(cluster["dashboard"] + path, method=method,
+                                 headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        body = r.read()
+    return json.loads(body) if body.strip() else None
+
+
+def live_actors(cluster: dict) -> list[dict]:
+    """The cluster's actors that are not dead (Ray's state API, read from the GCS as it is now): class
+    name, name, state, pid, required_resources."""
+    q = "/api/v0/actors?limit=1000&detail=true&filter_keys=state&filter_predicates=%21%3D&filter_values=DEAD"
+    return dashboard_json(cluster, q)["data"]["result"]["result"]
+
+
+def release_cluster(cluster: dict, timeout_s: float = 60) -> None:
+    """What a module left on a shared cluster, gone: Serve (a `serve deploy`'s controller, proxies and
+    replicas, detached actors that outlive their deployer) shut down, then wait until no live actor
+    holds a CPU (a killed driver's engine actors go once Ray notices); AssertionError naming them after
+    ``timeout_s``. Ray's own zero-CPU helpers (Ray Data's stats actor and the like) may stay."""
+    if any(a.get("class_name") == "ServeController" for a in live_actors(cluster)):
+        dashboard_json(cluster, "/api/serve/applications/", method="DELETE", timeout_s=120)
+    deadline = time.time() + timeout_s
+    while True:
+        held = [a for a in live_actors(cluster) if (a.get("required_resources") or {}).get("CPU", 0) > 0]
+        if not held or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert not held, "actors of a module still hold CPUs of the shared Ray cluster after it: " + "; ".join(
+        f"{a.get('class_name')} {a.get('name') or ''} {a.get('state')} pid {a.get('pid')}" for a in held)
 
 
 def _wait_for_dashboard(port: int, temp_dir: str, timeout_s: float = 120.0) -> None:

@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 #: how often a storage error while reading pages/ is tried (then the read fails)
 READ_ATTEMPTS = 4
+#: how the retry waits between attempts (seconds): this module's own name, so that a test replaces the
+#: reader's backoff alone, not ``time.sleep`` for every thread of the process
+backoff_sleep = time.sleep
 #: files a batch run writes under pages/: ``<run_id>_<write uuid>_<task>-<i>.parquet`` (Ray Data,
 #: named by the run) and ``<run_id>_listing.parquet`` (the driver's own rows)
 RUN_FILE = re.compile(r"^(?P<run>[A-Za-z0-9-]+)_(?:[0-9a-f]{32}_\d{6}(?:-\d+)?|listing)\.parquet$")
@@ -68,7 +71,7 @@ def is_parquet(fs: pafs.FileSystem, path: str) -> bool | None:
             if attempt == READ_ATTEMPTS - 1:
                 raise OSError(f"cannot read {path} after {READ_ATTEMPTS} attempts: {e}") from e
             logger.warning("reading %s failed (%s); retrying", path, e)
-            time.sleep(0.5 * 2 ** attempt)
+            backoff_sleep(0.5 * 2 ** attempt)
     try:
         pq.read_metadata(pa.BufferReader(tail))
         return True

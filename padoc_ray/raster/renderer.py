@@ -43,7 +43,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_ready
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from padoc_ray.knobs import knob, negate, none_is_zero, zero_is_none
 from padoc_ray.pdf import PdfError, RenderConfig
@@ -106,23 +106,25 @@ class RendererConfig:
 
 class _WorkClock:
     """The time a renderer spends on one document: runs while its generator runs, stands still
-    while the generator is suspended at a ``yield`` (its consumer is busy elsewhere)."""
+    while the generator is suspended at a ``yield`` (its consumer is busy elsewhere). ``clock``
+    reads seconds."""
 
-    def __init__(self, limit_s: float):
+    def __init__(self, limit_s: float, clock: Callable[[], float] = time.monotonic):
         self.limit_s = limit_s
+        self.clock = clock
         self._spent = 0.0
         self._since: float | None = None
 
     def resume(self) -> None:
-        self._since = time.monotonic()
+        self._since = self.clock()
 
     def pause(self) -> None:
         if self._since is not None:
-            self._spent += time.monotonic() - self._since
+            self._spent += self.clock() - self._since
             self._since = None
 
     def spent(self) -> float:
-        return self._spent + (time.monotonic() - self._since if self._since is not None else 0.0)
+        return self._spent + (self.clock() - self._since if self._since is not None else 0.0)
 
     def left(self) -> float:
         return self.limit_s - self.spent()
@@ -143,10 +145,13 @@ class _Cancelled(Exception):
 class IsolatedRenderer:
     """Renders in a child process with deadlines; see the module doc. Not thread-safe: one per
     thread, and a long-lived thread: the child dies with the thread that started it (its
-    PR_SET_PDEATHSIG follows the parent *thread*), so a short-lived thread costs a new process."""
+    PR_SET_PDEATHSIG follows the parent *thread*), so a short-lived thread costs a new process.
+    ``work_clock`` measures a document's renderer time against its limit (tests give a virtual one);
+    how long to wait for the renderer's next answer is real time."""
 
-    def __init__(self, cfg: RendererConfig = RendererConfig()):
+    def __init__(self, cfg: RendererConfig = RendererConfig(), *, work_clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
+        self.work_clock = work_clock
         self._proc: subprocess.Popen | None = None
         self._conn = None
         self._pages = 0  # pages rendered by the current process
@@ -269,7 +274,7 @@ class IsolatedRenderer:
         the document ends, yielding nothing more."""
         if cancel is not None and cancel.is_set():
             return
-        clock = _WorkClock(self.cfg.doc_limit_s(None))
+        clock = _WorkClock(self.cfg.doc_limit_s(None), self.work_clock)
         events = self._render_document(data, name, select, render, encoding, max_frames, clock, cancel)
         try:
             while True:

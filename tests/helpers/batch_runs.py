@@ -1,7 +1,7 @@
 """What the batch-job tests (tests/test_pipeline*.py, tests/cluster/metrics/test_operator_metrics.py) share: the `padoc-ray
 parse` command line, the raster stage run over a few files, reading a run's page rows back, teacher-forced ground truth for example pages
 and copies of them, and a search of a test cluster's logs. No fixtures: the tests' own ``ray_cluster``
-(module scope, tests/conftest.py) is the cluster each file starts once."""
+(tests/conftest.py: one per pytest worker, lent to one file at a time) is the cluster they run on."""
 
 from __future__ import annotations
 

@@ -5,14 +5,13 @@ clusters and CLIs first, the quick ones last.
 worker, in the order of the collection. pytest-xdist's own reordering (most tests first) put the
 files with few but long tests (a 200 s script check, the batch-job files, the multi-node cluster) at
 the end, where one worker ran them for minutes while the other had nothing left to do. Here a file
-weighs its tests marked ``engine`` or ``slow`` (what costs minutes); heavier files go first, ties and
-unmarked files keep the collection order, and the quick files at the end fill the gaps."""
+weighs its tests marked ``engine`` or ``slow`` by hand (what costs minutes; tests/conftest.py orders the
+files before it gives each test its tier's marker); heavier files go first, ties and unmarked files
+keep the collection order, and the quick files at the end fill the gaps."""
 
 from __future__ import annotations
 
 from collections import Counter
-
-import pytest
 
 HEAVY_MARKS = ("engine", "slow")  #: marks of tests that start an engine, a cluster or a long CLI run
 
@@ -28,7 +27,3 @@ def by_weight(items: list) -> list:
     weight = Counter(item.nodeid.split("::", 1)[0] for item in items if heavy(item))
     return sorted(items, key=lambda item: -weight[item.nodeid.split("::", 1)[0]])
 
-
-@pytest.hookimpl(tryfirst=True)  # before --failed-first / --new-first, which then still put theirs first
-def pytest_collection_modifyitems(session, config, items) -> None:
-    items[:] = by_weight(items)

@@ -224,7 +224,7 @@ def test_fork_latency_includes_the_wait_for_admission():
 # ---- a batch job on a `ray start` cluster, scraped -------------------------------------------------------
 @pytest.fixture(scope="module", autouse=True)
 def _fast_metrics_export():
-    """The cluster of this module (conftest's ray_cluster reads the environment when it starts,
+    """The cluster of this module (conftest's own_ray_cluster reads the environment when it starts,
     after this autouse fixture) pushes metrics every second, not every 10 s."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_metrics_report_interval_ms", "1000")
@@ -263,7 +263,7 @@ def expect_buckets(values, spec: metrics.MetricSpec) -> dict[float, float]:
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_batch_job_exports_the_metrics_its_rows_imply(ray_cluster, tiny_model_dir, tmp_path):
+def test_batch_job_exports_the_metrics_its_rows_imply(own_ray_cluster, tiny_model_dir, tmp_path):
     """A teacher-forced PDF (one page, 12 branches), a page too large to render and a file that is
     no PDF, through `padoc-ray parse` on the cluster: every counter equals the sum over the rows
     written, every histogram's buckets hold the rows' values, and the pages-in-flight gauge was
@@ -277,7 +277,7 @@ def test_batch_job_exports_the_metrics_its_rows_imply(ray_cluster, tiny_model_di
     shutil.copy(os.path.join(ROOT, "examples", "memo.pdf"), src / "memo.pdf")
     (src / "huge.pdf").write_bytes(text_pdf(1, size=(20000, 20000)))  # absurd_page_size: a render-stage page
     (src / "notes.txt").write_bytes(b"not a PDF")  # not_pdf: a document error
-    url = ray_cluster["metrics"]
+    url = own_ray_cluster["metrics"]
     assert not scrape(url), "a fresh cluster has no padoc metrics"
     in_flight: list[float] = []
     done = threading.Event()
@@ -292,7 +292,7 @@ def test_batch_job_exports_the_metrics_its_rows_imply(ray_cluster, tiny_model_di
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     out = tmp_path / "out"
-    args = ["--input", str(src), "--output", str(out), "--model", tiny_model_dir, "--address", ray_cluster["gcs"],
+    args = ["--input", str(src), "--output", str(out), "--model", tiny_model_dir, "--address", own_ray_cluster["gcs"],
             "--longest-side", "400", "--replay", os.path.join(ROOT, "examples", "ground_truth.json"),
             "--pages-in-flight", "2"]
     try:

@@ -145,9 +145,13 @@ def test_batch_flags_each_show_their_effect(ray_cluster, tiny_model_dir, tmp_pat
     """One run with many flags, each asserted by what it changes in the output: --pages 2-4 with
     --max-pages-per-doc 2 (pages 1, 2 of a 5-page PDF: neither flag alone gives that), --mode
     sequential (no branches, the truth's regions), --dpi 36 (306 x 396 px letter pages),
-    --page-deadline 12 (a page forced to decode > 8192 tokens is cut at 12 s; the others, ~500
-    tokens, are not), --image-encoding ppm and --actors 1,2 (recorded, pages decoded); a manifest
-    line that is gone (missing_file) and one that cannot be read (read_failed) get their rows."""
+    --page-deadline 12 (a page forced to decode > 8192 tokens is cut at 12 s; the others, one region
+    of under 40 tokens each, are not), --image-encoding ppm and --actors 1,2 (recorded, pages decoded);
+    a manifest line that is gone (missing_file) and one that cannot be read (read_failed) get their rows.
+
+    Which pages the deadline cuts follows from their work, not from this machine's speed: the long page
+    escapes it only at under 12 s / 8192 = 1.5 ms a decode step, a short one is cut only at over
+    12 s / 40 = 300 ms a step (a CPU engine step of the tiny model is about 5 ms)."""
     import random
 
     from padoc_ray.tokenizer import ModelProtocol
@@ -166,11 +170,15 @@ def test_batch_flags_each_show_their_effect(ray_cluster, tiny_model_dir, tmp_pat
     long = forced_page("five.pdf", 1, regions=1)
     long["layout_dets"][0]["text"] = " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz")
                                                       for _ in range(rng.randint(3, 9))) for _ in range(6000))
-    gt = [*json.load(open(os.path.join(EXAMPLES, "ground_truth.json"))), long, forced_page("five.pdf", 2)]
+    parsed = [("five.pdf", 2), ("paper.pdf", 1), ("report.pdf", 1)]  # the pages that end ok: one region each
+    gt = [p for p in json.load(open(os.path.join(EXAMPLES, "ground_truth.json")))
+          if (p["page_info"]["source_pdf"], p["page_info"]["page_no"]) not in parsed]
+    gt += [long, *(forced_page(f, i, like=f if f != "five.pdf" else "memo.pdf", regions=1) for f, i in parsed)]
     (tmp_path / "gt.json").write_text(json.dumps(gt))
     mp = ModelProtocol(tiny_model_dir)
     truth = truth_from_json((tmp_path / "gt.json").read_bytes())
     assert len(serialize_sequential(mp.vocab, mp.tokenizer, truth[("five.pdf", 1)])) > 8192  # > --max-tokens
+    assert all(len(serialize_sequential(mp.vocab, mp.tokenizer, truth[k])) < 40 for k in parsed)
     out = tmp_path / "out"
     args = ["--input", str(src / "list.txt"), "--output", str(out), "--model", tiny_model_dir,
             "--address", ray_cluster["gcs"], "--replay", str(tmp_path / "gt.json"), "--manifest-allow", str(src),
@@ -185,8 +193,8 @@ def test_batch_flags_each_show_their_effect(ray_cluster, tiny_model_dir, tmp_pat
         ("gone.pdf", -1): "missing_file", ("mem", -1): "read_failed"}
     assert "Input/output error" in rows[("mem", -1)]["error_message"] and rows[("mem", -1)]["doc_id"] is None
     cut = rows[("five.pdf", 1)]
-    assert not cut["valid"] and 12 <= cut["e2e_s"] < 30 and 0 < cut["output_tokens"] < 8192
-    for key in (("five.pdf", 2), ("paper.pdf", 1), ("report.pdf", 1)):
+    assert not cut["valid"] and 12 <= cut["e2e_s"] and 0 < cut["output_tokens"] < 8192  # cut before its end
+    for key in parsed:
         r = rows[key]
         want = quantized(truth[key], mp.vocab)
         assert r["mode"] == "sequential" and r["n_branches"] == 0 and r["valid"], key

@@ -17,6 +17,7 @@ from padoc_ray.pipeline.config import BatchConfig
 from padoc_ray.storage import ChangedDuringRead, LinkAtRead, NotRegularFile, read_bytes, StorageConfig
 from padoc_ray.listing import DUPLICATE, list_inputs, NOT_REGULAR, SYMLINK, SYMLINK_OUTSIDE
 
+from tests.helpers import components
 from tests.helpers.pdf_factory import text_pdf
 
 
@@ -133,7 +134,8 @@ def test_a_real_hostile_tree_gives_every_entry_a_row(tmp_path):
     cmd = [sys.executable, "-c", _PROBE, str(inp)]
     if os.geteuid() == 0:  # root reads anything: drop the two capabilities that let it
         if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv (util-linux): cannot drop CAP_DAC_OVERRIDE")
+            components.missing("setpriv (util-linux), with which root drops CAP_DAC_OVERRIDE for this check",
+                               "apt-get install util-linux")  # a skip, a failure on CI
         cmd = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *cmd]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)

@@ -250,7 +250,8 @@ def test_listing_refusals_and_what_a_rerun_retries():
 
 def test_a_file_that_grew_past_the_size_cap_after_listing_is_refused_when_read(tmp_path):
     """The listing said 10 bytes; by the time the raster task reads it, the file is over the cap:
-    one row, and no more than cap + 1 bytes are read."""
+    one row, and no more than cap + 1 bytes are read (counted where the file is read: the bytes the
+    operating system's read calls return for it)."""
     import pyarrow as pa
 
     from padoc_ray.pipeline.config import BatchConfig
@@ -261,11 +262,27 @@ def test_a_file_that_grew_past_the_size_cap_after_listing_is_refused_when_read(t
 
     big = tmp_path / "grew.pdf"
     big.write_bytes(text_pdf(3))
+    assert big.stat().st_size > 2000  # well over the cap: reading it whole would show
     cfg = BatchConfig.from_flat(input=str(tmp_path), output=str(tmp_path.parent / (tmp_path.name + "_out")), model="m",
                                 limits=InputLimits(max_file_bytes=1000))
     batch = pa.Table.from_pylist([{"uri": str(big), "size": 10, "done": []}])
-    rows_ = [r for t in rasterize(batch, cfg, "m") for r in t.to_pylist()]
+    read_from_big = []  # the bytes each os.read of the file returned, whatever thread or layer asked
+    real_read, real_big = os.read, os.path.realpath(big)
+
+    def counted_read(fd, n):
+        data = real_read(fd, n)
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == real_big:
+                read_from_big.append(len(data))
+        except OSError:  # not a file descriptor of a path
+            pass
+        return data
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "read", counted_read)
+        rows_ = [r for t in rasterize(batch, cfg, "m") for r in t.to_pylist()]
     assert [(r["page_index"], r["status"]) for r in rows_] == [(-1, "file_too_large")]
+    assert read_from_big and sum(read_from_big) == 1000 + 1, read_from_big  # cap + 1: enough to tell, no more
     ok = BatchConfig(input=str(tmp_path), output=str(tmp_path.parent / (tmp_path.name + "_out")), model="m")
     rows_ = [r for t in rasterize(batch, ok, "m") for r in t.to_pylist()]
     assert [(r["page_index"], r["status"]) for r in rows_] == [(0, None), (1, None), (2, None)]

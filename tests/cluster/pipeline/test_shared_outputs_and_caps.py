@@ -24,6 +24,7 @@ from padoc_ray.pipeline.limits import InputLimits
 from padoc_ray.storage import StorageConfig
 
 from tests.conftest import _env, stop_session
+from tests.helpers import components
 from tests.helpers.pdf_factory import text_pdf
 from tests.cluster.pipeline.test_hostile_inputs import many_page_pdf, tiff_frames
 
@@ -290,10 +291,6 @@ def test_train_resumes_only_from_a_trusted_checkpoint(tmp_path, tiny_model_dir):
     with pytest.raises(TrainInputError, match="symbolic link"):
         check_resume_path(str(ckpt), str(out))
     os.remove(ckpt / "link")
-    if os.getuid() == 0:  # only root can give a file away
-        os.chown(ckpt / ".metadata", 65534, 65534)
-        with pytest.raises(TrainInputError, match="owned by uid 65534"):
-            check_resume_path(str(ckpt), str(out))
     os.chmod(ckpt, 0o777)
     gt, images = tmp_path / "gt.json", tmp_path / "images"
     gt.write_text("[]")
@@ -302,6 +299,11 @@ def test_train_resumes_only_from_a_trusted_checkpoint(tmp_path, tiny_model_dir):
             "--out", str(out), "--resume", str(ckpt))
     assert r.returncode == 2 and "refusing to load it" in r.stderr and "unpickles" in r.stderr, r.stderr[-2000:]
     assert "unpickles" in cli("train", "--help").stdout
+    os.chmod(ckpt, 0o755)
+    components.root("giving the checkpoint's file to another uid")  # else the last check is a reported skip
+    os.chown(ckpt / ".metadata", 65534, 65534)
+    with pytest.raises(TrainInputError, match="owned by uid 65534"):
+        check_resume_path(str(ckpt), str(out))
 
 
 @pytest.mark.slow
@@ -323,7 +325,29 @@ def test_the_trainer_keeps_ray_token_authentication_on(tmp_path):
     assert (tmp_path / ".ray" / "auth_token").stat().st_size > 0
 
 
-def test_the_lock_on_an_s3_output_heartbeats_and_a_dead_runs_lock_is_taken_over(s3, monkeypatch):
+def _lock_written(client, bucket: str, key: str, after=None, hang_s: float = 120.0):
+    """When the store last wrote the lock object (its Last-Modified), polled until that is later than
+    ``after``: the moment a heartbeat lands, seen within a poll of it. ``hang_s`` only ends a test whose
+    heartbeat never comes; no outcome depends on how long it takes."""
+    give_up = time.monotonic() + hang_s
+    while True:
+        written = client.head_object(Bucket=bucket, Key=key)["LastModified"]
+        if after is None or written > after:
+            return written
+        if time.monotonic() > give_up:
+            pytest.fail(f"no heartbeat rewrote s3://{bucket}/{key} after {after} in {hang_s:g} s")
+        time.sleep(0.05)
+
+
+def test_the_lock_on_an_s3_output_heartbeats_and_a_dead_runs_lock_is_taken_over(s3, monkeypatch, caplog):
+    """Staleness is judged by the store's clock (Last-Modified against the response's Date, both in whole
+    seconds), so the test reads that clock too instead of sleeping against it: run-a's heartbeat rewrites its
+    lock past stale_s after taking it, and run-b, asking as that beat lands, is refused (a lock never rewritten
+    would be stale by then). Once run-a dies, run-b waits and takes the lock over when the store says its last
+    beat is older than stale_s."""
+    import datetime as dt
+    import logging
+
     from padoc_ray.pipeline.lock import OutputInUse, OutputLock
 
     for k, v in s3["env"].items():
@@ -334,14 +358,18 @@ def test_the_lock_on_an_s3_output_heartbeats_and_a_dead_runs_lock_is_taken_over(
     a.acquire()
     with pytest.raises(OutputInUse, match="in use by run run-a"):
         OutputLock(out, cfg, "run-b", stale_s=2).acquire()
-    time.sleep(3)  # longer than stale_s: run-a's heartbeat keeps its lock fresh
-    with pytest.raises(OutputInUse):
+    taken = _lock_written(s3["client"], "locked-out", "run/_lock.json")
+    _lock_written(s3["client"], "locked-out", "run/_lock.json", after=taken + dt.timedelta(seconds=2))
+    with pytest.raises(OutputInUse):  # a beat just landed, more than stale_s after the lock was taken
         OutputLock(out, cfg, "run-b", stale_s=2).acquire()
     a.lease.abandon()  # run-a dies: no heartbeat, no release
-    b = OutputLock(out, cfg, "run-b", stale_s=2, wait_s=30, poll_s=0.5)
-    t = time.monotonic()
-    b.acquire()  # waits until the lock is stale, then takes it over
-    assert 1 < time.monotonic() - t < 15
+    said: list[str] = []
+    b = OutputLock(out, cfg, "run-b", stale_s=2, wait_s=30, poll_s=0.5, log=said.append)
+    with caplog.at_level(logging.WARNING, logger="padoc_ray.lease"):
+        b.acquire()  # waits until the lock is stale, then takes it over (OutputInUse after wait_s)
+    assert [m for m in said if "in use by run run-a" in m and "waiting up to 30 s" in m]
+    (took,) = [r for r in caplog.records if r.getMessage().startswith("took over the stale lock of run run-a")]
+    assert took.args[-1] > 2  # run-a's last heartbeat, by the store's clock, was older than stale_s
     body = json.loads(s3["client"].get_object(Bucket="locked-out", Key="run/_lock.json")["Body"].read())
     assert body["run_id"] == "run-b"
     b.release()
@@ -409,18 +437,22 @@ def test_a_storage_error_while_reading_pages_is_retried_and_never_deletes(tmp_pa
             raise OSError("AWS Error SLOW_DOWN during GetObject operation: please reduce your request rate")
         return real(fs, path)
 
+    waits: list[float] = []
     monkeypatch.setattr(reader, "footer", flaky)
-    monkeypatch.setattr(reader.time, "sleep", lambda s: None)
+    monkeypatch.setattr(reader, "backoff_sleep", waits.append)  # the reader's backoff, not time.sleep
     got = pg.read_pages(str(pages), StorageConfig(), cleanup_for_run="now", grace_s=0)
     assert got.num_rows == 1 and len(calls) == 3 and (pages / "good.parquet").exists()
+    assert waits == [0.5, 1.0]  # one backoff after each failed try, doubling
 
     def down(fs, path):
         raise OSError("connection refused")
 
     monkeypatch.setattr(reader, "footer", down)
+    waits.clear()
     with pytest.raises(OSError, match="after 4 attempts"):
         pg.read_pages(str(pages), StorageConfig(), cleanup_for_run="now", grace_s=0)
     assert (pages / "good.parquet").exists()
+    assert waits == [0.5, 1.0, 2.0]  # none after the last try
 
 
 # ---- resume and leftover clean-up on S3 ----------------------------------------------------------------------

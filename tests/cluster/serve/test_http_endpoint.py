@@ -15,7 +15,6 @@ import io
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +25,7 @@ import pytest
 import requests
 
 from tests.conftest import BIN, ROOT, _env, _free_port
+from tests.helpers import components
 
 pytestmark = pytest.mark.engine
 
@@ -182,24 +182,54 @@ def _pages(resp) -> dict[int, dict]:
 
 
 # ---- results equal the batch job's and parse-page's ----------------------------------------------------
-def test_http_gives_the_batch_jobs_and_parse_pages_results(svc, tiny_model_dir, tmp_path):
+def _batch_rows(pdfs: list[str], model_dir: str, out: str, cpu_engine, model_protocol, loop_thread) -> list[dict]:
+    """The page rows `padoc-ray parse --input examples/ --model MODEL --replay GT` makes for ``pdfs``, made in
+    this process: the command's own BatchConfig (its parser, its defaults), the job's raster stage, then its
+    EngineStage on a host whose engine is the session's (``cpu_engine``, the same tiny model on vLLM), as
+    Parquet rows in the job's schema. That the job writes these rows (Ray Data, the writer, the ledger)
+    is the batch-job tests' (tests/cluster/pipeline/); that the job's stages, Serve's and parse-page's make
+    the same rows of the same input, tests/unit/output/test_row_parity.py's."""
+    import pyarrow as pa
+
+    from padoc_ray.cli import build_parser
+    from padoc_ray.cli.batch import config_from_args
+    from padoc_ray.groundtruth import truth_from_json
+    from padoc_ray.host import PageHost
+    from padoc_ray.output import rows
+    from padoc_ray.pipeline.stages import EngineStage, rasterize
+
+    cfg = config_from_args(build_parser().parse_args(["parse", "--input", EXAMPLES, "--output", out, "--model",
+                                                      model_dir, "--replay", GT]))
+    paths = [os.path.join(EXAMPLES, n) for n in pdfs]
+    listing = pa.Table.from_pylist([{"uri": p, "size": os.path.getsize(p), "mtime": None, "done": [], "doc_id": None}
+                                    for p in paths])  # what the job's listing hands the raster stage
+    tables = list(rasterize(listing, cfg, os.path.basename(model_dir)))  # model_id: the job's, the model's folder
+    with open(cfg.replay_gt, "rb") as f:
+        truth = truth_from_json(f.read())
+
+    async def engine_stage() -> list[dict]:
+        stage = EngineStage(cfg)
+        stage.host = await PageHost(model_dir, cfg.engines.host, truth=truth, engine=cpu_engine,
+                                    model_protocol=model_protocol).start()  # what _ensure_host does, engine shared
+        done = []
+        for table in tables:
+            async for t in stage(table):
+                done += t.to_pylist()
+        return done
+
+    return rows.to_table(loop_thread.run(engine_stage(), timeout=600)).to_pylist()
+
+
+def test_http_gives_the_batch_jobs_and_parse_pages_results(svc, tiny_model_dir, tmp_path, cpu_engine, model_protocol,
+                                                          loop_thread):
     pdfs = ["memo.pdf", "paper.pdf", "report.pdf"]
     http = {name: _pages(svc.parse(os.path.join(EXAMPLES, name))) for name in pdfs}
     for name, pages in http.items():
         assert all(p["status"] == "ok" and p["valid"] for p in pages.values()), name
 
-    out = tmp_path / "batch"
-    run = subprocess.run([os.path.join(BIN, "padoc-ray"), "parse", "--input", EXAMPLES, "--output", str(out),
-                          "--model", tiny_model_dir, "--replay", GT], env=_env(), stdout=open(tmp_path / "b.out", "w"),
-                         stderr=open(tmp_path / "b.err", "w"), timeout=900, check=False)
-    assert run.returncode == 0, (tmp_path / "b.err").read_text()[-3000:]
-    from padoc_ray.output.reader import read_rows as read_pages
-    from padoc_ray.output.rows import PAGE_SCHEMA
-    from padoc_ray.pipeline.ledger import current_rows
-    from padoc_ray.storage import StorageConfig
-
-    rows = current_rows(read_pages(str(out / "pages"), StorageConfig(), columns=PAGE_SCHEMA.names)).to_pylist()
+    rows = _batch_rows(pdfs, tiny_model_dir, str(tmp_path / "batch"), cpu_engine, model_protocol, loop_thread)
     batch = {(os.path.basename(r["source_uri"]), r["page_index"]): r for r in rows}
+    assert sorted(batch) == sorted((name, i) for name, pages in http.items() for i in pages)  # the same pages
     for name, pages in http.items():
         for i, p in pages.items():
             b = batch[(name, i)]
@@ -289,10 +319,7 @@ def test_the_page_view_shows_an_uploaded_document_in_a_browser(svc, tmp_path):
     """``GET /`` in Debian's chromium (Playwright): the token is asked once, an upload shows each page
     with one box per region over its image and its Markdown beside it, and no request leaves
     127.0.0.1. The screenshot stays in the test's tmp dir."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("needs Debian's chromium (apt-get install chromium)")
+    chromium, sync_api = components.chromium(), components.playwright_sync_api()  # else skip, or fail on CI
     report = os.path.join(EXAMPLES, "report.pdf")
     page = requests.get(f"{svc.url}/", timeout=30)  # the page and its assets are open; the data is not
     assert page.status_code == 200 and "script-src 'self'" in page.headers["content-security-policy"]
@@ -706,13 +733,23 @@ def test_two_tenants_annotation_bombs_do_not_hold_a_third_tenants_memo(svc, tmp_
     assert all(p["status"] == "ok" for p in _pages(a).values())
 
 
-def test_requests_share_no_prefix_cache(svc):
+def test_requests_share_no_prefix_cache(svc, tmp_path):
     """The same file in two requests: each request is its own cache namespace, so the second one
     reuses nothing of the first (its cached tokens are the same), and a response cannot tell
-    whether another client parsed the same file."""
-    report = os.path.join(EXAMPLES, "report.pdf")
-    a = _pages(svc.parse(report))
-    b = _pages(svc.parse(report))
+    whether another client parsed the same file. The file is new to the service (text of its own),
+    so nothing parsed before is in the cache under its content hash: were the requests to share a
+    namespace, the second parse would find the first one's blocks (more cached tokens). It is sent
+    as report.pdf, whose teacher-forced truth its two pages replay (a name picks the truth, never a
+    cache key)."""
+    import uuid
+
+    from tests.helpers.pdf_factory import text_pdf
+
+    fresh = tmp_path / "fresh.pdf"
+    fresh.write_bytes(text_pdf(2, label=f"Parsed by this test only, {uuid.uuid4().hex}"))
+    a = _pages(svc.parse(str(fresh), name="report.pdf"))
+    b = _pages(svc.parse(str(fresh), name="report.pdf"))
+    assert sorted(a) == sorted(b) == [0, 1]
     assert all(p["status"] == "ok" for p in [*a.values(), *b.values()])
     for i in a:
         assert a[i]["cached_tokens"] == b[i]["cached_tokens"], (a[i]["cached_tokens"], b[i]["cached_tokens"])
@@ -762,6 +799,72 @@ def test_every_route_of_the_schema_needs_the_token(svc):
                 assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", (method, path, r.text)
                 checked += 1
     assert checked >= 7  # models, parse, jobs (4 routes), chat
+
+
+def test_readyz_is_503_until_the_engine_answers_its_probe_then_200(tiny_model_dir):
+    """/readyz's handler as the ingress runs it, over RayEngine and an EngineReplica whose engine (the
+    no-op one) does not answer its first requests yet (as an engine still warming up): 503 not_ready
+    with Retry-After once the handler's wait (30 s) is over, never 200; once the engine answers, 200
+    with the engine's counts. Serve's handle is a stand-in that calls the one replica in this loop
+    (the running services' engines answer from their start, so they cannot show the 503)."""
+    import asyncio
+    import types
+
+    from starlette.requests import Request
+
+    from padoc_ray.engine.fake import ScriptedEngine
+    from padoc_ray.host import HostConfig, PageHost
+    from padoc_ray.serve.app import IngressBase
+    from padoc_ray.serve.config import ServeConfig
+    from padoc_ray.serve.engine import EngineReplica, RayEngine
+    from padoc_ray.serve.guard import GuardConfig
+    from padoc_ray.tokenizer import ModelProtocol
+
+    class NotAnsweringYet(ScriptedEngine):
+        """The no-op engine (one end-of-stream token a request), whose requests wait for ``answering``."""
+
+        def __init__(self, eos: int):
+            super().__init__(lambda req: [eos], record=False)
+            self.answering = asyncio.Event()
+
+        async def generate(self, req):
+            await self.answering.wait()
+            async for d in super().generate(req):
+                yield d
+
+    class Handle:
+        """Serve's deployment handle over one replica: ``handle.method.remote(*args)`` awaits the method."""
+
+        def __init__(self, replica):
+            self.replica = replica
+
+        def options(self, **_):
+            return self
+
+        def __getattr__(self, name):
+            return types.SimpleNamespace(remote=lambda *args: getattr(self.replica, name)(*args))
+
+    async def probes() -> tuple:
+        cfg = ServeConfig(model=tiny_model_dir, host=HostConfig(engine="noop"))
+        mp = ModelProtocol(tiny_model_dir)
+        engine = NotAnsweringYet(mp.vocab.end_of_stream)
+        replica = EngineReplica.__new__(EngineReplica)  # what its __init__ makes, with this engine
+        replica.host = await PageHost(tiny_model_dir, cfg.host, engine=engine, model_protocol=mp).start()
+        ingress = types.SimpleNamespace(cfg=cfg, engine=RayEngine(Handle(replica)), guard=GuardConfig.from_serve(cfg))
+        request = Request({"type": "http", "method": "GET", "path": "/readyz", "headers": [], "query_string": b""})
+        before = await IngressBase.readyz(ingress, request)
+        engine.answering.set()
+        after = await IngressBase.readyz(ingress, request)
+        replica.host.shutdown()
+        return before, after, cfg.served_model_id
+
+    before, after, model = asyncio.run(probes())
+    assert not isinstance(before, dict), f"200 before the engine answered: {before}"
+    assert before.status_code == 503 and before.headers["retry-after"] == "5", before
+    assert json.loads(before.body) == {"status": "not_ready", "reason": "TimeoutError"}
+    # a dict is what the route answers with 200 (a response object carries its own status)
+    assert isinstance(after, dict) and after["status"] == "ready" and after["model"] == model, after
+    assert after["engine"]["engine_dead"] is False and after["engine"]["pages_done"] == 0, after
 
 
 # ---- metrics --------------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """``padoc-ray view`` in a real browser: Debian's chromium driven by Playwright (never a downloaded
-browser). The DOM is checked, never pixels; one screenshot per view is kept under pytest's tmp dir."""
+browser). The DOM is checked, never pixels; one screenshot per view is kept under pytest's tmp dir.
+Without chromium or Playwright the browser tests skip, saying which is missing, and fail on CI
+(tests/helpers/components.py); the two tests of the server alone run either way."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,12 +15,8 @@ import pytest
 
 from padoc_ray import status
 
-from tests.helpers import viewer_demo
+from tests.helpers import components, viewer_demo
 from tests.conftest import ROOT
-
-sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (see the Makefile's test target)")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +37,9 @@ def viewer(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
+    chromium, sync_api = components.chromium(), components.playwright_sync_api()  # else skip, or fail on CI
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
         yield b
         b.close()
 

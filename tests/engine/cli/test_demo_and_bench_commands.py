@@ -1,5 +1,6 @@
 """Commands beyond their --help: `demo`, `bench replay`, `bench pipeline`, each run for real on the
-bundled examples (the tiny model; replay keeps its outputs exact). Output goes to files."""
+bundled examples (the tiny model; replay keeps its outputs exact). Output goes to files. `bench replay`
+runs in this process on the session's engine (what it does with the engine is what it is tested for)."""
 
 from __future__ import annotations
 
@@ -41,8 +42,13 @@ def test_demo_parses_the_examples_and_matches_their_truth(tiny_model_dir, tmp_pa
     assert json.load(open(out / "summary.json"))["pages_written"] == 5 and (out / ".padoc-demo-output").exists()
 
 
-def test_bench_replay_runs_both_modes_at_each_concurrency(tiny_model_dir, tmp_path):
+def test_bench_replay_runs_both_modes_at_each_concurrency(tiny_model_dir, tmp_path, monkeypatch, capsys, cpu_engine,
+                                                          loop_thread):
+    import padoc_ray.bench.serving.run
+    from padoc_ray.cli import main
     from padoc_ray.inputs import load_pages
+
+    from tests.engine.cli.test_help_and_parse_page import on_session_engine
 
     images = tmp_path / "images"
     images.mkdir()
@@ -54,10 +60,10 @@ def test_bench_replay_runs_both_modes_at_each_concurrency(tiny_model_dir, tmp_pa
     gt = [p for p in json.load(open(GT)) if p["page_info"]["source_pdf"] in ("memo.pdf", "paper.pdf")]
     (tmp_path / "gt.json").write_text(json.dumps(gt))
     out = tmp_path / "bench"
-    rc, stdout, stderr = cli_logged(tmp_path, "bench", "bench", "replay", "--gt", str(tmp_path / "gt.json"),
-                                    "--images", str(images), "--model", tiny_model_dir, "--concurrency", "1,3",
-                                    "--warmup", "0", "--out", str(out))
-    assert rc == 0, stderr[-4000:]
+    on_session_engine(monkeypatch, cpu_engine, loop_thread, padoc_ray.bench.serving.run)
+    rc = main(["bench", "replay", "--gt", str(tmp_path / "gt.json"), "--images", str(images), "--model",
+               tiny_model_dir, "--concurrency", "1,3", "--warmup", "0", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err[-4000:]
     summary = json.load(open(out / "summary.json"))
     assert summary["pages"] == 3 and summary["modes"] == ["fork", "sequential"]
     assert set(summary["concurrency"]) == {"1", "3"}

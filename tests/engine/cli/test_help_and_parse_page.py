@@ -1,7 +1,9 @@
-"""The padoc-ray command line: help texts, bad input, and one real parse through the engine."""
+"""The padoc-ray command line: help texts, bad input, and real parses through the engine (in this
+process, on the session's engine: :func:`on_session_engine`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -16,6 +18,60 @@ CLI = [sys.executable, "-m", "padoc_ray.cli"]
 
 def run_cli(*args, timeout=300):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+class _OnEngineLoop:
+    """Stands in for the ``asyncio`` module of a command's module: its ``run`` runs the coroutine on the
+    loop of the session's engine (where ``cpu_engine`` lives); everything else is asyncio's own."""
+
+    def __init__(self, loop_thread):
+        self._loop_thread = loop_thread
+
+    def run(self, coro, **_):
+        return self._loop_thread.run(coro, timeout=600)
+
+    def __getattr__(self, name):
+        return getattr(asyncio, name)
+
+
+def on_session_engine(monkeypatch, cpu_engine, loop_thread, *modules) -> None:
+    """Commands run in this process (``padoc_ray.cli.main``) use the session's engine until the test ends:
+    a PageHost made without an engine gets ``cpu_engine`` (the tiny model on vLLM) instead of starting one,
+    and the ``asyncio.run`` of each of ``modules`` runs on that engine's loop. Everything else (the flags,
+    rendering, the pages, the output) is the command's own code. Where the engine's start is what is
+    tested, the command runs as a process of its own: parse-page in
+    tests/cluster/checkpoint/test_init_model.py, SIGTERM below."""
+    import padoc_ray.host as host
+
+    class SessionEngineHost(host.PageHost):
+        def __init__(self, *args, engine=None, **kw):
+            super().__init__(*args, engine=cpu_engine if engine is None else engine, **kw)
+
+    monkeypatch.setattr(host, "PageHost", SessionEngineHost)
+    for m in modules:
+        monkeypatch.setattr(m, "asyncio", _OnEngineLoop(loop_thread))
+    for k in ("VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL"):  # main() sets these defaults for engine processes
+        monkeypatch.setenv(k, os.environ.get(k, "unset-by-test"))
+
+
+@pytest.fixture
+def parse_page(monkeypatch, capsys, cpu_engine, loop_thread):
+    """``padoc-ray parse-page ARGS`` in this process on the session's engine: (exit code, stdout, stderr)."""
+    import padoc_ray.cli.parse
+    from padoc_ray.cli import main
+
+    on_session_engine(monkeypatch, cpu_engine, loop_thread, padoc_ray.cli.parse)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()  # only the command's own output
+        try:
+            rc = main(["parse-page", *args])
+        except SystemExit as e:
+            rc = e.code
+        got = capsys.readouterr()
+        return rc, got.out, got.err
+
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +132,11 @@ def test_parse_page_bad_inputs_are_clear(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.engine
-def test_parse_page_replays_a_sample_page_through_the_engine(tiny_model_dir):
-    out = run_cli("parse-page", os.path.join(ROOT, "examples", "memo.pdf"), "--model", tiny_model_dir, "--page", "1",
-                  "--format", "json", "--replay", os.path.join(ROOT, "examples", "ground_truth.json"))
-    assert out.returncode == 0, out.stderr[-3000:]
-    obj = json.loads(out.stdout)
+def test_parse_page_replays_a_sample_page_through_the_engine(tiny_model_dir, parse_page):
+    pdf, truth = os.path.join(ROOT, "examples", "memo.pdf"), os.path.join(ROOT, "examples", "ground_truth.json")
+    rc, stdout, stderr = parse_page(pdf, "--model", tiny_model_dir, "--page", "1", "--format", "json", "--replay", truth)
+    assert rc == 0, stderr[-3000:]
+    obj = json.loads(stdout)
     gt = json.load(open(os.path.join(ROOT, "examples", "ground_truth.json")))
     memo = next(p for p in gt if p["page_info"]["source_pdf"] == "memo.pdf")
     assert obj["status"] == "ok" and obj["valid"] is True
@@ -127,7 +183,7 @@ def test_sigterm_stops_a_command_and_shuts_its_engine_down(tiny_model_dir, tmp_p
 
 
 @pytest.mark.engine
-def test_parse_page_prints_markdown_of_every_page(tiny_model_dir):
+def test_parse_page_prints_markdown_of_every_page(tiny_model_dir, parse_page):
     """Without --page and --format: every page of the PDF as Markdown on stdout (the teacher-forced
     truth, so exactly the truth's Markdown), one status line per page on stderr (report.pdf: 2 pages)."""
     from padoc_ray.groundtruth import load_truth
@@ -136,15 +192,15 @@ def test_parse_page_prints_markdown_of_every_page(tiny_model_dir):
     from tests.conftest import ROOT as root
 
     gt = os.path.join(root, "examples", "ground_truth.json")
-    out = run_cli("parse-page", os.path.join(root, "examples", "report.pdf"), "--model", tiny_model_dir, "--replay", gt,
-                  "--longest-side", "400")  # a smaller image: less to encode, same forced output
-    assert out.returncode == 0, out.stderr[-3000:]
+    rc, stdout, stderr = parse_page(os.path.join(root, "examples", "report.pdf"), "--model", tiny_model_dir, "--replay",
+                                    gt, "--longest-side", "400")  # a smaller image: less to encode, same forced output
+    assert rc == 0, stderr[-3000:]
     truth = load_truth(gt)
     from padoc_ray.tokenizer import load_model_protocol
 
     vocab = load_model_protocol(tiny_model_dir).vocab
     want = "".join(to_markdown(quantized(truth[("report.pdf", i)], vocab)) for i in (0, 1))
-    assert out.stdout == want and out.stdout.startswith("# ")
-    status = [ln for ln in out.stderr.splitlines() if ln.startswith("[report.pdf page ")]
+    assert stdout == want and stdout.startswith("# ")
+    status = [ln for ln in stderr.splitlines() if ln.startswith("[report.pdf page ")]
     assert [ln.split(" status")[0] for ln in status] == ["[report.pdf page 1:", "[report.pdf page 2:"]
     assert all("status=ok valid=True" in ln for ln in status)

@@ -44,6 +44,27 @@ def test_runner_v2_checks_the_v2_loader_and_trace_replay(tmp_path, capsys):
     assert r["logits_processors"] == list(V2_PROCESSORS) and r["processors_load"] and r["trace_replay"]
     assert r["model"] is None
     assert any("VLLM_USE_V2_MODEL_RUNNER=1" in n for n in r["notes"])
+    assert r["teacher_forcing"] == "vLLM's trace replay (enable_trace_replay, trace_decode_token_ids)"
+
+
+def test_a_trace_vllm_refuses_under_v2_is_a_problem(tmp_path, tiny_model_dir, monkeypatch):
+    """trace_replay is vLLM's verdict on the smoke page's traces, as the engine adapter would send them: sampling
+    parameters vLLM refuses beside a trace (here bad_words) make it false, with vLLM's reason as a problem."""
+    from padoc_ray.engine import vllm_engine
+
+    made = vllm_engine.sampling_params
+
+    def with_bad_words(req, runner):
+        params = made(req, runner)
+        params.bad_words = ["padoc"]
+        return params
+
+    monkeypatch.setattr(vllm_engine, "sampling_params", with_bad_words)
+    rc, r = _doctor(tmp_path, "--runner", "v2", "--model", tiny_model_dir)
+    assert rc == 1 and not r["ok"] and not r["trace_replay"] and r["processors_load"]
+    assert any("vLLM refuses the layout stream's trace" in p and "not supported with bad_words" in p
+               for p in r["problems"]), r["problems"]
+    assert r["teacher_forcing"].endswith("REFUSED, see the problems")
 
 
 def test_a_v1_interface_processor_under_v2_is_a_problem_naming_the_class(tmp_path, tiny_model_dir, capsys):

@@ -18,6 +18,8 @@ from tests.conftest import ROOT
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
+@pytest.mark.nightly  # make test-nightly (about 2 minutes): make test runs its commands on their own (doctor,
+# parse-page, --constrain-layout, bench replay) and the script itself in the model leg below
 def test_the_v1_leg_passes_here_and_the_verdict_says_so(tmp_path):
     out = tmp_path / "check"
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "PYTHON": sys.executable}

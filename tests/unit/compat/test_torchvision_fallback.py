@@ -13,7 +13,6 @@ the auto-loaded Qwen3-VL ones).
 
 from __future__ import annotations
 
-import importlib.machinery
 import importlib.util
 import json
 import os
@@ -487,42 +486,110 @@ def test_pth_line_puts_stand_in_first_and_honours_opt_out(monkeypatch, tmp_path)
     assert not opted_out.startswith(tvf.shim_dir())
 
 
-def test_probe_never_mistakes_the_stand_in_for_torchvision(monkeypatch):
+_HIDER = """# test-only: `torchvision` imports from padoc-ray's stand-in folder alone; a real one is hidden
+import importlib.machinery, os, sys
+
+SHIM = {shim!r}
+
+
+class HideRealTorchvision:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != "torchvision":
+            return None
+        shim = [p for p in sys.path if os.path.realpath(p or os.getcwd()) == SHIM]
+        spec = importlib.machinery.PathFinder.find_spec(name, shim) if shim else None
+        if spec is None:
+            raise ModuleNotFoundError("No module named 'torchvision' (a real one is hidden by the test)", name=name)
+        return spec
+
+
+sys.meta_path.insert(0, HideRealTorchvision)
+"""
+
+
+@pytest.fixture(scope="module")
+def bare_site(tmp_path_factory) -> dict:
+    """A fresh virtual environment with no real torchvision, whichever wheels this one got: its
+    site-packages sees this environment's packages (a plain path line, so none of their .pth files
+    runs: not an installed fallback either) and hides any ``torchvision`` outside the stand-in's folder
+    (a ``sys.meta_path`` finder that its ``.pth`` installs in every interpreter it starts, children
+    too). {"python": its interpreter, "site": its site-packages}."""
+    import sysconfig
+
+    root = tmp_path_factory.mktemp("bare-site") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
+    python = str(root / "bin" / "python")
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+    (site / "padoc_test_hide_torchvision.py").write_text(_HIDER.format(shim=tvf.shim_dir()))
+    (site / "padoc_test_hide_torchvision.pth").write_text("import padoc_test_hide_torchvision\n")
+    (site / "padoc_test_this_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return {"python": python, "site": str(site)}
+
+
+def _fake_torchvision(tmp_path: Path) -> Path:
+    """A folder holding a package that looks like a real torchvision to the probe (``transforms.v2``
+    and its ``functional``, no stand-in marker)."""
+    pkg = tmp_path / "fake" / "torchvision"
+    (pkg / "transforms" / "v2").mkdir(parents=True)
+    for init in ("__init__.py", "transforms/__init__.py", "transforms/v2/__init__.py", "transforms/v2/functional.py"):
+        (pkg / init).write_text("")
+    return pkg.parent
+
+
+def test_probe_never_mistakes_the_stand_in_for_torchvision(monkeypatch, bare_site, tmp_path):
+    """In an environment without a real torchvision (``bare_site``) the probe finds none, though the
+    stand-in is importable; it is not blind: a torchvision that is not the stand-in counts (and
+    ``bare_site`` hides that one too)."""
     shim = tvf.shim_dir()
-    outside = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != shim]
-    if importlib.machinery.PathFinder.find_spec("torchvision", outside) is not None:
-        pytest.skip("a real torchvision is installed here; covered by the decision tests above")
     # Even with the stand-in importable through PYTHONPATH, there is no *real* torchvision.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")])))
-    assert tvf.real_torchvision_works() is False
+    assert tvf.real_torchvision_works(bare_site["python"]) is False
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([shim, str(_fake_torchvision(tmp_path))]))
+    assert tvf.real_torchvision_works() is True
+    assert tvf.real_torchvision_works(bare_site["python"]) is False  # where any real one is hidden
 
 
-def test_installed_fallback_reaches_child_processes(tmp_path):
-    """Where the fallback is installed for this interpreter, plain and spawned children import the stand-in."""
-    if not os.path.isfile(tvf.pth_path()):
-        pytest.skip(f"fallback not installed for this interpreter ({tvf.pth_path()} missing)")
+_SPAWN_CHECK = """import multiprocessing as mp
+import torchvision
+def child(q):
+    import torchvision
+    q.put(torchvision.__file__)
+if __name__ == '__main__':
+    ctx = mp.get_context('spawn')
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    print(torchvision.__file__)
+    print(q.get(timeout=60))
+    p.join()
+"""
+
+
+def test_installed_fallback_reaches_child_processes(monkeypatch, bare_site, tmp_path):
+    """Where the fallback is installed for an interpreter (``bare_site``'s: the same outcome whichever
+    torchvision this environment has), plain and spawned children import the stand-in; before, they
+    import no torchvision at all."""
     script = tmp_path / "spawn_check.py"
-    script.write_text(
-        "import multiprocessing as mp\n"
-        "import torchvision\n"
-        "def child(q):\n"
-        "    import torchvision\n"
-        "    q.put(torchvision.__file__)\n"
-        "if __name__ == '__main__':\n"
-        "    ctx = mp.get_context('spawn')\n"
-        "    q = ctx.Queue()\n"
-        "    p = ctx.Process(target=child, args=(q,))\n"
-        "    p.start()\n"
-        "    print(torchvision.__file__)\n"
-        "    print(q.get(timeout=60))\n"
-        "    p.join()\n"
-    )
+    script.write_text(_SPAWN_CHECK)
     # No PYTHONPATH and a neutral cwd: only the site-packages .pth can provide the stand-in.
     env = _child_env()
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120, cwd=str(tmp_path)
-    )
+
+    def run():
+        return subprocess.run([bare_site["python"], str(script)], env=env, capture_output=True, text=True,
+                              timeout=120, cwd=str(tmp_path))
+
+    before = run()
+    assert before.returncode != 0 and "No module named 'torchvision' (a real one is hidden" in before.stderr, \
+        before.stderr[-2000:]
+    monkeypatch.setattr(tvf, "real_torchvision_works", lambda *a, **k: False)
+    assert tvf.install(site_dir=bare_site["site"]) == tvf.pth_path(bare_site["site"])
+    try:
+        proc = run()
+    finally:
+        tvf.uninstall(site_dir=bare_site["site"])
     assert proc.returncode == 0, proc.stderr
     parent_file, child_file = proc.stdout.split()
     assert parent_file.startswith(tvf.shim_dir()) and child_file.startswith(tvf.shim_dir())

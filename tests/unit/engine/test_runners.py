@@ -17,6 +17,8 @@ from padoc_ray.engine.interface import GenRequest, forced_token
 from padoc_ray.engine.layout_mask import CONSTRAIN_LAYOUT_KEY
 from padoc_ray.engine.runners import V1_PROCESSORS, V2_PROCESSORS, logits_processors, uses_trace_replay
 
+from tests.helpers import components
+
 TRACE = [11, 12, 13, 2]
 
 
@@ -186,15 +188,10 @@ def test_releasing_free_heap_returns_freed_pages_that_free_alone_keeps(allocator
     import subprocess
     import sys
 
-    from padoc_ray.engine.memory import find_tcmalloc
-
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     if allocator == "tcmalloc":
-        library = find_tcmalloc()
-        if library is None:
-            pytest.skip("no tcmalloc on this machine (make test installs Debian's libtcmalloc-minimal4)")
-        env["LD_PRELOAD"] = library
+        env["LD_PRELOAD"] = components.tcmalloc()  # without it: a skip, a failure on CI
     code = (
         "import json\n"
         "from padoc_ray.engine.memory import release_free_heap, _rss_bytes\n"
@@ -240,15 +237,16 @@ def test_the_allocator_setting_preloads_its_library_for_the_engine_processes_onl
         with _spawn_env(EngineConfig(model=tiny_model_dir, allocator=str(tmp_path / "missing.so"))):
             pass
 
-    found = memory.find_tcmalloc()
-    if found is not None:  # make test installs Debian's libtcmalloc-minimal4
-        with _spawn_env(EngineConfig(model=tiny_model_dir, allocator="tcmalloc")) as preload:
-            assert preload == os.environ["LD_PRELOAD"] == f"{found}:/a/liba.so" and os.path.isfile(found)
+    find_tcmalloc = memory.find_tcmalloc
     monkeypatch.setattr(memory, "find_tcmalloc", lambda: None)
     with caplog.at_level(logging.WARNING, logger="padoc_ray.engine.vllm_engine"):
         with _spawn_env(EngineConfig(model=tiny_model_dir, allocator="tcmalloc")):
             assert os.environ["LD_PRELOAD"] == "/a/liba.so"  # no tcmalloc here: unchanged
     assert "libtcmalloc-minimal4" in caplog.text
+    monkeypatch.setattr(memory, "find_tcmalloc", find_tcmalloc)
+    found = components.tcmalloc()  # make test installs Debian's libtcmalloc-minimal4: else a skip (CI: a failure)
+    with _spawn_env(EngineConfig(model=tiny_model_dir, allocator="tcmalloc")) as preload:
+        assert preload == os.environ["LD_PRELOAD"] == f"{found}:/a/liba.so" and os.path.isfile(found)
 
 
 def test_vllms_logging_set_up_leaves_the_processs_memory_handlers_their_targets(tmp_path):

@@ -320,6 +320,42 @@ def test_image_tokens_from_a_measured_run(tmp_path):
         image_tokens_from_run([t], str(path))
 
 
+# ---- the report's figures, by hand ------------------------------------------------------------------------------
+def test_a_report_row_s_pages_dollars_and_step_figures_by_hand(tmp_path):
+    """Two one-region sequential pages at C=2 take 9 steps (as in the utilization test above); at 2/9 s a step
+    the run takes 2 s: 1 page/s, 222.222 ms a step, and a million pages are 10^6 s = 277.8 GPU hours, $1,000
+    at $3.60 an hour. Twice the price is twice the dollars; steps twice as long are half the pages/s, twice
+    the dollars and twice the step time, in the same 9 steps. A measured run of 0.75 pages/s in 18 steps of
+    111.111 ms is 0.75 of the model, in 2x its steps of 0.5x its step time."""
+    from padoc_ray.perfmodel.report import add_measured, run_model
+
+    traces = [trace_from_page(P, f"p{i}", page("a"), 4) for i in range(2)]
+    env = Envelope(max_num_seqs=4, max_num_batched_tokens=14)
+
+    def row(step_s: float, usd: float) -> dict:
+        (r,) = run_model(traces, P.vocab, CFG, Linear(fixed=step_s, per_decode=0, per_prefill=0), env, [2],
+                         ["sequential"], gpu_hour_usd=usd)
+        return r
+
+    base = row(2 / 9, 3.6)
+    assert (base["engine_steps"], base["wall_s"], base["valid_pages_per_s"]) == (9, 2.0, 1.0)
+    assert base["mean_step_ms"] == 222.222 and base["usd_per_million_pages"] == 1000.0
+    pricier = row(2 / 9, 7.2)
+    assert pricier["usd_per_million_pages"] == 2 * base["usd_per_million_pages"]
+    assert pricier["valid_pages_per_s"] == base["valid_pages_per_s"]
+    slower = row(4 / 9, 3.6)
+    assert slower["engine_steps"] == base["engine_steps"] and slower["wall_s"] == 2 * base["wall_s"]
+    assert slower["valid_pages_per_s"] == base["valid_pages_per_s"] / 2 == 0.5
+    assert slower["usd_per_million_pages"] == 2 * base["usd_per_million_pages"]
+    assert slower["mean_step_ms"] == 444.444
+    (tmp_path / "report.json").write_text(json.dumps({"rows": [
+        {"mode": "sequential", "concurrency": 2, "valid_pages_per_s": 0.75, "engine_steps": 18,
+         "mean_step_ms": 111.111}]}))
+    add_measured([base], str(tmp_path))
+    assert base["measured_over_modeled"] == 0.75
+    assert base["measured_steps_over_modeled"] == 2.0 and base["measured_step_ms_over_modeled"] == 0.5
+
+
 # ---- the command ------------------------------------------------------------------------------------------------
 def _model(*argv) -> int:
     from padoc_ray.cli import main

@@ -1,5 +1,6 @@
-"""The fitted step time (bench model --steps): one linear model over every series `bench steps` measures,
-reproducing its own measured rows."""
+"""The fitted step time (bench model --steps): one linear model over every series `bench steps` measures:
+exact on a hand-made linear machine, reproducing a recorded run's stored fit, and predicting each of that
+run's points from a fit of the others."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 
 import pytest
 
-from padoc_ray.perfmodel.fitted import FittedStepTime, StepsJsonError, fit_steps, points
+from padoc_ray.perfmodel.fitted import FittedStepTime, StepsJsonError, fit_points, fit_steps, points
 from padoc_ray.perfmodel.step import StepLoad
 
 from tests.conftest import ROOT  # noqa: E402
@@ -91,10 +92,17 @@ def test_a_term_the_data_makes_negative_is_dropped_not_kept_negative():
     assert all(v >= 0 for v in fit["terms_s"].values())
 
 
-def test_the_recorded_run_is_reproduced_within_its_own_residual():
-    """A real `bench steps --json` run of the tiny model on this machine: the fitted function at each
-    measured point (a step, or a step plus the first-token overhead) is within the fit's stated residual,
-    and its terms are the ones the report stored."""
+def _shape(load: StepLoad) -> tuple:
+    """What a step's price depends on: every term's count."""
+    return (load.decode_seqs, load.prefill_tokens, load.context_tokens, load.images, load.image_tokens, load.pairs,
+            load.distinct_kv_tokens, load.new_requests)
+
+
+def test_the_recorded_run_s_stored_fit_is_reproduced():
+    """A real `bench steps --json` run of the tiny model on this machine: today's code reads the same points
+    from its rows (the loads, times and series the report stored point by point when it was recorded), fits
+    the terms and residual the report stored, and prices every point as the stored fit did. The residual is
+    the largest relative error over the points (so no point is further off than it)."""
     with open(RECORDED) as f:
         rep = json.load(f)
     st = FittedStepTime.from_steps_json(RECORDED)
@@ -108,6 +116,27 @@ def test_the_recorded_run_is_reproduced_within_its_own_residual():
         got = st.first_token_seconds(load) if first else st.seconds(load)
         assert abs(got - measured) / measured <= st.residual["max_rel"] + 1e-9, (series, load)
     assert {p["series"] for p in stored["per_point"]} == {"decode", "context", "distinct", "admit", "prefill", "vision"}
+    assert len(stored["per_point"]) == len(pts)
+    for (series, load, measured, first), was in zip(pts, stored["per_point"], strict=True):
+        assert (series, first) == (was["series"], was["first_token"])
+        assert _shape(load) == _shape(StepLoad(**was["load"])), series
+        assert 1000 * measured == pytest.approx(was["measured_ms"], abs=1e-3)
+        got = st.first_token_seconds(load) if first else st.seconds(load)
+        assert 1000 * got == pytest.approx(was["fitted_ms"], abs=1e-4), (series, load)  # stored to 4 decimals
+
+
+def test_a_recorded_point_left_out_of_the_fit_is_predicted_within_twice_the_fit_s_residual():
+    """Held out: each point of the recorded run, priced by a fit of all the other points, is within twice the
+    largest relative error that fit has on its own points (1.6x at worst on this run). The fitted function
+    predicts a step it has not seen about as well as the ones it was fitted on: its terms are the machine's,
+    not a curve through its own rows."""
+    with open(RECORDED) as f:
+        pts = points(json.load(f))
+    for i, (series, load, measured, first) in enumerate(pts):
+        fit = fit_points(pts[:i] + pts[i + 1:])
+        st = FittedStepTime(fit["terms_s"], fit["residual"], first_token_overhead_s=fit["first_token_overhead_s"])
+        got = st.first_token_seconds(load) if first else st.seconds(load)
+        assert abs(got - measured) / measured <= 2 * fit["residual"]["max_rel"], (i, series, load)
 
 
 def test_an_old_steps_json_is_refused_naming_what_it_lacks(tmp_path):

@@ -5,6 +5,7 @@ import random
 
 import pytest
 
+from padoc_ray.bench import loops as bench_loops
 from padoc_ray.bench.loops import DEMO_GT, SHARED_GT, corpus_pages, measure, omnidocbench_pages, step_cost
 from padoc_ray.protocol import serialize_padoc, serialize_sequential
 from padoc_ray.scheduler.loops import (
@@ -20,6 +21,8 @@ from padoc_ray.scheduler.loops import (
     box_iou,
 )
 from padoc_ray.scheduler.state import is_periodic
+
+from tests.helpers import components
 
 CFG = LoopConfig()
 
@@ -222,6 +225,14 @@ def real_pages(model_protocol):
     return pages + corpus_pages(model_protocol.spec, seeds=[0], pages_per_run=2, profiles=("mixed", "report"))
 
 
+def test_the_real_pages_include_the_shared_omnidocbench_demo(model_protocol, real_pages):
+    """The real-page checks run on the shared OmniDocBench demo pages too where ../shared is there; where
+    it is not, they check less, and this test says so (a skip; a failure on CI)."""
+    components.shared_file(SHARED_GT, "the shared OmniDocBench demo ground truth (pages for the loop checks)")
+    want = [name for name, _ in omnidocbench_pages(SHARED_GT, model_protocol.spec, "omnidocbench_demo")]
+    assert want and [name for name, _ in real_pages if name.startswith("omnidocbench_demo:")] == want
+
+
 def test_real_pages_never_trip(model_protocol, real_pages):
     """Every stream of every page, as replay forces it, through fresh detectors: 0 stops."""
     rep = measure(real_pages, model_protocol.vocab, model_protocol.tokenizer)
@@ -252,11 +263,45 @@ def test_a_real_branch_that_starts_looping_is_caught(model_protocol, real_pages)
     assert d.looping and d.period == len(phrase) and d.fed - len(text) <= 512
 
 
-def test_cost_per_step_is_small(model_protocol, real_pages):
+class _Work:
+    """A clock that reads the work done, not the time: every token fed to a loop detector is 1 us."""
+
+    def __init__(self, monkeypatch):
+        self.tokens = 0
+        work = self
+
+        class Counting(LoopDetector):
+            def feed(self, token_ids):
+                token_ids = list(token_ids)
+                work.tokens += len(token_ids)
+                return super().feed(token_ids)
+
+        monkeypatch.setattr(bench_loops, "LoopDetector", Counting)
+
+    def __call__(self) -> float:
+        return self.tokens * 1e-6
+
+
+def test_step_cost_is_per_step_and_per_token_and_counts_the_detectors_that_trip(model_protocol, real_pages,
+                                                                                  monkeypatch):
+    """bench loops --cost: on a clock that reads 1 us per token fed, a step of 32 live streams costs 32 us
+    however many steps are timed (a figure per step, not per run), 1 us per token whether the tokens come
+    one a step or in 16-token deltas, and a share of the 20 ms CPU step; real text trips no detector while
+    timed, a looping text trips all of them. On the real clock the figure is positive."""
     streams = [b[1:] for _, p in real_pages for b in serialize_padoc(model_protocol.vocab, model_protocol.tokenizer,
                                                                      p).branches]
     c = step_cost(streams, n_streams=32, steps=200)
     assert c["streams"] == 32 and c["us_per_step"] > 0 and c["tripped_while_timing"] == 0
+    work = _Work(monkeypatch)
+    for steps in (200, 400):
+        c = step_cost(streams, n_streams=32, steps=steps, clock=work)
+        assert (c["streams"], c["steps"], c["repeat"]) == (32, steps, 3)
+        assert c["us_per_step"] == c["median_us_per_step"] == 32.0
+        assert c["us_per_token"] == c["us_per_token_in_16_token_deltas"] == 1.0
+        assert c["share_of_cpu_step"] == 0.0016 and c["tripped_while_timing"] == 0
+    assert work.tokens == 3 * 2 * 32 * (200 + 400)  # best of 3 runs, one token a step and in deltas
+    c = step_cost([[1000, 1001, 1002, 1003] * 400], n_streams=8, steps=400, clock=work)  # past min_span 256
+    assert c["tripped_while_timing"] == 8 and c["us_per_step"] == 8.0
 
 
 def test_layout_decisions_do_not_depend_on_chunking(model_protocol, real_pages):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 
 import pytest
 
@@ -227,12 +228,57 @@ def test_a_looping_sequential_stream_is_stopped_early_as_runaway():
     assert rec.main_tokens < 20 + 256 + 8 and rec.retries == 0  # no retry in sequential mode
 
 
-def test_a_deadline_during_retries_leaves_nothing_live():
-    eng = ScriptedEngine(looping("b1"), chunk=4, token_delay_s=0.001)
-    rec = run(eng, replay_input(P, page(4), base(), "fork"), deadline_s=0.4, retry_token_budget=None,
-              branch_retries=100)
-    assert rec.status == "deadline" and eng.num_unfinished_requests() == 0
-    assert rec.region_attempts[1] >= 2
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop on a virtual clock: where the real one would wait for its next timer, this one moves its
+    clock to that timer at once. Time passes only by what the code awaits (the scripted engine's token
+    delays, the page deadline), never by how fast the machine runs the code in between."""
+
+    def __init__(self):
+        super().__init__()
+        self._virtual_now = 0.0
+        select = self._selector.select
+
+        def jump_to_the_next_timer(timeout=None):
+            if timeout is not None and timeout > 0:
+                self._virtual_now += timeout
+                timeout = 0
+            return select(timeout)
+
+        self._selector.select = jump_to_the_next_timer
+
+    def time(self) -> float:
+        return self._virtual_now
+
+
+def run_on_virtual_time(engine, inp, **cfg):
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        return runner.run(run_page(engine, P, inp, mode="fork", cfg=SchedulerConfig(**cfg)))
+
+
+def test_a_deadline_during_retries_leaves_nothing_live(monkeypatch):
+    """A 0.4 s deadline against 1 ms a token, on virtual time: the deadline falls after the same tokens on
+    any machine (b1's first attempt, cut as a loop after 5 deltas of 64 tokens, then its re-fork, cut by the
+    deadline before its first delta), as the same run with every delta costing 20 ms more of real time shows."""
+    def deadline_run():
+        eng = ScriptedEngine(looping("b1"), chunk=4, token_delay_s=0.001)
+        rec = run_on_virtual_time(eng, replay_input(P, page(4), base(), "fork"), deadline_s=0.4,
+                                  retry_token_budget=None, branch_retries=100)
+        assert rec.status == "deadline" and eng.num_unfinished_requests() == 0
+        assert rec.region_attempts[1] >= 2
+        return rec
+
+    rec = deadline_run()
+    real_sleep, generate = time.sleep, ScriptedEngine.generate
+
+    async def slow_generate(self, req):  # a loaded machine: every delta takes 20 ms of real time more
+        async for delta in generate(self, req):
+            real_sleep(0.02)
+            yield delta
+
+    monkeypatch.setattr(ScriptedEngine, "generate", slow_generate)
+    slow = deadline_run()
+    assert (slow.region_attempts, slow.region_tokens, slow.output_tokens) == (
+        rec.region_attempts, rec.region_tokens, rec.output_tokens)
 
 
 def test_the_flags_set_the_retry_fields():
