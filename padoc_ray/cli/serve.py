@@ -36,6 +36,7 @@ def _replicas(text: str) -> tuple[int, int]:
 
 def register(sub) -> None:
     from padoc_ray.host import HostConfig
+    from padoc_ray.raster.document import InputLimits
     from padoc_ray.serve.config import ServeConfig
     from padoc_ray.storage import StorageConfig
 
@@ -49,9 +50,10 @@ def register(sub) -> None:
     add_fields(s, ServeConfig, ("allowed_hosts", "replay_gt"), base=d)
     add_scheduler_flags(s, number=positive, base=d.host.scheduler)
     add_fields(s, ServeConfig, ("max_upload_bytes", "max_pages"), base=d, number=positive)
+    add_fields(s, InputLimits, ("max_image_frames",), base=d.limits)
     add_fields(s, HostConfig, ("engine",), base=d.host)
     add_mode(s, base=d.host)
-    add_fields(s, ServeConfig, ("model_id", "request_timeout_s", "max_job_pages", "job_store", "job_key", "job_lease_s",
+    add_fields(s, ServeConfig, ("model_id", "request_timeout_s", "readyz_wait_s", "max_job_pages", "job_store", "job_key", "job_lease_s",
                                 "allowed_s3"), base=d, number=positive)
     add_fields(s, ServeConfig, ("job_ttl_s", "max_jobs", "max_jobs_per_tenant", "max_queued_jobs_per_tenant",
                                 "max_job_pages_in_flight", "max_job_pages_beside_interactive",
@@ -81,6 +83,7 @@ PROG = "padoc-ray serve"
 
 def config_from_args(args: argparse.Namespace):
     from padoc_ray.host import HostConfig
+    from padoc_ray.raster.document import InputLimits
     from padoc_ray.serve.config import TOKEN_ENV, ServeConfig, token_fields
     from padoc_ray.storage import StorageConfig
 
@@ -88,6 +91,7 @@ def config_from_args(args: argparse.Namespace):
     host = from_args(HostConfig, args, base=d.host, scheduler=scheduler_from_args(args))
     return from_args(ServeConfig, args, model=args.model, host=host, listen_host=args.host,
                      storage=from_args(StorageConfig, args, base=d.storage),
+                     limits=from_args(InputLimits, args, base=d.limits),
                      **token_fields(os.environ.get(TOKEN_ENV)))
 
 

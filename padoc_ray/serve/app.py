@@ -173,7 +173,8 @@ class IngressBase:
     async def readyz(self, request: Request):
         ready = {"status": "ready", "model": self.cfg.served_model_id}
         try:
-            stats = await asyncio.wait_for(self.engine.ready(), 30)
+            wait = self.cfg.readyz_wait_s
+            stats = await asyncio.wait_for(self.engine.ready(wait), wait + 1)  # the replica's own probe ends first
         except EngineBusy:  # loaded, not broken: stay in rotation
             return {**ready, "engine": "busy"}
         except Exception as e:  # noqa: BLE001

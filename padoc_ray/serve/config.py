@@ -57,6 +57,9 @@ class ServeConfig:
     max_job_pages: int = 5000  #: pages one /v1/jobs document may select (413 above)
     #: per-request deadline of /v1/parse and chat (504 after it)
     request_timeout_s: float = knob(600.0, flags=("--request-timeout",))
+    #: how long /readyz waits for the engine to answer a one-token probe before it answers 503 not_ready
+    #: (a replica still loading, or stuck); set a Kubernetes readiness probe's timeout above it
+    readyz_wait_s: float = knob(30.0, flags=("--readyz-wait",), metavar="SECONDS")
     #: s3:// prefixes a request may name (``uri`` of /v1/parse, ``image_url`` of chat); empty: none
     allowed_s3: tuple[str, ...] = knob((), flags=("--allow-s3",), action="append", metavar="s3://BUCKET[/PREFIX]",
                                        to_field=tuple, from_field=list, note="repeatable")
@@ -140,8 +143,8 @@ class ServeConfig:
                      "max_requests_per_tenant", "render_workers_per_tenant"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.request_timeout_s <= 0 or self.job_lease_s <= 0 or self.body_timeout_s <= 0:
-            raise ValueError("request_timeout_s, job_lease_s and body_timeout_s must be > 0")
+        if min(self.request_timeout_s, self.job_lease_s, self.body_timeout_s, self.readyz_wait_s) <= 0:
+            raise ValueError("request_timeout_s, job_lease_s, body_timeout_s and readyz_wait_s must be > 0")
         if self.interactive_hold_s < 0:
             raise ValueError("interactive_hold_s must be >= 0")
         if self.job_ttl_s < 0:

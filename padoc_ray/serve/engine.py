@@ -45,8 +45,9 @@ class EngineReplica:
         async for ev in stream_row(self.host, row, image, tenant=tenant, salt=salt, priority=priority):
             yield ev
 
-    async def ready(self) -> dict:
-        await self.host.probe(timeout_s=30)
+    async def ready(self, timeout_s: float = 30.0) -> dict:
+        """The host's stats once its engine answered a one-token probe within ``timeout_s``."""
+        await self.host.probe(timeout_s=timeout_s)
         return self.host.stats()
 
     async def describe(self) -> dict:
@@ -149,11 +150,12 @@ class RayEngine:
         except BackPressureError:
             raise EngineBusy() from None
 
-    async def ready(self) -> dict:
-        """The replica's stats once its engine answers a probe (raises EngineBusy when loaded)."""
+    async def ready(self, timeout_s: float = 30.0) -> dict:
+        """The replica's stats once its engine answers a probe within ``timeout_s`` (raises EngineBusy
+        when loaded)."""
         from ray.serve.exceptions import BackPressureError
 
         try:
-            return await self.handle.ready.remote()
+            return await self.handle.ready.remote(timeout_s)
         except BackPressureError:
             raise EngineBusy() from None

@@ -183,7 +183,17 @@ def test_a_listed_file_swapped_for_a_fifo_gets_its_own_row_at_once(tmp_path):
     assert [(r["page_index"], r["status"]) for r in got] == [(-1, "not_regular_file")] and s < 10
 
 
-def test_a_file_changed_while_it_is_read_is_a_row_not_a_mix(tmp_path, monkeypatch):
+def _append(path):
+    with open(path, "ab") as f:
+        f.write(b"% appended by someone else\n")
+
+
+def _truncate(path):
+    os.truncate(path, 100)  # a writer that starts over (the file is cut to its first 100 bytes)
+
+
+@pytest.mark.parametrize("change", [_append, _truncate], ids=["appended", "truncated"])
+def test_a_file_changed_while_it_is_read_is_a_row_not_a_mix(tmp_path, monkeypatch, change):
     import padoc_ray.storage as storage
 
     path = tmp_path / "c.pdf"
@@ -191,21 +201,22 @@ def test_a_file_changed_while_it_is_read_is_a_row_not_a_mix(tmp_path, monkeypatc
     real_read = os.read
     state = {"n": 0}
 
-    def read_then_append(fd, n):  # another process appends while our read is under way
+    def read_then_change(fd, n):  # another process changes the file, for real, while our read is under way
         b = real_read(fd, n)
         state["n"] += 1
         if state["n"] == 1:
-            with open(path, "ab") as f:
-                f.write(b"% appended by someone else\n")
+            change(path)
         return b
 
-    monkeypatch.setattr(storage.os, "read", read_then_append)
+    monkeypatch.setattr(storage.os, "read", read_then_change)
     with pytest.raises(ChangedDuringRead, match="changed while it was read"):
         read_bytes(str(path))
+    path.write_bytes(text_pdf(2))  # whole again; the next read sees the same change
     state["n"] = 0
     got = _rasterize(str(path), 10)
     assert [(r["page_index"], r["status"]) for r in got] == [(-1, "changed_during_read")]
     monkeypatch.setattr(storage.os, "read", real_read)
+    path.write_bytes(text_pdf(2))
     assert [r["page_index"] for r in _rasterize(str(path), 10)] == [0, 1]  # a stable file parses
 
 

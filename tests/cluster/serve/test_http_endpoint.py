@@ -36,6 +36,7 @@ GT = os.path.join(EXAMPLES, "ground_truth.json")
 TOKEN = "test-token-123"
 OTHER_TENANTS = ("tenant-b-token", "tenant-c-token")  # svc's other tenants
 LONG_PAGES = 40
+TIGHT_JOBS_BUCKET = "tight-jobs"  # the tight service's job store (s3://tight-jobs/store)
 
 
 def _long_pdf_and_truth(tmp) -> tuple[str, str]:
@@ -58,8 +59,9 @@ def _long_pdf_and_truth(tmp) -> tuple[str, str]:
 
 class Service:
     def __init__(self, tmp, model: str, gt: str, token: str | None, *extra: str, env: dict | None = None,
-                 other_tokens: tuple[str, ...] = ()):
-        """``other_tokens``: more accepted tokens, each a tenant of its own (``token`` is this client's)."""
+                 other_tokens: tuple[str, ...] = (), job_store: str | None = None):
+        """``other_tokens``: more accepted tokens, each a tenant of its own (``token`` is this client's);
+        ``job_store``: where its async jobs live (default: a folder of ``tmp``)."""
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.out = open(os.path.join(tmp, f"serve-{self.port}.out"), "w")  # files, never unread pipes
@@ -68,7 +70,7 @@ class Service:
             _env(**(env or {}))
         if not token:
             env.pop("PADOC_RAY_API_TOKEN", None)
-        self.job_store = os.path.join(tmp, f"jobs-{self.port}")
+        self.job_store = job_store or os.path.join(tmp, f"jobs-{self.port}")
         cmd = [os.path.join(BIN, "padoc-ray"), "serve", "--model", model, "--port", str(self.port), "--replay", gt,
                "--job-store", self.job_store, *extra]
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, env=env, start_new_session=True)
@@ -144,7 +146,9 @@ def long_doc(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def services(tmp_path_factory, tiny_model_dir, long_doc, s3):
-    """Both services start at once (their engines load side by side)."""
+    """Both services start at once (their engines load side by side). ``tight`` keeps its jobs in S3 (the
+    signing key from the environment, as a Kubernetes Secret gives it), lets a tenant have one unfinished
+    job and an image three frames."""
     tmp = str(tmp_path_factory.mktemp("serve"))
     _, gt = long_doc
     metrics_port = _free_port()
@@ -153,8 +157,12 @@ def services(tmp_path_factory, tiny_model_dir, long_doc, s3):
                   "--body-timeout", "5",
                   "--allow-s3", "s3://padoc-in/allowed/", "--s3-endpoint", s3["endpoint"], env=s3["env"],
                   other_tokens=OTHER_TENANTS)
+    s3["client"].create_bucket(Bucket=TIGHT_JOBS_BUCKET)
     tight = Service(tmp, tiny_model_dir, gt, None, "--engine-max-ongoing", "1", "--engine-max-queued", "1",
-                    "--pages-in-flight", "1", "--max-pages", "5")
+                    "--pages-in-flight", "1", "--max-pages", "5", "--max-queued-jobs-per-tenant", "1",
+                    "--image-frame-limit", "3", "--s3-endpoint", s3["endpoint"],
+                    env={**s3["env"], "PADOC_RAY_JOB_KEY": os.urandom(32).hex()},
+                    job_store=f"s3://{TIGHT_JOBS_BUCKET}/store")
     svc.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     try:
         svc.wait_ready()
@@ -395,6 +403,16 @@ def test_the_official_openai_client_gets_a_pages_markdown(svc):
     want = _pages(svc.parse(os.path.join(EXAMPLES, "memo.pdf")))[0]["markdown"]
     assert chat.choices[0].message.content == want and chat.choices[0].finish_reason == "stop"
     assert chat.usage.completion_tokens > 0 and chat.usage.prompt_tokens > 0
+    # extra_body.padoc.mode: the same page decoded as one sequence gives the same text and forks no branch
+    seq = client.chat.completions.create(
+        model=os.path.basename(svc_model(svc)),
+        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+        extra_body={"padoc": {"filename": "memo.pdf", "mode": "sequential"}})
+    assert seq.choices[0].message.content == want
+    assert chat.model_extra["padoc"]["n_branches"] > 0 and seq.model_extra["padoc"]["n_branches"] == 0
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.chat.completions.create(model=os.path.basename(svc_model(svc)), messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}]}], extra_body={"padoc": {"mode": "parallel"}})
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{svc.url}/v1", api_key="wrong", max_retries=0).models.list()
     with pytest.raises(openai.NotFoundError):
@@ -804,7 +822,7 @@ def test_every_route_of_the_schema_needs_the_token(svc):
 def test_readyz_is_503_until_the_engine_answers_its_probe_then_200(tiny_model_dir):
     """/readyz's handler as the ingress runs it, over RayEngine and an EngineReplica whose engine (the
     no-op one) does not answer its first requests yet (as an engine still warming up): 503 not_ready
-    with Retry-After once the handler's wait (30 s) is over, never 200; once the engine answers, 200
+    with Retry-After once the handler's wait (``readyz_wait_s``, 2 s here) is over, never 200; once the engine answers, 200
     with the engine's counts. Serve's handle is a stand-in that calls the one replica in this loop
     (the running services' engines answer from their start, so they cannot show the 503)."""
     import asyncio
@@ -845,21 +863,24 @@ def test_readyz_is_503_until_the_engine_answers_its_probe_then_200(tiny_model_di
             return types.SimpleNamespace(remote=lambda *args: getattr(self.replica, name)(*args))
 
     async def probes() -> tuple:
-        cfg = ServeConfig(model=tiny_model_dir, host=HostConfig(engine="noop"))
+        cfg = ServeConfig(model=tiny_model_dir, host=HostConfig(engine="noop"), readyz_wait_s=2.0)
         mp = ModelProtocol(tiny_model_dir)
         engine = NotAnsweringYet(mp.vocab.end_of_stream)
         replica = EngineReplica.__new__(EngineReplica)  # what its __init__ makes, with this engine
         replica.host = await PageHost(tiny_model_dir, cfg.host, engine=engine, model_protocol=mp).start()
         ingress = types.SimpleNamespace(cfg=cfg, engine=RayEngine(Handle(replica)), guard=GuardConfig.from_serve(cfg))
         request = Request({"type": "http", "method": "GET", "path": "/readyz", "headers": [], "query_string": b""})
+        t0 = time.monotonic()
         before = await IngressBase.readyz(ingress, request)
+        waited = time.monotonic() - t0
         engine.answering.set()
         after = await IngressBase.readyz(ingress, request)
         replica.host.shutdown()
-        return before, after, cfg.served_model_id
+        return before, after, cfg.served_model_id, waited
 
-    before, after, model = asyncio.run(probes())
+    before, after, model, waited = asyncio.run(probes())
     assert not isinstance(before, dict), f"200 before the engine answered: {before}"
+    assert waited >= 2.0  # the whole wait the setting gives, not a shortcut
     assert before.status_code == 503 and before.headers["retry-after"] == "5", before
     assert json.loads(before.body) == {"status": "not_ready", "reason": "TimeoutError"}
     # a dict is what the route answers with 200 (a response object carries its own status)
@@ -952,6 +973,76 @@ def test_the_engine_replica_keeps_writing_its_serve_log_after_vllm_starts(svc):
 
 
 # ---- shutdown ---------------------------------------------------------------------------------------------
+# ---- the tight service: an S3 job store, a tenant's job limit, a frame cap ----------------------------------
+def _post_job(service, path, name=None):
+    with open(path, "rb") as f:
+        return requests.post(f"{service.url}/v1/jobs", headers=service.headers, timeout=120,
+                             files={"file": (name or os.path.basename(path), f)})
+
+
+def test_an_s3_job_store_runs_jobs_over_http_and_a_tenant_past_its_job_limit_gets_429(tight, long_doc, s3):
+    long_pdf, _ = long_doc
+    report = os.path.join(EXAMPLES, "report.pdf")
+    first = _post_job(tight, long_pdf)
+    assert first.status_code == 202, first.text
+    first = first.json()
+    # the tenant's one unfinished job is running (40 pages through an engine queue of one): a second is refused
+    second = _post_job(tight, report)
+    assert second.status_code == 429 and second.json()["error"]["code"] == "too_many_jobs", second.text
+    assert int(second.headers["retry-after"]) >= 1
+    r = requests.delete(f"{tight.url}/v1/jobs/{first['id']}", timeout=30)
+    assert r.status_code == 200, r.text
+    _wait_job(tight, first["id"], lambda st: st["status"] == "cancelled", timeout=120)
+    # a cancelled job is finished: the tenant may submit again, and that job runs to the end from S3
+    job = _job(tight, report)
+    done = _wait_job(tight, job["id"], lambda st: st["status"] in ("done", "failed", "cancelled"))
+    assert done["status"] == "done" and done["pages_done"] == done["pages_total"] == 2, done
+    res = requests.get(f"{tight.url}/v1/jobs/{job['id']}/result", timeout=60).json()
+    want = _pages(tight.parse(report))
+    assert [(p["page_index"], p["markdown"]) for p in res["pages"]] == [(i, want[i]["markdown"]) for i in (0, 1)]
+    # the job lives in the bucket: its input, its state and its page rows (the batch job's Parquet schema)
+    import pyarrow.parquet as pq
+
+    client = s3["client"]
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=TIGHT_JOBS_BUCKET,
+                                                    Prefix=f"store/jobs/{job['id']}/").get("Contents", [])]
+    parquet = [k for k in keys if k.endswith(".parquet")]
+    assert parquet and len(keys) > len(parquet), keys
+    rows = [row for k in parquet for row in pq.read_table(io.BytesIO(
+        client.get_object(Bucket=TIGHT_JOBS_BUCKET, Key=k)["Body"].read())).to_pylist()]
+    assert sorted(row["page_index"] for row in rows) == [0, 1] and {row["status"] for row in rows} == {"ok"}
+    assert not any(k.endswith(".key") for k in keys)  # the signing key came from the environment, never the store
+
+
+def _tiff(frames: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    imgs = [Image.new("RGB", (64, 48), (40 * i, 90, 160)) for i in range(frames)]
+    imgs[0].save(buf, format="TIFF", save_all=True, append_images=imgs[1:])
+    return buf.getvalue()
+
+
+def test_an_image_with_more_frames_than_the_cap_gets_413_on_every_route(tight, tmp_path):
+    """tight's frame cap is 3 (--image-frame-limit): a 4-frame TIFF is refused by /v1/parse, /v1/jobs and
+    the chat route, each with 413 too_many_frames, before a frame is decoded."""
+    import openai
+
+    scan = tmp_path / "scan.tiff"
+    scan.write_bytes(_tiff(4))
+    r = tight.parse(str(scan))
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_many_frames", r.text
+    assert "4 frames" in r.json()["error"]["message"] and "3" in r.json()["error"]["message"]
+    r = _post_job(tight, str(scan))
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_many_frames", r.text
+    client = openai.OpenAI(base_url=f"{tight.url}/v1", api_key="unused", max_retries=0)
+    url = "data:image/tiff;base64," + base64.b64encode(scan.read_bytes()).decode()
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(model=svc_model(tight), messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}]}])
+    assert e.value.status_code == 413 and e.value.body["code"] == "too_many_frames", e.value.body
+
+
 def test_sigterm_stops_the_service_and_leaves_no_process(tight):
     assert any("ServeReplica:padoc:Engine" in p for p in tight.session_processes())
     assert tight.stop() == 0, tight.log()
