@@ -333,7 +333,7 @@ def test_training_steps_run_on_it(inited):
     from padoc_ray.trainer.loop import LoopConfig, OptimConfig, load_model, train
     from padoc_ray.trainer.packing import Packer, PackingConfig
 
-    from tests.cluster.trainer.test_trainer import PAGE, SMALL_PIXELS, _image
+    from tests.unit.trainer.test_trainer import PAGE, SMALL_PIXELS, _image
 
     out = inited[False]
     sample = Packer(out, PackingConfig(max_pixels=SMALL_PIXELS)).pack(PAGE, _image())

@@ -20,7 +20,7 @@ from tests.unit.curation.test_consensus import to_mineru
 
 #: make test-nightly (about 2 minutes): make test covers the steps one by one (init-model:
 #: tests/cluster/checkpoint/test_init_model.py; reannotate --compare, consensus and the sample weights:
-#: tests/unit/curation/test_consensus.py; the Ray Train run: tests/cluster/trainer/test_trainer.py), this chains them
+#: tests/unit/curation/test_consensus.py; the Ray Train run: tests/cluster/trainer/test_ray_train.py), this chains them
 pytestmark = [pytest.mark.slow, pytest.mark.nightly]
 
 

@@ -1,4 +1,7 @@
-"""The viewer without a browser: the sanitizer, page views, what it reads of an output, the export."""
+"""The viewer without a browser or a server process: the sanitizer, page views, what it reads of an
+output, the export (also through `padoc-ray view --export`), and the app's answers in process
+(FastAPI's TestClient: Host names, images outside the inputs). The `padoc-ray view` server process:
+tests/cluster/viewer/test_viewer_server.py; in a browser: tests/cluster/viewer/test_viewer_browser.py."""
 
 from __future__ import annotations
 
@@ -221,52 +224,3 @@ def test_a_crafted_output_cannot_make_the_viewer_render_a_file_outside_its_input
     from padoc_ray.viewer.images import confined
 
     assert not confined("s3://b/in/../other/x.pdf", "s3://b/in") and confined("s3://b/in/a/x.pdf", "s3://b/in")
-
-
-def test_a_client_that_never_finishes_its_request_head_is_cut_off(demo):
-    """A real `padoc-ray view` process: a client that sends half a request head and then nothing is cut off
-    at --header-timeout-s (uvicorn alone keeps it open while the client lives; the review held 100 such
-    connections for 120 s), a half head later in a kept-alive connection too, while whole requests are
-    answered as before."""
-    import socket
-    import subprocess
-    import sys
-    import time
-
-    from tests.conftest import _env
-
-    proc = subprocess.Popen([sys.executable, "-m", "padoc_ray.cli", "view", demo["out"], "--port", "0",
-                             "--header-timeout-s", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env())
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("padoc-ray view: http://127.0.0.1:"), (line, proc.stderr.read() if proc.poll() else "")
-        port = int(line.rsplit(":", 1)[1].strip().rstrip("/"))
-
-        def half_head(first: bytes = b"") -> tuple[bytes, float]:
-            """Send ``first`` (whole requests), then half a head; (all bytes the server sent, seconds to close)."""
-            s = socket.create_connection(("127.0.0.1", port), timeout=30)
-            s.sendall(first + b"GET /api/documents HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
-            t0, got = time.monotonic(), b""
-            while chunk := s.recv(65536):  # b"": the server closed the connection (a timeout raises instead)
-                got += chunk
-            s.close()
-            return got, time.monotonic() - t0
-
-        got, waited = half_head()
-        assert got == b"" and waited < 20
-        got, waited = half_head(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # one answered, then half
-        assert got.startswith(b"HTTP/1.1 ") and got.count(b"HTTP/1.1 ") == 1 and waited < 20
-        # a whole request on a fresh connection is answered as before
-        s = socket.create_connection(("127.0.0.1", port), timeout=30)
-        s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        body = b""
-        while chunk := s.recv(65536):
-            body += chunk
-        assert body.startswith(b"HTTP/1.1 200 ")
-    finally:
-        proc.kill()
-        proc.wait()
-    bad = subprocess.run([sys.executable, "-m", "padoc_ray.cli", "view", demo["out"], "--header-timeout-s", "0"],
-                         capture_output=True, text=True, env=_env(), timeout=120)
-    assert bad.returncode != 0 and "header-timeout-s" in bad.stderr and "Traceback" not in bad.stderr
