@@ -74,10 +74,28 @@ class GenDelta:
     first_token_s: float | None = None
 
 
+@dataclass(frozen=True)
+class DraftCheck:
+    """What the model says of a draft appended to a request's prompt, read from one prefill (a draft is
+    text the request is expected to generate, e.g. a region's text from the PDF's text layer)."""
+
+    #: per draft position, the model's greedy token there (given the prompt and the draft before it);
+    #: None where the engine cannot tell: the position before it came from the prefix cache, so no
+    #: logits were computed for it. Never read None as agreement.
+    greedy: tuple[int | None, ...]
+    next_token: int | None  #: the model's greedy token after the whole draft (None: not known)
+    num_prompt_tokens: int | None = None  #: the expanded prompt + draft, as the engine counts it
+    num_cached_tokens: int | None = None  #: of those, served from the prefix cache
+
+
 class Engine(Protocol):
     def generate(self, req: GenRequest) -> AsyncIterator[GenDelta]:
         """Stream deltas of one request; raises EngineError / EngineDeadError."""
         ...
+
+    # An engine that can check drafts also has
+    #   async def verify(self, req: GenRequest, draft: Sequence[int]) -> DraftCheck
+    # (one prefill of req's prompt + draft, no decoding); engines without it get no drafts.
 
     async def abort(self, request_ids: Sequence[str]) -> None: ...
 

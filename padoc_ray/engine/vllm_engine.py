@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import logging.handlers
 import os
@@ -27,7 +28,7 @@ from typing import AsyncIterator, Sequence
 from . import memory
 from .config import EngineConfig
 from .faults import EngineFault
-from .interface import EngineDeadError, EngineError, GenDelta, GenRequest
+from .interface import DraftCheck, EngineDeadError, EngineError, GenDelta, GenRequest
 from .memory import EXTENSION, RPC_METHOD, release_free_heap
 
 logger = logging.getLogger(__name__)
@@ -129,6 +130,14 @@ def sampling_params(req: GenRequest, runner: str):
         extra_args=extra or None,
         trace_decode_token_ids=trace if replay else None,
     )
+
+
+def _top1(entry) -> int | None:
+    """The rank-1 token of one position's prompt logprobs (vLLM adds the prompt's own token beside it)."""
+    if not entry:
+        return None
+    ranked = [t for t, lp in entry.items() if getattr(lp, "rank", None) == 1]
+    return ranked[0] if ranked else max(entry.items(), key=lambda kv: kv[1].logprob)[0]
 
 
 UNIPROC_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
@@ -380,16 +389,60 @@ class VllmEngine:
                     num_cached_tokens=out.num_cached_tokens,
                     first_token_s=_first_token_s(out),
                 )
-        except VllmDead as e:
-            raise EngineDeadError(f"vLLM engine died: {e}") from e
-        except (ValueError, TypeError) as e:  # validation: too long a prompt, bad params
-            raise EngineError(f"request {req.request_id} rejected: {e}") from e
         except Exception as e:
-            if self.llm.errored:
-                raise EngineDeadError(f"vLLM engine died: {e}") from e
-            if type(e).__name__ in ("VLLMValidationError", "VLLMClientError", "GracefulHTTPError"):
-                raise EngineError(f"request {req.request_id} rejected: {e}") from e
-            raise
+            err = self._our_error(req, e)
+            if err is e:
+                raise
+            raise err from e
+
+    def _our_error(self, req: GenRequest, e: Exception) -> Exception:
+        """The engine interface's error for vLLM's ``e`` (EngineDeadError, EngineError), or ``e`` itself."""
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmDead
+
+        if isinstance(e, VllmDead) or (self.llm is not None and self.llm.errored):
+            return EngineDeadError(f"vLLM engine died: {e}")
+        if isinstance(e, (ValueError, TypeError)) or type(e).__name__ in (
+                "VLLMValidationError", "VLLMClientError", "GracefulHTTPError"):  # validation: too long, bad params
+            return EngineError(f"request {req.request_id} rejected: {e}")
+        return e
+
+    async def verify(self, req: GenRequest, draft: Sequence[int]) -> DraftCheck:
+        """One prefill of ``req``'s prompt + ``draft`` that reads the prefix cache, with the top-1 prompt
+        logprob of every draft position and one greedy token after it (vLLM switches cache reads off for
+        prompt-logprob requests unless told otherwise: the image and the prompt would be computed again).
+        A position's logprob needs the logits of the position before it: where that one came from the
+        cache there are none (V1 returns uninitialised entries there, Model Runner V2 leaves them out), so
+        such positions are None (``DraftCheck.greedy``), decided by ``num_cached_tokens``, never by the
+        entries' values. The cache can reach into a draft whose tokens some earlier request computed."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        sp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1, skip_reading_prefix_cache=False,
+                            output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False, skip_special_tokens=False,
+                            stop_token_ids=list(req.stop_token_ids))
+        prompt = self._prompt(dataclasses.replace(req, prompt_ids=[*req.prompt_ids, *draft]))
+        out = None
+        try:
+            async for out in self.llm.generate(prompt, sp, req.request_id, priority=req.priority):
+                pass
+        except Exception as e:
+            err = self._our_error(req, e)
+            if err is e:
+                raise
+            raise err from e
+        if out is None or out.prompt_logprobs is None:
+            raise EngineError(f"request {req.request_id}: vLLM returned no prompt logprobs")
+        logprobs, cached = out.prompt_logprobs, out.num_cached_tokens or 0
+        # the draft ends the expanded prompt (P positions). V1 returns P entries (junk where the position
+        # before came from the cache), Model Runner V2 only the computed ones: align both at the end
+        n_prompt = len(out.prompt_token_ids) if out.prompt_token_ids is not None else len(logprobs)
+        first = n_prompt - len(draft)  # the draft's first position in the expanded prompt
+        at = len(logprobs) - len(draft)
+        greedy = tuple(_top1(logprobs[at + k]) if first + k - 1 >= cached and at + k >= 0 else None
+                       for k in range(len(draft)))
+        c = out.outputs[0] if out.outputs else None
+        return DraftCheck(greedy=greedy, next_token=c.token_ids[0] if c is not None and c.token_ids else None,
+                          num_prompt_tokens=n_prompt, num_cached_tokens=cached)
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         if request_ids:

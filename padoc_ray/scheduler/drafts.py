@@ -1,0 +1,108 @@
+"""Drafts for content branches: a branch's expected text checked in one prefill, then decoded on.
+
+A *draft* is what a branch is expected to generate, e.g. a region's characters from the PDF's text
+layer, tokenized. The engine checks it in one prefill of the branch prompt + the draft
+(:meth:`Engine.verify <padoc_ray.engine.interface.DraftCheck>`: the model's greedy token at every draft
+position). The branch takes the longest prefix of the draft on which the model's greedy choice agrees,
+plus the model's own token at the first disagreement (or after the whole draft), and decodes on from
+there as usual. Under greedy decoding the branch's tokens are exactly those it would have decoded
+alone; the agreed tokens cost one prefill, not one engine step each. A position the engine could not
+check (``None``: its previous position came from the prefix cache) ends the agreement: a draft is
+never taken on trust.
+
+Teacher-forced requests (``--replay``) are checked against their trace, without the engine: the truth
+is a model that reads perfectly, so the agreement is what a reading model would accept of this draft.
+
+:func:`accept` is the decision (pure); :func:`drafted` runs it against an engine and yields the
+branch's deltas as :meth:`Engine.generate` would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import AsyncIterator, Sequence
+
+from padoc_ray.engine.interface import DraftCheck, GenDelta, GenRequest
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """What a branch takes from a checked draft."""
+
+    tokens: tuple[int, ...]  #: the tokens taken as generated: the agreed draft prefix, then the model's token
+    agreed: int  #: how many draft tokens were accepted (``tokens`` may hold one more: the model's own)
+    #: the taken tokens end the branch: the model's token is a stop token, or the token limit is reached
+    finish_reason: str | None = None
+
+
+def accept(draft: Sequence[int], check: DraftCheck, *, stop_ids: Sequence[int] = (), limit: int | None = None
+           ) -> Accepted:
+    """The longest prefix of ``draft`` on which ``check.greedy`` agrees, then the model's token there
+    (its disagreeing token, or ``check.next_token`` after a whole draft); none after a position the
+    engine could not check. At most ``limit`` tokens; a stop token ends the branch where it stands."""
+    if len(check.greedy) != len(draft):
+        raise ValueError(f"the check covers {len(check.greedy)} positions of a {len(draft)}-token draft")
+    agreed = 0
+    while agreed < len(draft) and check.greedy[agreed] is not None and check.greedy[agreed] == draft[agreed]:
+        agreed += 1
+    own = check.greedy[agreed] if agreed < len(draft) else check.next_token  # None: not known
+    tokens = list(draft[:agreed]) + ([own] if own is not None else [])
+    stop = set(stop_ids)
+    for i, t in enumerate(tokens):  # a draft holds no stop token, but a check may say the branch ends here
+        if t in stop:
+            return _limited(tokens[:i + 1], min(agreed, i + 1), "stop", limit)
+    return _limited(tokens, agreed, None, limit)
+
+
+def _limited(tokens: list[int], agreed: int, reason: str | None, limit: int | None) -> Accepted:
+    if limit is not None and len(tokens) >= limit:
+        return Accepted(tuple(tokens[:limit]), min(agreed, limit), reason if len(tokens) == limit and reason
+                        else "length")
+    return Accepted(tuple(tokens), agreed, reason)
+
+
+def truth_check(trace: Sequence[int], draft: Sequence[int]) -> DraftCheck:
+    """The check a perfect reader gives: the teacher-forced ``trace`` at every draft position (None past
+    its end: a forced request generates nothing more)."""
+    n = len(trace)
+    return DraftCheck(greedy=tuple(trace[k] if k < n else None for k in range(len(draft))),
+                      next_token=trace[len(draft)] if len(draft) < n else None)
+
+
+async def drafted(engine, req: GenRequest, draft: Sequence[int]) -> AsyncIterator[GenDelta]:
+    """``engine.generate(req)``'s deltas, with ``draft`` checked first: one delta with the accepted tokens
+    (the check's prompt and cache counts), then the continuation's deltas (prompt + accepted tokens,
+    the rest of the token budget; a forced request the rest of its trace). An empty draft, or an engine
+    without ``verify``, decodes as usual."""
+    forced = req.forced_tokens
+    if not draft or (forced is None and not hasattr(engine, "verify")):
+        async for d in engine.generate(req):
+            yield d
+        return
+    check = truth_check(forced, draft) if forced is not None else await engine.verify(req, draft)
+    if check.greedy[0] is None and forced is None:
+        # the branch prompt ends on a block boundary and came whole from the cache: no logits were computed
+        # for the draft's first position. One decode step says the model's token there; the rest of the
+        # check was computed after the draft's first token, so it holds if the model agrees with that one
+        first = await _one_token(engine, req)
+        check = dataclasses.replace(check, greedy=(first, *check.greedy[1:]))
+    acc = accept(draft, check, stop_ids=req.stop_token_ids, limit=req.generation_limit)
+    yield GenDelta(req.request_id, list(acc.tokens), finished=acc.finish_reason is not None,
+                   finish_reason=acc.finish_reason, num_prompt_tokens=check.num_prompt_tokens,
+                   num_cached_tokens=check.num_cached_tokens)
+    if acc.finish_reason is not None:
+        return
+    n = len(acc.tokens)
+    rest = dataclasses.replace(req, prompt_ids=[*req.prompt_ids, *acc.tokens], max_tokens=req.max_tokens - n,
+                               forced_tokens=list(forced[n:]) if forced is not None else None)
+    async for d in engine.generate(rest):
+        yield d
+
+
+async def _one_token(engine, req: GenRequest) -> int | None:
+    """The model's next token after ``req``'s prompt (one decode step; None if it gave none)."""
+    got: list[int] = []
+    async for d in engine.generate(dataclasses.replace(req, max_tokens=1)):
+        got.extend(d.token_ids)
+    return got[0] if got else None
