@@ -397,3 +397,57 @@ def check_frames(img, n_frames: int, max_frames: int) -> None:
         if w * h > limit:
             raise PdfError(ABSURD_PAGE_SIZE, f"frame {i} is {w}x{h} pixels, over the limit of {limit}")
     img.seek(0)
+
+
+def page_text_layer(doc, index: int, max_chars: int | None = None):
+    """Page ``index``'s text layer (:class:`~padoc_ray.protocol.text_layer.TextLayer`): its characters in
+    the file's order, each box mapped to the displayed page (its /Rotate applied) and normalized; at
+    most ``max_chars`` (default :data:`~padoc_ray.protocol.text_layer.MAX_CHARS`) of them. Line breaks
+    pdfium inserts get empty boxes; a space it inserts between words takes the box of the character
+    before it. None for an image document (no text layer). Raises PdfError where the page cannot load."""
+    import ctypes
+
+    import pypdfium2 as pdfium
+    import pypdfium2.raw as raw
+
+    from padoc_ray.protocol.text_layer import MAX_CHARS, TextLayer
+
+    if isinstance(doc, ImageDocument):
+        return None
+    cap = MAX_CHARS if max_chars is None else max_chars
+    try:
+        page = doc[index]
+    except (pdfium.PdfiumError, IndexError) as e:
+        raise PdfError(PAGE_LOAD_FAILED, f"page {index}: {e}") from e
+    textpage = None
+    try:
+        w, h = page.get_size()  # displayed size, in points
+        dev_w, dev_h = max(1, round(w * 16)), max(1, round(h * 16))  # 1/16 point precision
+        textpage = page.get_textpage()
+        n = textpage.count_chars()
+        chars, boxes = [], []
+        l, r, b, t = (ctypes.c_double() for _ in range(4))
+        dx, dy = ctypes.c_int(), ctypes.c_int()
+
+        def to_device(x: float, y: float) -> tuple[float, float]:
+            raw.FPDF_PageToDevice(page, 0, 0, dev_w, dev_h, 0, x, y, dx, dy)
+            return dx.value / dev_w, dy.value / dev_h
+
+        for i in range(min(n, cap)):
+            code = raw.FPDFText_GetUnicode(textpage, i)
+            ch = chr(code) if 0 < code < 0x110000 else "\ufffd"
+            generated = raw.FPDFText_IsGenerated(textpage, i) == 1
+            if ch in "\r\n" and generated:
+                box = (0.0, 0.0, 0.0, 0.0)
+            elif generated or not raw.FPDFText_GetCharBox(textpage, i, l, r, b, t):
+                box = boxes[-1] if boxes else (0.0, 0.0, 0.0, 0.0)
+            else:
+                (x1, y1), (x2, y2) = to_device(l.value, t.value), to_device(r.value, b.value)
+                box = (min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2))
+            chars.append(ch)
+            boxes.append(box)
+        return TextLayer("".join(chars), tuple(boxes), truncated=n > cap)
+    finally:
+        if textpage is not None:
+            textpage.close()
+        page.close()
