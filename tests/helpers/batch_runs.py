@@ -85,21 +85,22 @@ def logged(ray_cluster, text: str) -> bool:
     return False
 
 
-def raster_statuses(folder, files: dict[str, bytes]) -> tuple[list[tuple[str, int, str | None]], float]:
+def raster_statuses(folder, files: dict[str, bytes]) -> tuple[list[tuple[str, int, str | None]], int]:
     """Write ``files`` (name -> bytes) into ``folder`` and run them through the batch job's raster stage (its
-    own isolated renderer): each row's (file name, page index, status), in order, and the seconds it took."""
-    import time
-
+    own isolated renderer): each row's (file name, page index, status), in order, and how many times the
+    stage's renderer process was restarted meanwhile (after a crash or a time-out: ``IsolatedRenderer.restarts``)."""
     import pyarrow as pa
 
     from padoc_ray.pipeline.config import BatchConfig
     from padoc_ray.pipeline.stages import rasterize
+    from padoc_ray.raster.renderer import renderer_for
 
     for name, data in files.items():
         (folder / name).write_bytes(data)
     cfg = BatchConfig(input=str(folder), output=str(folder.parent / (folder.name + "_out")), model="m")
     batch = pa.Table.from_pylist([{"uri": str(folder / n), "size": len(d), "done": []} for n, d in files.items()])
-    t = time.monotonic()
+    renderer = renderer_for(cfg.raster.renderer)  # the one rasterize uses in this process (kept between calls)
+    before = renderer.restarts
     got = [(os.path.basename(r["source_uri"]), r["page_index"], r["status"])
            for tab in rasterize(batch, cfg, "m") for r in tab.to_pylist()]
-    return got, time.monotonic() - t
+    return got, renderer.restarts - before

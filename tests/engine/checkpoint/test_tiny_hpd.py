@@ -69,13 +69,14 @@ def tok(hpd_dir):
 # --------------------------------------------------------------------------- build
 
 
-def test_build_is_deterministic_and_takes_seconds(hpd_dir, tmp_path):
+def test_build_is_deterministic(hpd_dir, tmp_path, record_property):
+    """The same files from the same seed. How long a build takes ("seconds") is a figure, recorded
+    here (``build_s`` in the test report) and measured by hand, never asserted."""
     from padoc_ray.checkpoint.tiny_hpd import TinyHpdConfig, build_tiny_hpd_model
 
     t = time.perf_counter()
     again = build_tiny_hpd_model(str(tmp_path / "again"))
-    took = time.perf_counter() - t
-    assert took < 15, f"the build took {took:.1f}s"
+    record_property("build_s", round(time.perf_counter() - t, 1))
     assert sorted(os.listdir(again)) == ["chat_template.jinja", "config.json", "configuration_internvl_chat.py",
                                          "generation_config.json", "model.safetensors", "tokenizer.json",
                                          "tokenizer_config.json"]  # no padoc_protocol.json: config.json says hpd

@@ -175,7 +175,8 @@ def test_limits_give_their_status_and_leave_no_live_requests(bundled, cpu_engine
         assert cpu_engine.num_unfinished_requests() == 0, status
     big_inp, big = _one(bundled, "ex-report.pdf-0")  # 862 sequential tokens: seconds of decoding
     rec = _run(loop_thread, cpu_engine, mp, replay_input(mp, big, big_inp, "sequential"), "sequential", deadline_s=0.3)
-    assert rec.status == "deadline" and rec.e2e_s < 3 and 0 < len(rec.page.regions) < len(big.regions)
+    assert rec.status == "deadline" and 0 < len(rec.page.regions) < len(big.regions)  # cut mid-page
+    assert rec.e2e_s >= 0.3, rec.e2e_s  # when its deadline passed, not before (the page's own clock)
     assert cpu_engine.num_unfinished_requests() == 0
 
 

@@ -51,6 +51,58 @@ def faults(monkeypatch):
     return set_faults
 
 
+def _recorded_waits(r: IsolatedRenderer) -> list[float]:
+    """Every wait ``r`` gives its renderer process for an answer (seconds from the moment it starts to
+    wait to the deadline it waits for), as the renderer computed it: its own limits, not a clock of the
+    test's. A hanging renderer is waited for exactly that long, then killed."""
+    waits: list[float] = []
+    recv = r._recv
+
+    def recording(deadline, cancel):
+        waits.append(deadline - time.monotonic())
+        return recv(deadline, cancel)
+
+    r._recv = recording
+    return waits
+
+
+def _warm(r: IsolatedRenderer) -> None:
+    """Start ``r``'s renderer process under the default limits (a loaded machine takes seconds to start a
+    Python): the test's tight limits then apply to rendering, not to that start."""
+    cfg, r.cfg = r.cfg, RendererConfig()
+    try:
+        assert _summary(_events(r, text_pdf(1), "warm.pdf")) == [("opened", 1), (0, "ok")]
+    finally:
+        r.cfg = cfg
+
+
+@pytest.fixture
+def pdfium_refuses(monkeypatch):
+    """``pdfium_refuses(page_count, pages)``: from now on, pdfium in this process refuses to load those
+    pages of any document of ``page_count`` pages (AssertionError: a page the draw counter should
+    have refused reached pdfium, which would spend minutes on it). Returns the list of the pages
+    pdfium did load, as (page count, index)."""
+    import pypdfium2 as pdfium
+
+    loads: list[tuple[int, int]] = []
+    refused: dict[int, set[int]] = {}
+    get_page = pdfium.PdfDocument.get_page
+
+    def guarded(doc, index):
+        if index in refused.get(len(doc), ()):
+            raise AssertionError(f"pdfium was asked to load page {index} of the {len(doc)}-page document")
+        loads.append((len(doc), index))
+        return get_page(doc, index)
+
+    monkeypatch.setattr(pdfium.PdfDocument, "get_page", guarded)
+
+    def refuse(page_count: int, pages) -> list[tuple[int, int]]:
+        refused[page_count] = set(pages)
+        return loads
+
+    return refuse
+
+
 # ---- encodings ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_every_encoding_gives_back_the_rendered_pixels(encoding):
@@ -190,11 +242,13 @@ def test_a_hanging_page_times_out_and_the_rest_renders(faults):
     faults({"slow.pdf": "hang@1"})
     r = IsolatedRenderer(RendererConfig(page_timeout_s=1.5))
     try:
-        t = time.monotonic()
+        _warm(r)
+        waits = _recorded_waits(r)
         ev = _events(r, text_pdf(4), "slow.pdf")
-        assert time.monotonic() - t < 30
         assert _summary(ev) == [("opened", 4), (0, "ok"), (1, "render_timeout"), (2, "ok"), (3, "ok")]
         assert "longer than 1.5 s" in ev[2].message
+        # the hanging page was waited for its 1.5 s (no wait was longer), then its renderer killed once
+        assert waits and max(waits) <= 1.5 and r.restarts == 1, (waits, r.restarts)
     finally:
         r.close()
 
@@ -212,12 +266,15 @@ def test_the_document_deadline_covers_every_page_left(faults):
     faults({"slow.pdf": "hang@2"})
     r = IsolatedRenderer(RendererConfig(page_timeout_s=60, doc_timeout_s=1.5))
     try:
-        t = time.monotonic()
+        _warm(r)
+        waits = _recorded_waits(r)
         ev = _events(r, text_pdf(5), "slow.pdf")
-        assert time.monotonic() - t < 30  # the page limit (60 s) never came into play
         assert _summary(ev) == [("opened", 5), (0, "ok"), (1, "ok"), (2, "render_timeout"), (3, "render_timeout"),
                                 (4, "render_timeout")]
         assert "1.5 s" in ev[3].message and ev[4].message.startswith("not rendered")
+        # the page limit (60 s) never came into play: no wait was longer than the document's 1.5 s,
+        # and the renderer was killed once (page 2), not once a page
+        assert waits and max(waits) <= 1.5 and r.restarts == 1, (waits, r.restarts)
     finally:
         r.close()
 
@@ -342,10 +399,13 @@ def test_a_document_gets_renderer_time_in_proportion_to_its_pages(faults):
     assert cfg.doc_limit_s(10_000) == 600 and RendererConfig(page_budget_s=None).doc_limit_s(3) == 600
     r = IsolatedRenderer(cfg)
     try:
-        t = time.monotonic()
+        _warm(r)
+        waits = _recorded_waits(r)
         ev = _events(r, text_pdf(4), "slow.pdf")
-        assert time.monotonic() - t < 20
         assert _summary(ev) == [("opened", 4)] + [(i, "render_timeout") for i in range(4)]
+        # no wait longer than a page's 1 s, and two renderer kills (page 0's limit, then the document's),
+        # not four page time-outs
+        assert waits and max(waits) <= 1.0 and r.restarts == 2, (waits, r.restarts)
         assert "longer than 1 s" in ev[1].message  # page 0: its own limit came first
         assert "2 s of renderer time" in ev[2].message and ev[4].message.startswith("not rendered")
     finally:
@@ -354,19 +414,20 @@ def test_a_document_gets_renderer_time_in_proportion_to_its_pages(faults):
         RendererConfig(page_budget_s=0)
 
 
-def test_a_form_xobject_bomb_gets_page_too_complex_quickly_and_good_files_render():
+def test_a_form_xobject_bomb_gets_page_too_complex_quickly_and_good_files_render(pdfium_refuses):
     """Forms nested 7 deep, 10 draws each (10^7 draws a page, 3 KB): pdfium aborts on such a page
-    after a minute; the draw count refuses every page before pdfium loads it, without a crash."""
+    after a minute; the draw count refuses every page before pdfium loads it (quickly, as nothing of
+    it reaches pdfium: in this process pdfium refuses to load a page of it), without a crash or a
+    time-out of the isolated renderer."""
     from tests.helpers.pdf_factory import form_bomb_pdf
 
     bomb = form_bomb_pdf(pages=30, depth=7)
     assert len(bomb) < 20_000
+    loads = pdfium_refuses(30, range(30))  # the in-process renderer's pdfium: the bomb is the only 30-page file
     for r in (IsolatedRenderer(), InProcessRenderer()):
         try:
             assert _summary(_events(r, text_pdf(2), "a.pdf")) == [("opened", 2), (0, "ok"), (1, "ok")]
-            t = time.monotonic()
             ev = _events(r, bomb, "bomb.pdf")
-            assert time.monotonic() - t < 10
             assert _summary(ev) == [("opened", 30)] + [(i, "page_too_complex") for i in range(30)]
             assert "more than 1,000,000" in ev[1].message and "--page-draw-limit" in ev[1].message
             assert _summary(_events(r, text_pdf(2), "b.pdf")) == [("opened", 2), (0, "ok"), (1, "ok")]
@@ -377,9 +438,12 @@ def test_a_form_xobject_bomb_gets_page_too_complex_quickly_and_good_files_render
             off = RenderConfig(longest_side=300, max_page_draws=0)
             assert _summary(list(r.render_document(form_bomb_pdf(1, depth=3), "c.pdf", ALL, off, "zstd")))[-1] == (
                 0, "ok")
+            if isinstance(r, IsolatedRenderer):
+                assert r.restarts == 0  # no page of it cost the renderer a time-out or a crash
+            else:  # pdfium, in this process, loaded the good files' pages (and, refusing them, none of the bomb's)
+                assert (2, 1) in loads and (1, 0) in loads
         finally:
             r.close()
-    assert r.restarts == 0 if isinstance(r, IsolatedRenderer) else True
 
 
 def _drawing_bombs() -> bytes:
@@ -400,41 +464,44 @@ def _drawing_bombs() -> bytes:
                      form_cycle_page, partial(form_cycle_page, fanout=2))
 
 
-def test_annotation_pattern_and_glyph_bombs_get_page_too_complex_quickly_and_good_pages_render():
-    """Through both renderers: every bomb page is refused before pdfium loads it, in well under a
-    second of counting, the cycle pdfium cuts renders, and the good pages and files render."""
+def test_annotation_pattern_and_glyph_bombs_get_page_too_complex_quickly_and_good_pages_render(pdfium_refuses):
+    """Through both renderers: every bomb page is refused before pdfium loads it (in this process
+    pdfium refuses to load one: only the good pages and the cycle pdfium cuts reach it), the cycle
+    renders, and the good pages and files render. What counting costs (under 1 ms a bomb page) is
+    measured by hand (docs/batch.md, "Pages that cost minutes"), not asserted here."""
     from padoc_ray.pdf import DrawCounter
 
     bombs = _drawing_bombs()
     c = DrawCounter(bombs)
-    t = time.monotonic()
     counts = [c.page_draws(i, 1_000_000) for i in range(7)]
-    assert time.monotonic() - t < 1, "counting must stay cheap"
     assert counts[0] == counts[4] == 0 and counts[5] == 41 and all(counts[i] > 1_000_000 for i in (1, 2, 3, 6))
+    loads = pdfium_refuses(7, (1, 2, 3, 6))  # the bombs are the only 7-page file
     for r in (IsolatedRenderer(), InProcessRenderer()):
         try:
             assert _summary(_events(r, text_pdf(2), "a.pdf")) == [("opened", 2), (0, "ok"), (1, "ok")]
-            t = time.monotonic()
             ev = _events(r, bombs, "bombs.pdf")
-            assert time.monotonic() - t < 10
             assert _summary(ev) == [("opened", 7), (0, "ok"), (1, "page_too_complex"), (2, "page_too_complex"),
                                     (3, "page_too_complex"), (4, "ok"), (5, "ok"), (6, "page_too_complex")]
             assert "in its annotations' appearance streams" in ev[2].message and "--page-draw-limit" in ev[2].message
             assert "in its content" in ev[3].message and "draws itself" in ev[7].message
             assert _summary(_events(r, text_pdf(2), "b.pdf")) == [("opened", 2), (0, "ok"), (1, "ok")]
+            if isinstance(r, IsolatedRenderer):
+                assert r.restarts == 0  # no page cost the renderer a time-out or a crash
+            else:  # pdfium, in this process, loaded the good pages (and the cycle it cuts) only
+                assert sorted(i for n, i in loads if n == 7) == [0, 4, 5]
         finally:
             r.close()
-    assert r.restarts == 0 if isinstance(r, IsolatedRenderer) else True
 
 
 def test_drawing_bombs_cost_their_own_rows_in_the_batch_jobs_raster_stage(tmp_path):
     """The same pages through the batch job's raster stage (its own isolated renderer), between two
-    good files: the bombs' pages get page_too_complex, every other page is rendered."""
+    good files: the bombs' pages get page_too_complex, every other page is rendered, and no page cost
+    the renderer a time-out or a crash (a bomb page pdfium loaded would: one draws 2**41 forms)."""
     from tests.helpers.batch_runs import raster_statuses
 
-    got, seconds = raster_statuses(tmp_path, {"a.pdf": text_pdf(2), "bombs.pdf": _drawing_bombs(),
-                                              "b.pdf": text_pdf(3)})
-    assert seconds < 30
+    got, restarts = raster_statuses(tmp_path, {"a.pdf": text_pdf(2), "bombs.pdf": _drawing_bombs(),
+                                               "b.pdf": text_pdf(3)})
+    assert restarts == 0
     refused = {1, 2, 3, 6}
     assert got == ([("a.pdf", i, None) for i in range(2)]
                    + [("bombs.pdf", i, "page_too_complex" if i in refused else None) for i in range(7)]
