@@ -138,6 +138,9 @@ class PageRequest:
     #: lower runs first: in the host's queue of pages waiting for a turn and, under vLLM's priority
     #: scheduling policy, in the engine (Serve: 0 for interactive pages, 1 for job pages)
     priority: int = 0
+    #: the page's text layer (:func:`padoc_ray.pdf.page_text_layer`): drafts for its text branches, checked
+    #: by the model (the content stays the model's own); None: none
+    text_layer: Any = None
 
 
 def page_identity(doc_id: str, page_index: int, tenant: str = "", salt: str | None = None) -> tuple[str, str]:
@@ -356,7 +359,7 @@ class PageHost:
         if not width or not height:
             raise _Unreadable("the page image has no size")
         inp = PageInput(page_id=page_id, image=img, width=int(width), height=int(height), cache_salt=cache_salt,
-                        page_no=page.page_index, image_path=page.source_name)
+                        page_no=page.page_index, image_path=page.source_name, text_layer=page.text_layer)
         truth = self.truth_for(page.source_name, page.page_index)
         if truth is not None:
             mode = page.mode or self.cfg.mode

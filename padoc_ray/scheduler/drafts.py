@@ -21,9 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Callable, Sequence
 
 from padoc_ray.engine.interface import DraftCheck, GenDelta, GenRequest
+from padoc_ray.protocol.page import Page, Region
+from padoc_ray.protocol.text_layer import TextLayer, region_text
+
+#: tokens of one draft at most: a hostile text layer (a million characters in one box) costs one bounded
+#: prefill, and a region longer than this still gets its first part from the draft
+MAX_DRAFT_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,22 @@ def _limited(tokens: list[int], agreed: int, reason: str | None, limit: int | No
     return Accepted(tuple(tokens), agreed, reason)
 
 
+def draft_ids(vocab, tokenizer, region: Region, layer: TextLayer, limit: int = MAX_DRAFT_TOKENS) -> tuple[int, ...]:
+    """The tokens ``region``'s branch would generate if it wrote the text layer's characters in its box
+    (:func:`~padoc_ray.protocol.text_layer.region_text`), as the checkpoint's family writes a branch
+    (its own serializer, without the branch's start and end tokens); at most ``limit``."""
+    text = region_text(layer, region.box, max_chars=8 * limit)
+    if not text:
+        return ()
+    (branch,) = vocab.serialize_fork(tokenizer, Page(1000, 1000, (dataclasses.replace(region, content=text),))).branches
+    ids = list(branch)
+    if ids and ids[0] == vocab.branch_start:
+        ids = ids[1:]
+    if ids and ids[-1] == vocab.end_of_stream:
+        ids = ids[:-1]
+    return tuple(ids[:limit])
+
+
 def truth_check(trace: Sequence[int], draft: Sequence[int]) -> DraftCheck:
     """The check a perfect reader gives: the teacher-forced ``trace`` at every draft position (None past
     its end: a forced request generates nothing more)."""
@@ -70,11 +92,12 @@ def truth_check(trace: Sequence[int], draft: Sequence[int]) -> DraftCheck:
                       next_token=trace[len(draft)] if len(draft) < n else None)
 
 
-async def drafted(engine, req: GenRequest, draft: Sequence[int]) -> AsyncIterator[GenDelta]:
+async def drafted(engine, req: GenRequest, draft: Sequence[int],
+                  on_accept: Callable[[Accepted], None] | None = None) -> AsyncIterator[GenDelta]:
     """``engine.generate(req)``'s deltas, with ``draft`` checked first: one delta with the accepted tokens
     (the check's prompt and cache counts), then the continuation's deltas (prompt + accepted tokens,
     the rest of the token budget; a forced request the rest of its trace). An empty draft, or an engine
-    without ``verify``, decodes as usual."""
+    without ``verify``, decodes as usual. ``on_accept`` hears what was accepted, before the first delta."""
     forced = req.forced_tokens
     if not draft or (forced is None and not hasattr(engine, "verify")):
         async for d in engine.generate(req):
@@ -88,6 +111,8 @@ async def drafted(engine, req: GenRequest, draft: Sequence[int]) -> AsyncIterato
         first = await _one_token(engine, req)
         check = dataclasses.replace(check, greedy=(first, *check.greedy[1:]))
     acc = accept(draft, check, stop_ids=req.stop_token_ids, limit=req.generation_limit)
+    if on_accept is not None:
+        on_accept(acc)
     yield GenDelta(req.request_id, list(acc.tokens), finished=acc.finish_reason is not None,
                    finish_reason=acc.finish_reason, num_prompt_tokens=check.num_prompt_tokens,
                    num_cached_tokens=check.num_cached_tokens)

@@ -23,7 +23,9 @@ from padoc_ray.engine.interface import Engine, EngineDeadError, EngineError, Gen
 from padoc_ray.protocol import DecodeDepth, Page, Region, assemble_page, decode_depth, depth_from_trace, parse_branch
 from padoc_ray.protocol.codec import ParsedBranch, RawRegion, assemble_region
 from padoc_ray.protocol.render import region_block
+from padoc_ray.protocol.text_layer import ABSENT, USED, TextLayer, trust
 
+from .drafts import Accepted, draft_ids, drafted
 from .meter import EngineMeter
 from .state import DECODE_MODES, ForkAction, MainRetry, PageState, PageStatus, SchedulerConfig, retry_seed
 
@@ -52,6 +54,9 @@ class PageInput:
     #: this trace instead (a phrase repeated to the token limit); its later attempts (re-forks) to
     #: ``forced_branches[k]``
     forced_first_attempt: Mapping[int, Sequence[int]] | None = None
+    #: the page's text layer (:func:`padoc_ray.pdf.page_text_layer`): in fork mode, a trusted one gives
+    #: each text branch's first attempt a draft, checked in one prefill (:mod:`.drafts`); None: no drafts
+    text_layer: TextLayer | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,11 @@ class PageRecord:
     #: the engine time the page used: the sum over its requests (retries and discarded attempts too) of each
     #: one's share of the engine's busy time (see :mod:`padoc_ray.scheduler.meter`); None: it never ran
     engine_s: float | None = None
+    #: the page's text layer as judged (used | absent | untrusted; absent: none given), and per region
+    #: (reading order) the tokens of its branch's draft and how many of them the model accepted
+    text_layer: str = ABSENT
+    region_draft_tokens: list[int] = field(default_factory=list)
+    region_accepted_tokens: list[int] = field(default_factory=list)
 
 
 class _Page:
@@ -152,6 +162,8 @@ class _Page:
         self.closed_at: dict[int, float] = {}  # branch -> when the layout stream closed its region
         self.fork_latency: dict[int, float] = {}  # branch -> region close to first token
         self.closing = False  # the page is ending: no new request may start
+        self.text_layer = trust(inp.text_layer)
+        self.drafts: dict[int, tuple[int, int]] = {}  # branch -> (draft tokens, accepted), once checked
 
     def _priority(self, branch: bool) -> int:
         """Lower runs first: the page's admission order (page_priority), then its layout stream ahead of
@@ -173,7 +185,7 @@ class _Page:
             stream_interval=stream_interval,
         )
 
-    async def _consume(self, req: GenRequest, branch: int | None) -> None:
+    async def _consume(self, req: GenRequest, branch: int | None, draft: Sequence[int] = ()) -> None:
         st = self.state
         self.live.add(req.request_id)
         finished = False
@@ -181,7 +193,9 @@ class _Page:
         sent = time.perf_counter()
         self.meter.begin(req.request_id)
         try:
-            async with contextlib.aclosing(self.engine.generate(req)) as gen:
+            source = self.engine.generate(req) if not draft else drafted(
+                self.engine, req, draft, on_accept=lambda a: self._accepted(branch, len(draft), a))
+            async with contextlib.aclosing(source) as gen:
                 async for d in gen:
                     first = first or d
                     if branch is None:
@@ -295,7 +309,21 @@ class _Page:
         rid = f"{self.run_id}/b{f.index}" + (f".r{f.attempt}" if f.attempt else "")
         req = self._request(rid, f.prompt_ids, forced, prio, stream, stream_interval=interval, attempt=f.attempt,
                             stream_no=f.index)
-        self.tasks.append(asyncio.create_task(self._admitted(req, f.index)))
+        self.tasks.append(asyncio.create_task(self._admitted(req, f.index, self._draft(f))))
+
+    def _draft(self, f: ForkAction) -> tuple[int, ...]:
+        """Branch ``f``'s draft from the page's text layer: its first attempt, in fork mode, a trusted layer,
+        a region whose content is text (not a table's HTML or a formula's LaTeX, which no text layer writes)."""
+        if f.attempt or self.mode != "fork" or self.text_layer != USED:
+            return ()
+        mp = self.model_protocol
+        region = assemble_region(mp.vocab, mp.tokenizer, f.region, None, size=self._size)
+        if region.content_format != "text":
+            return ()
+        return draft_ids(mp.vocab, mp.tokenizer, region, self.inp.text_layer)
+
+    def _accepted(self, branch: int, drafted_tokens: int, acc: Accepted) -> None:
+        self.drafts[branch] = (drafted_tokens, acc.agreed)
 
     def _spawn_main(self, retry: MainRetry) -> None:
         """The main stream again, from its last closed region (a forced trace continues from there)."""
@@ -312,11 +340,11 @@ class _Page:
             main = dataclasses.replace(main, constrain_layout_regions=left)
         self.tasks.append(asyncio.create_task(self._consume(main, None)))
 
-    async def _admitted(self, req: GenRequest, branch: int) -> None:
+    async def _admitted(self, req: GenRequest, branch: int, draft: Sequence[int] = ()) -> None:
         if self.admission is None:
-            return await self._consume(req, branch)
+            return await self._consume(req, branch, draft)
         async with self.admission:
-            return await self._consume(req, branch)
+            return await self._consume(req, branch, draft)
 
     async def _wait(self) -> None:
         stopper = asyncio.create_task(self.stop.wait())
@@ -431,6 +459,9 @@ class _Page:
             injected_loops=len(inp.forced_first_attempt or ()), engine_s=self.engine_s,
             family=vocab.family,
             unknown_categories=[r.label or r.category for r in regions if not vocab.known_category(r)],
+            text_layer=self.text_layer,
+            region_draft_tokens=[self.drafts.get(r.index, (0, 0))[0] for r in regions],
+            region_accepted_tokens=[self.drafts.get(r.index, (0, 0))[1] for r in regions],
         )
 
 

@@ -8,6 +8,7 @@ instead of computing it again."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -129,3 +130,80 @@ def test_a_forced_branch_checks_its_draft_against_its_trace_without_the_engine(c
 
     good, bad = loop_thread.run(go(), timeout=120)
     assert good == trace and bad == trace
+
+
+# ---- whole pages through the scheduler (run_page), with the examples' own text layers -------------------------
+def _example_pages_with_layers():
+    """(PageInput with the PDF's text layer, truth) for the examples' pages (born digital: real text layers)."""
+    import glob
+    import os
+
+    from padoc_ray.groundtruth import load_truth
+    from padoc_ray.inputs import load_pages
+    from padoc_ray.pdf import open_pdf, page_text_layer
+    from padoc_ray.scheduler import PageInput
+    from tests.conftest import ROOT
+
+    truth = load_truth(os.path.join(ROOT, "examples", "ground_truth.json"))
+    out = []
+    for it in load_pages(sorted(glob.glob(os.path.join(ROOT, "examples", "*.pdf")))):
+        p = it.page
+        with open(os.path.join(ROOT, "examples", it.source), "rb") as f:
+            layer = page_text_layer(open_pdf(f.read()), it.page_index)
+        inp = PageInput(page_id=f"{p.doc_id[:16]}:{p.page_index}", image=p.image, width=p.image.width,
+                        height=p.image.height, cache_salt=p.doc_id, page_no=p.page_index, image_path=it.source,
+                        text_layer=layer)
+        out.append((inp, truth[(it.source, it.page_index)]))
+    return out
+
+
+def test_pages_with_their_text_layers_are_parsed_identically_in_fewer_steps(cpu_engine, model_protocol, loop_thread):
+    """Replayed (the truth reads perfectly): every page equals its truth with and without drafts, the
+    text regions' drafts are accepted, and the engine decodes that many tokens fewer. Decoded freely (the random
+    model writes noise, so the PDF's text is a wrong draft for it): the pages are byte-identical with
+    and without drafts, each draft rejected at its first token."""
+    from padoc_ray.protocol import quantized
+    from padoc_ray.scheduler import replay_input, run_page
+
+    mp = model_protocol
+    pages = _example_pages_with_layers()
+
+    async def run(inputs, **kw):  # the pages at once, and the tokens the engine decoded for them
+        before = cpu_engine.generation_tokens()
+        recs = await asyncio.gather(*(run_page(cpu_engine, mp, inp, mode="fork", **kw) for inp in inputs))
+        return recs, cpu_engine.generation_tokens() - before
+
+    def strip(inp, **changes):
+        return dataclasses.replace(inp, **changes)
+
+    async def go():
+        forced = [replay_input(mp, t, strip(inp, cache_salt=f"{inp.cache_salt}-a"), "fork") for inp, t in pages]
+        plain = [strip(f, text_layer=None, cache_salt=f"{f.cache_salt}-b") for f in forced]
+        with_drafts, decoded_drafts = await run(forced)
+        without, decoded_plain = await run(plain)
+        from padoc_ray.scheduler import SchedulerConfig
+
+        short = SchedulerConfig(max_tokens=40)  # free decoding of noise: a short budget per stream
+        free = [strip(inp, cache_salt=f"{inp.cache_salt}-c") for inp, _ in pages]
+        free_plain = [strip(inp, text_layer=None, cache_salt=f"{inp.cache_salt}-d") for inp, _ in pages]
+        free_drafts, _ = await run(free, cfg=short)
+        free_without, _ = await run(free_plain, cfg=short)
+        return with_drafts, decoded_drafts, without, decoded_plain, free_drafts, free_without
+
+    with_drafts, decoded_drafts, without, decoded_plain, free_drafts, free_without = loop_thread.run(go(), timeout=600)
+    for (inp, truth), a, b in zip(pages, with_drafts, without):
+        want = quantized(truth, mp.vocab)
+        assert [r.content for r in a.page.regions] == [r.content for r in want.regions], inp.image_path
+        assert a.page == b.page and a.status == b.status == "ok" and a.text_layer == "used"
+        assert b.text_layer == "absent" and sum(b.region_draft_tokens) == 0
+        text = [i for i, r in enumerate(a.page.regions) if r.content_format == "text" and r.content]
+        assert text and all(a.region_accepted_tokens[i] == a.region_draft_tokens[i] > 0 for i in text), inp.image_path
+    # the accepted tokens came from one prefill each, not a decode step each (the pages' steps barely move:
+    # forked branches decode beside the layout stream, whose length the page's steps follow here)
+    accepted = sum(sum(r.region_accepted_tokens) for r in with_drafts)
+    assert decoded_drafts <= decoded_plain - accepted + len(with_drafts) * 4, (decoded_drafts, decoded_plain, accepted)
+    for a, b in zip(free_drafts, free_without):
+        assert a.page == b.page and a.output_tokens == b.output_tokens  # lossless: the model's own pages
+        assert sum(a.region_draft_tokens) > 0 or not a.page.regions
+        assert all(acc <= 1 for acc, d in zip(a.region_accepted_tokens, a.region_draft_tokens) if d)
+    assert cpu_engine.num_unfinished_requests() == 0
