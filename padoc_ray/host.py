@@ -468,9 +468,15 @@ def event_json(ev: RegionEvent, page_index: int) -> dict:
 def row_request(row: dict, image: bytes | memoryview, *, tenant: str = "", salt: str | None = None,
                 priority: int = 0) -> PageRequest:
     """The :class:`PageRequest` of a rendered page row and its encoded ``image``."""
+    from padoc_ray.output.rows import TEXT_LAYER_KEY
+    from padoc_ray.protocol.text_layer import TextLayer
+
+    layer = row.get(TEXT_LAYER_KEY)
     return PageRequest(doc_id=row["doc_id"], page_index=row["page_index"], image_bytes=image,
                        width=row["image_width"], height=row["image_height"], source_name=row["source_uri"],
-                       mode=row["mode"], tenant=tenant, salt=salt, priority=priority)
+                       mode=row["mode"], tenant=tenant, salt=salt, priority=priority,
+                       text_layer=TextLayer.from_bytes(layer) if layer else None)
+
 
 
 async def parse_row(host: PageHost, row: dict, image: bytes | memoryview, *, tenant: str = "",

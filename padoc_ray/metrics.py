@@ -83,6 +83,11 @@ PROMPT_TOKENS = MetricSpec(
 CACHED_TOKENS = MetricSpec(
     "padoc_cached_prompt_tokens", "counter", "Of padoc_prompt_tokens, those served from the prefix cache "
     "(cached_tokens). Hit rate = rate(cached) / rate(prompt).")
+DRAFT_TOKENS = MetricSpec(
+    "padoc_draft_tokens", "counter",
+    "Branch tokens drafted from pages' text layers (--text-layer speculate), by outcome: drafted (sent to the "
+    "model to check), accepted (kept: each one a decode step saved). Acceptance = rate(accepted) / "
+    "rate(drafted).", ("outcome",))
 IN_FLIGHT = MetricSpec(
     "padoc_pages_in_flight", "gauge", "Pages running on one engine host now (at most its pages_in_flight).",
     ("host",))
@@ -111,7 +116,7 @@ JOBS = MetricSpec(
     ("host", "state"))
 
 METRICS: tuple[MetricSpec, ...] = (PAGES, DOCUMENT_ERRORS, BRANCHES, FORK_LATENCY, TTFT, PAGE_SECONDS,
-                                   OUTPUT_TOKENS, PROMPT_TOKENS, CACHED_TOKENS, IN_FLIGHT, RENDER_SECONDS,
+                                   OUTPUT_TOKENS, PROMPT_TOKENS, CACHED_TOKENS, DRAFT_TOKENS, IN_FLIGHT, RENDER_SECONDS,
                                    BRANCH_RETRIES, UNKNOWN_CATEGORIES, HTTP_REQUESTS, PAGES_WAITING, JOBS)
 
 
@@ -204,6 +209,8 @@ class RayRecorder(Recorder):
         self._inc(OUTPUT_TOKENS, rec.output_tokens)
         self._inc(PROMPT_TOKENS, rec.prompt_tokens)
         self._inc(CACHED_TOKENS, rec.cached_tokens)
+        self._inc(DRAFT_TOKENS, sum(getattr(rec, "region_draft_tokens", ())), {"outcome": "drafted"})
+        self._inc(DRAFT_TOKENS, sum(getattr(rec, "region_accepted_tokens", ())), {"outcome": "accepted"})
         for outcome in getattr(rec, "retry_outcomes", ()):
             self._inc(BRANCH_RETRIES, 1, {"outcome": outcome})
         for name in getattr(rec, "unknown_categories", ()):

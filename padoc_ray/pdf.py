@@ -274,6 +274,9 @@ class PageImage:
     width_pt: float
     height_pt: float
     rotation: int
+    #: the page's text layer (:class:`~padoc_ray.protocol.text_layer.TextLayer`), with
+    #: ``render_page(..., text_layer=True)``; None otherwise, for an image, or where it could not be read
+    text_layer: object = None
 
 
 class ReusedBitmapBuffer:
@@ -307,11 +310,13 @@ def _packed_rgb(bitmap) -> RgbPixels:
 
 
 def render_page(doc, index: int, cfg: RenderConfig = RenderConfig(), *, pixels: bool = False,
-                bitmap_maker=None) -> PageImage:
+                bitmap_maker=None, text_layer: bool = False) -> PageImage:
     """Render page ``index`` (0-based) as a viewer shows it: pdfium applies the page's /Rotate
     (a portrait MediaBox with /Rotate 90 comes out landscape). The image is a PIL RGB image, or
     :class:`RgbPixels` with ``pixels=True`` (same pixels, fewer copies; with a
-    :class:`ReusedBitmapBuffer` as ``bitmap_maker`` they live in its buffer). Raises PdfError."""
+    :class:`ReusedBitmapBuffer` as ``bitmap_maker`` they live in its buffer). ``text_layer``: read the
+    page's text layer too, from the same loaded page (a layer that cannot be read is None, never an
+    error). Raises PdfError."""
     import pypdfium2 as pdfium
 
     if isinstance(doc, ImageDocument):
@@ -350,7 +355,13 @@ def render_page(doc, index: int, cfg: RenderConfig = RenderConfig(), *, pixels: 
         if bitmap.n_channels != 3:
             raise PdfError(RENDER_FAILED, f"page {index}: unexpected {bitmap.n_channels}-channel bitmap")
         img = _packed_rgb(bitmap) if pixels else bitmap.to_pil()  # a 3-channel bitmap's to_pil is an RGB copy
-        return PageImage(index=index, image=img, width_pt=w, height_pt=h, rotation=rot)
+        layer = None
+        if text_layer:
+            try:
+                layer = _text_layer_of(page)
+            except Exception:  # noqa: BLE001 - a page whose text cannot be read still parses, without drafts
+                layer = None
+        return PageImage(index=index, image=img, width_pt=w, height_pt=h, rotation=rot, text_layer=layer)
     finally:
         page.close()
 
@@ -405,20 +416,29 @@ def page_text_layer(doc, index: int, max_chars: int | None = None):
     most ``max_chars`` (default :data:`~padoc_ray.protocol.text_layer.MAX_CHARS`) of them. Line breaks
     pdfium inserts get empty boxes; a space it inserts between words takes the box of the character
     before it. None for an image document (no text layer). Raises PdfError where the page cannot load."""
-    import ctypes
-
     import pypdfium2 as pdfium
-    import pypdfium2.raw as raw
-
-    from padoc_ray.protocol.text_layer import MAX_CHARS, TextLayer
 
     if isinstance(doc, ImageDocument):
         return None
-    cap = MAX_CHARS if max_chars is None else max_chars
     try:
         page = doc[index]
     except (pdfium.PdfiumError, IndexError) as e:
         raise PdfError(PAGE_LOAD_FAILED, f"page {index}: {e}") from e
+    try:
+        return _text_layer_of(page, max_chars)
+    finally:
+        page.close()
+
+
+def _text_layer_of(page, max_chars: int | None = None):
+    """:func:`page_text_layer` of a loaded pypdfium2 page (left open)."""
+    import ctypes
+
+    import pypdfium2.raw as raw
+
+    from padoc_ray.protocol.text_layer import MAX_CHARS, TextLayer
+
+    cap = MAX_CHARS if max_chars is None else max_chars
     textpage = None
     try:
         w, h = page.get_size()  # displayed size, in points
@@ -450,4 +470,3 @@ def page_text_layer(doc, index: int, max_chars: int | None = None):
     finally:
         if textpage is not None:
             textpage.close()
-        page.close()

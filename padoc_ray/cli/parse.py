@@ -241,7 +241,9 @@ def cmd_demo(args) -> int:
               f"{r['e2e_s'] or 0:>6.2f} {r['f_seq'] or 0:>6} {r['f_padoc'] or 0:>7}  {match}")
     if table:
         print(f"\n--- Markdown of {os.path.basename(table[0]['source_uri'])} page 1 ---\n{table[0]['markdown']}")
-    print(f"summary: {json.dumps({k: summary[k] for k in ('pages_written', 'page_status', 'document_status', 'wall_s', 'pages_per_s', 'all_inputs_accounted')})}")
+    keys = ('pages_written', 'page_status', 'document_status', 'wall_s', 'pages_per_s', 'all_inputs_accounted',
+            'text_layer', 'accepted_tokens', 'accepted_fraction')
+    print(f"summary: {json.dumps({k: summary[k] for k in keys})}")
     print(f"output: {os.path.abspath(args.output)}/pages (Parquet, one row per page), documents/, summary.json")
     ok = summary["all_inputs_accounted"] and (not replay or summary["page_status"] == {"ok": summary["pages_written"]})
     return 0 if ok else 1

@@ -29,6 +29,9 @@ REGION_TYPE = pa.struct([
     ("errors", pa.list_(pa.string())),
     ("attempts", pa.int32()),  # attempts of the region's branch (re-forks included; 0: none ran)
     ("finish", pa.string()),  # how its last attempt ended: stop | loop | length | skipped | stopped | ... | null
+    # the draft its branch got from the page's text layer, in tokens (0: none), and how many the model accepted
+    ("draft_tokens", pa.int32()),
+    ("accepted_tokens", pa.int32()),
 ])
 
 #: where each region's content sits in the page's ``markdown`` (see :func:`padoc_ray.protocol.markdown_spans`)
@@ -77,7 +80,15 @@ PAGE_SCHEMA = pa.schema([
     # newest rows' is read again, and parsed again when its bytes (doc_id) changed (null: outputs before them)
     ("source_size", pa.int64()),
     ("source_mtime", pa.timestamp("ms", tz="UTC")),
+    # the page's text layer as the scheduler judged it: used | absent | untrusted (null: --text-layer off, or
+    # not parsed), and the branch tokens accepted from its drafts (each one a decode step saved)
+    ("text_layer", pa.string()),
+    ("accepted_tokens", pa.int32()),
 ])
+
+#: a rendered page row's text layer (:meth:`TextLayer.to_bytes <padoc_ray.protocol.text_layer.TextLayer.to_bytes>`):
+#: it travels with the row from the renderer to the engine, and no row that is written or answered holds it
+TEXT_LAYER_KEY = "text_layer_bytes"
 
 DOCUMENT_SCHEMA = pa.schema([
     ("source_uri", pa.string()),
@@ -147,8 +158,13 @@ def base_row(*, run_id: str, uri: str, doc_id: str | None, page_index: int, page
 
 
 def error_row(base: dict, code: str, message: str) -> dict:
-    return {**base, "status": code, "error_code": code,
+    return {**_written(base), "status": code, "error_code": code,
             "error_message": message[:2000], "processed_at": now()}
+
+
+def _written(base: dict) -> dict:
+    """``base`` without what only travels to the engine (:data:`TEXT_LAYER_KEY`)."""
+    return {k: v for k, v in base.items() if k != TEXT_LAYER_KEY} if TEXT_LAYER_KEY in base else base
 
 
 def _at(values, i: int):
@@ -166,22 +182,24 @@ def page_row(base: dict, rec, *, render_s: float | None = None) -> dict:
             "content_format": r.content_format,
             "finish_reason": _at(rec.region_finish_reasons, i), "tokens": _at(rec.region_tokens, i),
             "errors": list(r.errors), "attempts": _at(rec.region_attempts, i), "finish": _at(rec.region_finish, i),
+            "draft_tokens": _at(rec.region_draft_tokens, i), "accepted_tokens": _at(rec.region_accepted_tokens, i),
         })
     ok = rec.status == status.OK
     markdown, spans = markdown_spans(page)
     return {
-        **base, "processed_at": now(), "status": rec.status, "valid": rec.valid,
+        **_written(base), "processed_at": now(), "status": rec.status, "valid": rec.valid,
         "error_code": None if ok else rec.status, "error_message": None if ok else (rec.message or None),
         "regions": regions, "markdown": markdown,
         "spans": [{"order": o, "start": a, "end": b} for o, a, b in spans], "render_s": render_s, "e2e_s": rec.e2e_s,
         "ttft_s": rec.ttft_s, "layout_s": rec.layout_s, "n_branches": rec.n_branches,
         "output_tokens": rec.output_tokens, "prompt_tokens": rec.prompt_tokens, "cached_tokens": rec.cached_tokens,
         "f_seq": rec.f_seq, "f_padoc": rec.f_padoc, "engine_s": rec.engine_s,
+        "text_layer": rec.text_layer, "accepted_tokens": sum(rec.region_accepted_tokens),
     }
 
 
 #: row fields the JSON of a row leaves out (internal, or not the client's business)
-_HIDDEN = frozenset({"run_id"})
+_HIDDEN = frozenset({"run_id", TEXT_LAYER_KEY})
 
 
 def row_json(row: dict) -> dict:

@@ -180,6 +180,11 @@ def _run_locked(cfg: BatchConfig, *, log=print, start_ray=None) -> dict:
         "wall_s": round(wall, 3),
         "pages_per_s": round(book.run_pages / wall, 4) if wall else None,
         "output_tokens_per_s": round(book.run_tokens / wall, 2) if wall else None,
+        # text-layer drafts (--text-layer): pages per verdict (used | absent | untrusted), the branch tokens
+        # accepted from drafts, and their share of all output tokens (decode steps a reading model saved)
+        "text_layer": {str(k): v for k, v in book.run_text_layer.items()},
+        "accepted_tokens": book.run_accepted_tokens,
+        "accepted_fraction": round(book.run_accepted_tokens / book.run_tokens, 4) if book.run_tokens else None,
         **cost_summary(book.run_engine_s, book.run_engine_pages, cfg.outputs.gpu_hour_usd),
         "config": cfg.flat(),
     }

@@ -30,10 +30,10 @@ from padoc_ray.pipeline.facts import Facts, analyze, current_mask
 
 #: the columns the driver reads (strings as dictionaries)
 COLUMNS = ["source_uri", "page_index", "processed_at", "page_count", "status", "error_code", "doc_id", "run_id",
-           "output_tokens", "engine_s", "source_size", "source_mtime"]
+           "output_tokens", "engine_s", "source_size", "source_mtime", "accepted_tokens", "text_layer"]
 DICT_COLUMNS = ["source_uri", "status", "error_code", "doc_id", "run_id"]
 #: the columns of the run summary (``run_id``'s own rows): not read where no row can be the run's (planning)
-SUMMARY_COLUMNS = ["run_id", "output_tokens", "engine_s"]
+SUMMARY_COLUMNS = ["run_id", "output_tokens", "engine_s", "accepted_tokens", "text_layer"]
 PLAN_COLUMNS = [c for c in COLUMNS if c not in SUMMARY_COLUMNS]
 #: map rows to input numbers whenever this many URI dictionary entries are pending (bounds memory,
 #: ~65 bytes an entry; each mapping looks up every listed URI once)
@@ -84,6 +84,9 @@ class Ledger:
         #: ``run_id``'s pages that reached the engine (engine_s not null), and the sum of their engine_s
         self.run_engine_pages = 0
         self.run_engine_s = 0.0
+        #: of ``run_id``'s pages: branch tokens accepted from text-layer drafts, and the text layers' verdicts
+        self.run_accepted_tokens = 0
+        self.run_text_layer: Counter = Counter()
         self.run_status: Counter = Counter()
         self.facts = None
         self._analyzed: tuple | None = None  # (facts, rows analyzed) of the last analysis of all rows: refresh()
@@ -153,6 +156,10 @@ class Ledger:
                 timed = real & ~np.isnan(engine_s)
                 self.run_engine_pages += int(timed.sum())
                 self.run_engine_s += float(engine_s[timed].sum())
+                self.run_accepted_tokens += int(ints(col("accepted_tokens", pa.int32()), 0, np.int64)[real].sum())
+                layers = pc.filter(col("text_layer", pa.string()), pa.array(real))
+                for v in pc.value_counts(layers.drop_null()).to_pylist():
+                    self.run_text_layer[v["values"]] += v["counts"]
         c = self._cols
         c["hash"].append(stamp_hash(ints(col("source_size", pa.int64()), -1, np.int64), ints(
             pc.cast(col("source_mtime", pa.timestamp("ms", tz="UTC")), pa.int64()), -1, np.int64)))

@@ -36,7 +36,9 @@ from padoc_ray.raster.document import DocumentOpened, PageChoice, document_error
 
 logger = logging.getLogger(__name__)
 
-RASTER_SCHEMA = rows.PAGE_SCHEMA.append(pa.field("image_bytes", pa.binary()))
+#: the raster stage's rows: page rows with the encoded image and the page's text layer (TextLayer.to_bytes)
+RASTER_SCHEMA = rows.PAGE_SCHEMA.append(pa.field("image_bytes", pa.binary())).append(
+    pa.field(rows.TEXT_LAYER_KEY, pa.binary()))
 
 
 def _doc_error(base: dict, doc_id: str | None, code: str, message: str, page_count: int | None = None) -> pa.Table:

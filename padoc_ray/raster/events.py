@@ -28,7 +28,7 @@ class DocFailed:
 @dataclass
 class PageRendered:
     index: int
-    meta: dict  #: image_width, image_height, page_width_pt, page_height_pt, rotation, render_s
+    meta: dict  #: image_width, image_height, page_width_pt, page_height_pt, rotation, render_s, text_layer_bytes
     image_bytes: bytes  #: see padoc_ray.raster.codec
 
 

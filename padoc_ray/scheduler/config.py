@@ -12,6 +12,9 @@ from .loops import LoopConfig
 DECODE_MODES = ("fork", "sequential")
 
 
+TEXT_LAYER_MODES = ("off", "speculate")  #: SchedulerConfig.text_layer
+
+
 @dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
     """Per-page limits. Defaults follow the paper's serving setup (Appendix E.3)."""
@@ -87,6 +90,11 @@ class SchedulerConfig:
     #: within about the detector's window plus this, at a small frontend cost); 0: final-only branches
     #: (the detector then judges a branch when it ends), unless stream_branches
     branch_stream_interval: int = 64
+    #: speculate: a text region's branch gets the page's text layer in its box as a draft (fork mode,
+    #: greedy first attempts), which the model checks in one prefill; it keeps the longest prefix it agrees
+    #: with and decodes on from there. Lossless: the content is the model's own, token for token; a page
+    #: without a trusted text layer (a scan, a broken encoding) sends no draft. off: no drafts
+    text_layer: str = knob("speculate", choices=TEXT_LAYER_MODES)
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_branches <= 100_000:
@@ -111,6 +119,8 @@ class SchedulerConfig:
             raise ValueError("retry_token_budget must be >= 0 (or None: no cap)")
         if self.branch_stream_interval < 0:
             raise ValueError("branch_stream_interval must be >= 0")
+        if self.text_layer not in TEXT_LAYER_MODES:
+            raise ValueError(f"text_layer must be one of {', '.join(TEXT_LAYER_MODES)}")
         self.loop_config  # the detector's own checks of its settings
 
     @property
@@ -138,4 +148,4 @@ SCHEDULER_FLAGS = ("max_tokens", "max_branches", "deadline_s", "constrain_layout
                    "page_priority", "stream_branches", "temperature", "repetition_penalty", "loop_detection",
                    "loop_ngram", "loop_count", "loop_window", "loop_max_period", "branch_retries",
                    "retry_temperatures", "retry_seed", "layout_retries", "retry_token_budget",
-                   "branch_stream_interval")
+                   "branch_stream_interval", "text_layer")

@@ -10,8 +10,10 @@ alone; the agreed tokens cost one prefill, not one engine step each. A position 
 check (``None``: its previous position came from the prefix cache) ends the agreement: a draft is
 never taken on trust.
 
-Teacher-forced requests (``--replay``) are checked against their trace, without the engine: the truth
-is a model that reads perfectly, so the agreement is what a reading model would accept of this draft.
+Teacher-forced requests (``--replay``) are checked against their trace: the truth is a model that reads
+perfectly, so the agreement is what a reading model would accept of this draft. The engine still does
+the check's work: the branch goes on with one request whose prompt holds the agreed tokens (their
+prefill stands for the check's) and which is forced through the rest of the trace.
 
 :func:`accept` is the decision (pure); :func:`drafted` runs it against an engine and yields the
 branch's deltas as :meth:`Engine.generate` would.
@@ -103,8 +105,16 @@ async def drafted(engine, req: GenRequest, draft: Sequence[int],
         async for d in engine.generate(req):
             yield d
         return
-    check = truth_check(forced, draft) if forced is not None else await engine.verify(req, draft)
-    if check.greedy[0] is None and forced is None:
+    if forced is not None:  # replay: the truth checks; the agreed tokens go to the engine as prompt (a prefill)
+        acc = accept(draft, truth_check(forced, draft), stop_ids=req.stop_token_ids, limit=req.generation_limit)
+        acc = Accepted(acc.tokens[:acc.agreed], acc.agreed, "length" if acc.agreed >= req.generation_limit else None)
+        if on_accept is not None:
+            on_accept(acc)
+        async for d in _go_on(engine, req, acc):
+            yield d
+        return
+    check = await engine.verify(req, draft)
+    if check.greedy[0] is None:
         # the branch prompt ends on a block boundary and came whole from the cache: no logits were computed
         # for the draft's first position. One decode step says the model's token there; the rest of the
         # check was computed after the draft's first token, so it holds if the model agrees with that one
@@ -116,12 +126,27 @@ async def drafted(engine, req: GenRequest, draft: Sequence[int],
     yield GenDelta(req.request_id, list(acc.tokens), finished=acc.finish_reason is not None,
                    finish_reason=acc.finish_reason, num_prompt_tokens=check.num_prompt_tokens,
                    num_cached_tokens=check.num_cached_tokens)
-    if acc.finish_reason is not None:
-        return
+    if acc.finish_reason is None:
+        async for d in _go_on(engine, req, acc, announced=True):
+            yield d
+
+
+async def _go_on(engine, req: GenRequest, acc: Accepted, announced: bool = False) -> AsyncIterator[GenDelta]:
+    """The branch after its accepted tokens: one request of the prompt + them, the rest of the budget
+    (a forced request the rest of its trace). Unless ``announced``, the accepted tokens go out first,
+    with the request's first delta (and its prompt and cache counts)."""
     n = len(acc.tokens)
+    if acc.finish_reason is not None:  # the budget is spent: nothing to ask the engine
+        yield GenDelta(req.request_id, list(acc.tokens), finished=True, finish_reason=acc.finish_reason)
+        return
+    forced = req.forced_tokens
     rest = dataclasses.replace(req, prompt_ids=[*req.prompt_ids, *acc.tokens], max_tokens=req.max_tokens - n,
                                forced_tokens=list(forced[n:]) if forced is not None else None)
+    first = not announced
     async for d in engine.generate(rest):
+        if first:
+            d = dataclasses.replace(d, token_ids=[*acc.tokens, *d.token_ids])
+            first = False
         yield d
 
 

@@ -124,9 +124,9 @@ class PageRecord:
     #: the engine time the page used: the sum over its requests (retries and discarded attempts too) of each
     #: one's share of the engine's busy time (see :mod:`padoc_ray.scheduler.meter`); None: it never ran
     engine_s: float | None = None
-    #: the page's text layer as judged (used | absent | untrusted; absent: none given), and per region
-    #: (reading order) the tokens of its branch's draft and how many of them the model accepted
-    text_layer: str = ABSENT
+    #: the page's text layer as judged (used | absent | untrusted; absent: none given; None: --text-layer off),
+    #: and per region (reading order) the tokens of its branch's draft and how many of them the model accepted
+    text_layer: str | None = ABSENT
     region_draft_tokens: list[int] = field(default_factory=list)
     region_accepted_tokens: list[int] = field(default_factory=list)
 
@@ -162,7 +162,7 @@ class _Page:
         self.closed_at: dict[int, float] = {}  # branch -> when the layout stream closed its region
         self.fork_latency: dict[int, float] = {}  # branch -> region close to first token
         self.closing = False  # the page is ending: no new request may start
-        self.text_layer = trust(inp.text_layer)
+        self.text_layer = trust(inp.text_layer) if cfg.text_layer == "speculate" else None
         self.drafts: dict[int, tuple[int, int]] = {}  # branch -> (draft tokens, accepted), once checked
 
     def _priority(self, branch: bool) -> int:
@@ -314,8 +314,8 @@ class _Page:
     def _draft(self, f: ForkAction) -> tuple[int, ...]:
         """Branch ``f``'s draft from the page's text layer: its first attempt, in fork mode, a trusted layer,
         a region whose content is text (not a table's HTML or a formula's LaTeX, which no text layer writes)."""
-        if f.attempt or self.mode != "fork" or self.text_layer != USED:
-            return ()
+        if f.attempt or self.mode != "fork" or self.text_layer != USED or self.cfg.attempt_temperature(0) > 0:
+            return ()  # a re-fork, or sampling: a draft is checked against the greedy choice only
         mp = self.model_protocol
         region = assemble_region(mp.vocab, mp.tokenizer, f.region, None, size=self._size)
         if region.content_format != "text":

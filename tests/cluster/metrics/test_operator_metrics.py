@@ -326,6 +326,11 @@ def test_batch_job_exports_the_metrics_its_rows_imply(own_ray_cluster, tiny_mode
     assert total(m, "ray_padoc_prompt_tokens_total") == sum(r["prompt_tokens"] for r in engine)
     cached = sum(r["cached_tokens"] for r in engine)
     assert cached > 0 and total(m, "ray_padoc_cached_prompt_tokens_total") == cached  # branches share the prefix
+    # memo.pdf is born digital: its text regions' drafts (its own text layer) were checked and, replayed, accepted
+    accepted = sum(r["accepted_tokens"] for r in engine)
+    drafted = sum(reg["draft_tokens"] or 0 for r in engine for reg in r["regions"])
+    assert 0 < accepted <= drafted and total(m, "ray_padoc_draft_tokens_total", outcome="accepted") == accepted
+    assert total(m, "ray_padoc_draft_tokens_total", outcome="drafted") == drafted
     assert buckets(m, "ray_padoc_page_branches") == expect_buckets([r["n_branches"] for r in engine], metrics.BRANCHES)
     assert buckets(m, "ray_padoc_ttft_seconds") == expect_buckets([r["ttft_s"] for r in engine], metrics.TTFT)
     assert buckets(m, "ray_padoc_page_seconds") == expect_buckets([r["e2e_s"] for r in engine], metrics.PAGE_SECONDS)

@@ -40,6 +40,20 @@ def test_demo_parses_the_examples_and_matches_their_truth(tiny_model_dir, tmp_pa
     summary = json.loads(next(ln for ln in stdout.splitlines() if ln.startswith("summary: "))[len("summary: "):])
     assert summary["pages_written"] == 5 and summary["page_status"] == {"ok": 5} and summary["all_inputs_accounted"]
     assert json.load(open(out / "summary.json"))["pages_written"] == 5 and (out / ".padoc-demo-output").exists()
+    # the examples are born digital: their text layers travelled from the renderer to the engine, and every
+    # text region's draft was accepted whole (the truth reads perfectly); tables and formulas got none
+    assert summary["text_layer"] == {"used": 5} and 0.5 < summary["accepted_fraction"] < 1, summary
+    from padoc_ray.output.reader import read_rows
+
+    rows = read_rows(str(out)).to_pylist()
+    assert sum(r["accepted_tokens"] for r in rows) == summary["accepted_tokens"]
+    for r in rows:
+        assert r["text_layer"] == "used" and "text_layer_bytes" not in r
+        for reg in r["regions"]:
+            if reg["content_format"] == "text" and reg["content"]:
+                assert reg["accepted_tokens"] == reg["draft_tokens"] > 0, (r["source_uri"], reg)
+            else:
+                assert reg["draft_tokens"] in (0, None), (r["source_uri"], reg)
 
 
 def test_bench_replay_runs_both_modes_at_each_concurrency(tiny_model_dir, tmp_path, monkeypatch, capsys, cpu_engine,

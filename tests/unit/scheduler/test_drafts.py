@@ -60,8 +60,8 @@ def test_drafted_on_a_scripted_engine_gives_the_forced_trace_whatever_the_draft(
         return toks
 
     assert asyncio.run(run([5, 6, 7, 8])) == trace
-    assert eng.requests == []  # the whole trace came from the draft and the truth: no engine request
+    (cont,) = eng.requests  # the agreed tokens as prompt (their prefill stands for the check), the rest forced
+    assert list(cont.prompt_ids) == [1, 1, 1, 5, 6, 7, 8] and list(cont.forced_tokens) == [END]
     assert asyncio.run(run([5, 9, 9])) == trace
-    (cont,) = eng.requests  # the continuation: prompt + the accepted tokens, the rest of the trace forced
-    assert list(cont.prompt_ids) == [1, 1, 1, 5, 6] and list(cont.forced_tokens) == [7, 8, END]
-    assert asyncio.run(run([])) == trace  # no draft: decoded as usual
+    assert list(eng.requests[-1].prompt_ids) == [1, 1, 1, 5] and list(eng.requests[-1].forced_tokens) == [6, 7, 8, END]
+    assert asyncio.run(run([])) == trace and list(eng.requests[-1].prompt_ids) == [1, 1, 1]  # no draft: as usual
