@@ -128,6 +128,7 @@ def mode_row(recs: list[dict], wall: float, mode: str, concurrency: int, *, samp
     statuses: dict[str, int] = {}
     for r in recs:
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    accepted = sum(r.get("accepted_tokens") or 0 for r in recs)
     return {
         "mode": mode, "concurrency": concurrency, "pages": len(recs), "valid_pages": len(valid),
         "invalid_pages": len(recs) - len(valid), "statuses": dict(sorted(statuses.items())),
@@ -139,6 +140,9 @@ def mode_row(recs: list[dict], wall: float, mode: str, concurrency: int, *, samp
         "mean_output_tokens_per_s": round(out_tokens / wall, 2) if wall > 0 else None,
         "peak_output_tokens_per_s": _r(peak, 2), "peak_window_s": _r(win, 3), "token_rate_source": src,
         "prefix_cache_hit_rate": _r(hit), "prefix_cache_source": hit_src,
+        # text-layer drafts (--text-layer speculate, pages with their PDFs' text layers: bench --pdfs)
+        "draft_tokens": sum(r.get("draft_tokens") or 0 for r in recs), "accepted_tokens": accepted,
+        "accepted_fraction": _r(accepted / out_tokens) if out_tokens else None,
         **step_row(steps, wall),
     }
 
@@ -334,8 +338,9 @@ def legacy_summary(report: dict) -> dict:
         block = out["concurrency"].setdefault(str(r["concurrency"]), {})
         block[r["mode"]] = {k: r[k] for k in (
             "pages", "valid_pages", "wall_s", "pages_per_s", "valid_pages_per_s", "p50_e2e_s", "p95_e2e_s",
-            "prefix_cache_hit_rate", "statuses")}
+            "prefix_cache_hit_rate", "statuses", "draft_tokens", "accepted_tokens", "accepted_fraction")}
         block[r["mode"]]["output_tokens_per_s"] = r["mean_output_tokens_per_s"]
+        block[r["mode"]]["engine_steps"] = r.get("engine_steps")
         if r.get("paired_median_speedup") is not None or r.get("paired_pages") is not None:
             block["paired"] = {"paired_pages": r["paired_pages"], "median_speedup": r["paired_median_speedup"],
                                "p25_speedup": r["paired_p25_speedup"], "p75_speedup": r["paired_p75_speedup"],

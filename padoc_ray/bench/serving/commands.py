@@ -38,7 +38,7 @@ class ServeCommand:
                                    help="folder holding each page's image_path; one per --gt, in the same order")
     model: str = knob(help="checkpoint directory")
     bench: ServeBenchConfig = knob(factory=ServeBenchConfig, nested=(
-        "concurrency", "pages", "target", "modes", "warmup", "replay", "speed_probe", "speed_probe_image"))
+        "concurrency", "pages", "target", "modes", "warmup", "replay", "speed_probe", "speed_probe_image", "pdfs"))
     out: str = knob(help="output folder")
     host: HostConfig = knob(factory=HostConfig, nested=HOST_FLAGS)
 
@@ -78,6 +78,9 @@ class ReplayCommand:
     out: str = knob(help="output folder")
     limit: int | None = knob(None, help="use only the first N pages", default_text="all")
     warmup: int = 2  #: untimed warm-up pages per mode
+    #: the folder of the pages' source PDFs (each truth's page_info.source_pdf): every page carries its text
+    #: layer, so --text-layer speculate drafts from it; none: image pages, no drafts
+    pdfs: str | None = knob(None, metavar="DIR")
     host: HostConfig = knob(factory=HostConfig, nested=HOST_FLAGS)
 
 
@@ -88,7 +91,8 @@ def replay(cmd: ReplayCommand) -> int:
 
     for path, what in ((cmd.gt, "--gt"), (cmd.images, "--images"), (cmd.model, "--model")):
         require_path(path, what)
-    cfg = ServeBenchConfig(concurrency=cmd.concurrency, pages=cmd.limit, modes=cmd.modes, warmup=cmd.warmup)
+    cfg = ServeBenchConfig(concurrency=cmd.concurrency, pages=cmd.limit, modes=cmd.modes, warmup=cmd.warmup,
+                           pdfs=cmd.pdfs)
     host = dataclasses.replace(cmd.host, pages_in_flight=max(cfg.concurrency))
     try:
         report = run([(cmd.gt, cmd.images)], cmd.model, cfg, host, cmd.out, log=_log)

@@ -22,12 +22,20 @@ class BenchPage:
     doc_id: str
     truth: Page
     gt: str  #: the ground-truth file it came from
+    #: the page's text layer, from its source PDF (``--pdfs``); None: an image page only
+    text_layer: object = None
 
 
-def load_page_sets(sets: Sequence[tuple[str, str]], limit: int | None = None) -> tuple[list[BenchPage], list[dict]]:
+def load_page_sets(sets: Sequence[tuple[str, str]], limit: int | None = None,
+                   pdfs: str | None = None) -> tuple[list[BenchPage], list[dict]]:
     """Pages of (GT.json, images folder) pairs in order, at most ``limit`` in all; and per set
-    ``{"gt", "images", "count"}`` (pages used from it). Raises :class:`PageSetError`."""
+    ``{"gt", "images", "count"}`` (pages used from it). ``pdfs``: the folder of the truth's source PDFs
+    (``page_info.source_pdf``): each page gets its text layer from there. Raises :class:`PageSetError`."""
     from padoc_ray.pdf import doc_id_of
+
+    if pdfs is not None and not os.path.isdir(pdfs):
+        raise PageSetError(f"--pdfs {pdfs}: no such folder")
+    layers = _TextLayers(pdfs) if pdfs is not None else None
 
     pages: list[BenchPage] = []
     info: list[dict] = []
@@ -59,7 +67,8 @@ def load_page_sets(sets: Sequence[tuple[str, str]], limit: int | None = None) ->
             seen[name] = gt
             with open(path, "rb") as f:
                 data = f.read()
-            pages.append(BenchPage(name, data, doc_id_of(data), truth, gt))
+            layer = layers.of(t, gt) if layers is not None else None
+            pages.append(BenchPage(name, data, doc_id_of(data), truth, gt, layer))
             n += 1
         info.append({"gt": gt, "images": images, "count": n})
     if not pages:
@@ -70,3 +79,31 @@ def load_page_sets(sets: Sequence[tuple[str, str]], limit: int | None = None) ->
 def bench_truth(pages: Sequence[BenchPage]) -> Truth:
     """The host's replay truth for the bench pages (each image is a one-page document)."""
     return Truth.of_pages({p.name: p.truth for p in pages})
+
+
+class _TextLayers:
+    """Text layers of the page set's source PDFs, each PDF opened once."""
+
+    def __init__(self, folder: str):
+        self.folder, self.docs = folder, {}
+
+    def of(self, t, gt: str):
+        from padoc_ray.pdf import PdfError, open_pdf, page_text_layer
+
+        if t.source is None:
+            raise PageSetError(f"--gt {gt}: page {t.index} names no source PDF and page (page_info.source_pdf, "
+                               f"page_no), which --pdfs needs")
+        name, page_no = t.source
+        if name not in self.docs:
+            path = os.path.join(self.folder, os.path.basename(name))
+            try:
+                with open(path, "rb") as f:
+                    self.docs[name] = open_pdf(f.read())
+            except OSError:
+                raise PageSetError(f"--pdfs: {path} not found (page {t.index} of {gt})") from None
+            except PdfError as e:
+                raise PageSetError(f"--pdfs: {path}: {e}") from None
+        doc = self.docs[name]
+        if not 0 <= page_no < len(doc):
+            raise PageSetError(f"--pdfs: {name} has no page {page_no} (page {t.index} of {gt})")
+        return page_text_layer(doc, page_no)

@@ -93,10 +93,15 @@ class ServeBenchConfig:
     speed_probe: bool = False
     #: the probe's page image: bench steps' --image (its prompt length must be the same for the probes to compare)
     speed_probe_image: str = os.path.join(_EXAMPLES, "paper.pdf")
+    #: the folder of the page set's source PDFs (each truth's page_info.source_pdf): every page carries its
+    #: text layer, so --text-layer speculate drafts from it (direct target only); None: image pages, no drafts
+    pdfs: str | None = knob(None, metavar="DIR")
 
     def __post_init__(self) -> None:
         if self.speed_probe and self.target != "direct":
             raise ValueError("speed_probe needs the direct target (the probe runs on this process's engine)")
+        if self.pdfs is not None and self.target != "direct":
+            raise ValueError("pdfs needs the direct target (an HTTP upload of a page image has no text layer)")
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise ValueError("concurrency levels must be positive integers")
         if self.pages is not None and self.pages < 1:
@@ -173,7 +178,7 @@ class DirectTarget:
         t = time.perf_counter()
         # the run's tag as tenant, the page's position as salt: no run profits from another run's cache
         rec = await self.host.parse(PageRequest(doc_id=page.doc_id, page_index=0, image=img, source_name=page.name,
-                                             mode=mode, tenant=tag, salt=str(i)))
+                                             mode=mode, tenant=tag, salt=str(i), text_layer=page.text_layer))
         e2e = time.perf_counter() - t
         if page.name not in self._truth:
             self._truth[page.name] = quantized(page.truth, self.host.model_protocol.vocab)
@@ -181,7 +186,8 @@ class DirectTarget:
                 "output_tokens": rec.output_tokens, "prompt_tokens": rec.prompt_tokens,
                 "cached_tokens": rec.cached_tokens, "n_branches": rec.n_branches, "f_seq": rec.f_seq,
                 "f_padoc": rec.f_padoc, "equals_truth": rec.page.regions == self._truth[page.name].regions,
-                "injected_loops": rec.injected_loops}
+                "injected_loops": rec.injected_loops, "text_layer": rec.text_layer,
+                "draft_tokens": sum(rec.region_draft_tokens), "accepted_tokens": sum(rec.region_accepted_tokens)}
 
 
 class HttpTarget:
@@ -444,7 +450,7 @@ def run(sets: Sequence[tuple[str, str]], model: str, cfg: ServeBenchConfig, host
         cfg = dataclasses.replace(cfg, modes=modes)
         for m, why in skipped.items():
             log(f"bench: {m} left out ({why}); running {', '.join(modes)} only")
-    pages, info = load_page_sets(sets, cfg.pages)
+    pages, info = load_page_sets(sets, cfg.pages, pdfs=cfg.pdfs)
     if cfg.pages and len(pages) < cfg.pages:
         log(f"{len(pages)} pages in the set, fewer than the {cfg.pages} asked for: using all {len(pages)}")
     header = _header(model, pages, info, cfg, host_cfg)

@@ -90,6 +90,24 @@ def test_bench_replay_runs_both_modes_at_each_concurrency(tiny_model_dir, tmp_pa
     assert all(r["status"] == "ok" and r["equals_truth"] for r in recs)
     assert all(r["f_padoc"] < r["f_seq"] for r in recs if r["mode"] == "fork")
     assert all(r["n_branches"] == 0 for r in recs if r["mode"] == "sequential")
+    # no --pdfs: image pages carry no text layer, so no draft
+    assert all(r["draft_tokens"] == 0 and r["text_layer"] == "absent" for r in recs if r["mode"] == "fork")
+    # --pdfs: each page carries its PDF's text layer; replayed, every text draft is accepted, the pages unchanged
+    rc = main(["bench", "replay", "--gt", str(tmp_path / "gt.json"), "--images", str(images), "--model",
+               tiny_model_dir, "--concurrency", "3", "--modes", "fork", "--warmup", "0", "--pdfs", EXAMPLES,
+               "--out", str(tmp_path / "drafts")])
+    assert rc == 0, capsys.readouterr().err[-4000:]
+    fork = json.load(open(tmp_path / "drafts" / "summary.json"))["concurrency"]["3"]["fork"]
+    drafted = [json.loads(ln) for ln in open(tmp_path / "drafts" / "pages.jsonl")]
+    assert all(r["status"] == "ok" and r["equals_truth"] and r["text_layer"] == "used" for r in drafted)
+    assert 0 < fork["accepted_tokens"] == fork["draft_tokens"] == sum(r["accepted_tokens"] for r in drafted)
+    assert 0 < fork["accepted_fraction"] < 1 and fork["engine_steps"] > 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # a usage error names the PDF it lacks, before any page runs
+        main(["bench", "replay", "--gt", str(tmp_path / "gt.json"), "--images", str(images), "--model",
+              tiny_model_dir, "--pdfs", str(tmp_path), "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--pdfs: " in err and "paper.pdf not found (page 0 of" in err, err
 
 
 def test_bench_pipeline_reports_both_sides(tiny_model_dir, tmp_path):
