@@ -62,6 +62,10 @@ class ModelCommand:
     compare: str | None = knob(None, metavar="BENCH_SERVE_OUT",
                                help="a bench serve output folder: its measured valid pages/s beside each modeled cell")
     out: str = knob(help="output folder")
+    #: model text-layer drafts too (--text-layer speculate): this share of every fork branch's tokens is accepted
+    #: from a draft, moving from decode steps into the branch's prefill (a bench serve --pdfs run's
+    #: accepted_fraction); the report then gives pages/s and $ per million pages with and without it
+    accepted_fraction: float | None = knob(None, metavar="X")
     scheduler: SchedulerConfig = knob(factory=SchedulerConfig, nested=SCHEDULER_FLAGS)
 
 
@@ -172,6 +176,8 @@ def main(cmd: ModelCommand) -> int:
 
     if bool(cmd.steps) == bool(cmd.gpu):
         raise UsageError("give --steps STEPS.json or --gpu GPU (one of them)")
+    if cmd.accepted_fraction is not None and not 0.0 <= cmd.accepted_fraction <= 1.0:
+        raise UsageError(f"--accepted-fraction must be in [0, 1], got {cmd.accepted_fraction}")
     if bool(cmd.gt) == bool(cmd.workload):
         raise UsageError("give --gt GT.json or --workload paper384 (one of them)")
     if cmd.page_sizes and not cmd.workload:
@@ -215,9 +221,30 @@ def main(cmd: ModelCommand) -> int:
     if cmd.workload == "paper384":
         add_paper(rows)
         report["paper"] = {"source": PAPER_TABLE3["source"]}
+    if cmd.accepted_fraction is not None:
+        with_drafts = run_model(traces, mp.vocab, sched, st, envs, cfg.concurrency, cfg.mode,
+                                gpu_hour_usd=cfg.gpu_hour_usd, log=log, accepted_fraction=cmd.accepted_fraction)
+        report["drafts"] = {"accepted_fraction": cmd.accepted_fraction, "rows": with_drafts}
     write_report(report, cmd.out, log=log)
+    if cmd.accepted_fraction is not None:
+        with open(os.path.join(cmd.out, "report.md"), "a", encoding="utf-8") as f:
+            f.write(_drafts_table(rows, report["drafts"]["rows"], cmd.accepted_fraction))
     with open(os.path.join(cmd.out, "report.md"), encoding="utf-8") as f:
         print(f.read())
     print(f"modeled {len(traces)} pages x {len(cfg.mode)} modes x {len(cfg.concurrency)} concurrencies in "
           f"{took:.1f} s; wrote {cmd.out}/report.json, report.md and {', '.join(report['plots']) or 'no plots'}")
     return 0
+
+
+def _drafts_table(rows: list[dict], drafted: list[dict], fraction: float) -> str:
+    """report.md's section on text-layer drafts: each (mode, C) without and with them."""
+    by = {(r["mode"], r["concurrency"]): r for r in drafted}
+    out = [f"\n## Text-layer drafts, {fraction:.0%} of branch tokens accepted\n",
+           "| mode | C | valid pages/s | with drafts | steps | with drafts | $ per 1M pages | with drafts |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        d = by[(r["mode"], r["concurrency"])]
+        out.append(f"| {r['mode']} | {r['concurrency']} | {r['valid_pages_per_s']} | {d['valid_pages_per_s']} | "
+                   f"{r['engine_steps']} | {d['engine_steps']} | {r.get('usd_per_million_pages')} | "
+                   f"{d.get('usd_per_million_pages')} |")
+    return "\n".join(out) + "\n"

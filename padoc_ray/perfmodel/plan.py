@@ -16,7 +16,7 @@ order after the layout stream. Pure: imports no ray, vllm or torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from padoc_ray.protocol.codec import INVALID_BOX, MISSING_BRANCH, parse_branch
 from padoc_ray.protocol.depth import decode_depth, depth_from_trace
@@ -161,3 +161,21 @@ def _finish(trace: PageTrace, mode: str, mt: ModeTrace, st: PageState, vocab, re
     valid = st.status == PageStatus.OK and not errors and all(r == "stop" for r in reasons) and stop_page is None
     return PagePlan(trace.name, mode, reqs, trace.image_tokens, mt.image_at, stop_page, st.status.label, valid,
                     f_seq, f_padoc, len(st.branches))
+
+
+def with_drafts(plan: PagePlan, accepted_fraction: float) -> PagePlan:
+    """``plan`` with text-layer drafts (:mod:`padoc_ray.scheduler.drafts`) accepted at ``accepted_fraction``
+    of every branch's first attempt: that share of its tokens moves from decoding (a step each) into its
+    prefill (the check's one prefill of prompt + draft), uncached; the branch still decodes at least its
+    last token. Sequential plans and re-forks are unchanged (no drafts there)."""
+    if not 0.0 <= accepted_fraction <= 1.0:
+        raise ValueError("accepted_fraction must be in [0, 1]")
+    if plan.mode != "fork" or accepted_fraction == 0:
+        return plan
+    reqs = []
+    for r in plan.requests:
+        first_attempt = r.key.startswith("b") and "." not in r.key
+        moved = min(r.output_tokens - 1, round(accepted_fraction * r.output_tokens)) if first_attempt else 0
+        reqs.append(replace(r, prompt_tokens=r.prompt_tokens + moved, output_tokens=r.output_tokens - moved)
+                    if moved > 0 else r)
+    return replace(plan, requests=tuple(reqs))

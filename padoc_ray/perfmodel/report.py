@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from padoc_ray.perfmodel.table3 import STEP_FIGURES, add_pairs, fmt, mode_row, plot_report, table3_lines
 
-from .plan import plan_page
+from .plan import plan_page, with_drafts
 from .sim import Envelope, simulate
 from .trace import PageTrace
 
@@ -90,11 +90,14 @@ class ModelBenchConfig:
 
 def run_model(traces: Sequence[PageTrace], vocab, scheduler_cfg, step_time, env: Envelope | Mapping[str, Envelope],
               concurrency: Sequence[int], modes: Sequence[str], *, gpu_hour_usd: float | None = None,
-              log: Callable[[str], None] = lambda m: None) -> list[dict]:
+              log: Callable[[str], None] = lambda m: None, accepted_fraction: float = 0.0) -> list[dict]:
     """One row per (mode, concurrency), concurrency-major like ``bench serve``'s; ``env`` is one envelope
-    for every mode or one per mode (the paper ran Sequential SFT in vLLM's standard envelope)."""
+    for every mode or one per mode (the paper ran Sequential SFT in vLLM's standard envelope).
+    ``accepted_fraction``: text-layer drafts accepted at that share of every fork branch's tokens
+    (:func:`~.plan.with_drafts`); 0: none."""
     envs = env if isinstance(env, Mapping) else {m: env for m in modes}
-    plans = {m: [plan_page(t, m, vocab, scheduler_cfg) for t in traces] for m in modes}
+    plans = {m: [with_drafts(plan_page(t, m, vocab, scheduler_cfg), accepted_fraction) for t in traces]
+             for m in modes}
     rows: list[dict] = []
     results: dict[tuple[str, int], list[dict]] = {}
     for c in concurrency:

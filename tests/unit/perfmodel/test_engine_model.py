@@ -560,3 +560,42 @@ def test_the_model_is_pure():
     proc = subprocess.run([sys.executable, "-c", BLOCKER, *mods], capture_output=True, text=True, cwd=ROOT,
                           timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_drafts_move_accepted_branch_tokens_from_decoding_into_the_prefill():
+    from padoc_ray.perfmodel.plan import PagePlan, RequestPlan, with_drafts
+
+    reqs = (RequestPlan("main", 500, 0, 80, "stop", image=True),
+            RequestPlan("b0", 520, 500, 100, "stop", parent=0, at_token=10),
+            RequestPlan("b1", 540, 500, 1, "stop", parent=0, at_token=20),
+            RequestPlan("b0.r1", 520, 520, 60, "stop", parent=1))
+    plan = PagePlan("p", "fork", reqs, 400, 5, None, "ok", True, 200, 120, 2)
+    got = with_drafts(plan, 0.7)
+    main, b0, b1, retry = got.requests
+    assert (b0.prompt_tokens, b0.output_tokens) == (520 + 70, 30)  # 70 tokens checked in the prefill
+    assert (b1.prompt_tokens, b1.output_tokens) == (540, 1)  # a branch still decodes its last token
+    assert main == reqs[0] and retry == reqs[3]  # the layout stream and re-forks take no draft
+    assert with_drafts(plan, 1.0).requests[1].output_tokens == 1
+    assert with_drafts(dataclasses.replace(plan, mode="sequential"), 0.7) == dataclasses.replace(plan, mode="sequential")
+    with pytest.raises(ValueError, match=r"accepted_fraction must be in \[0, 1\]"):
+        with_drafts(plan, 1.5)
+
+
+def test_the_command_models_text_layer_drafts_beside_the_plain_run(tmp_path, tiny_model_dir):
+    out = tmp_path / "model"
+    assert _model("--workload", "paper384", "--gpu", "H200", "--model-config", "qwen3-vl-2b", "--concurrency", "64",
+                  "--gpu-hour-usd", "1.5", "--accepted-fraction", "0.6", "--model", tiny_model_dir,
+                  "--out", str(out)) == 0
+    report = json.loads((out / "report.json").read_text())
+    plain = {(r["mode"], r["concurrency"]): r for r in report["rows"]}
+    drafted = {(r["mode"], r["concurrency"]): r for r in report["drafts"]["rows"]}
+    assert report["drafts"]["accepted_fraction"] == 0.6 and set(drafted) == set(plain)
+    fork, fork_d = plain[("fork", 64)], drafted[("fork", 64)]
+    # accepted tokens leave the decode loop: fewer steps, more pages/s, fewer dollars; sequential takes no draft
+    assert fork_d["engine_steps"] < fork["engine_steps"] and fork_d["valid_pages_per_s"] > fork["valid_pages_per_s"]
+    assert fork_d["usd_per_million_pages"] < fork["usd_per_million_pages"]
+    assert drafted[("sequential", 64)]["engine_steps"] == plain[("sequential", 64)]["engine_steps"]
+    assert "## Text-layer drafts, 60% of branch tokens accepted" in (out / "report.md").read_text()
+    with pytest.raises(SystemExit):
+        _model("--workload", "paper384", "--gpu", "H200", "--model-config", "qwen3-vl-2b", "--accepted-fraction", "2",
+               "--model", tiny_model_dir, "--out", str(tmp_path / "x"))
