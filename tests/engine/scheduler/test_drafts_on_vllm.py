@@ -207,3 +207,109 @@ def test_pages_with_their_text_layers_are_parsed_identically_in_fewer_steps(cpu_
         assert sum(a.region_draft_tokens) > 0 or not a.page.regions
         assert all(acc <= 1 for acc, d in zip(a.region_accepted_tokens, a.region_draft_tokens) if d)
     assert cpu_engine.num_unfinished_requests() == 0
+
+
+class Counting:
+    """The real engine, counting the draft checks and the requests it is given."""
+
+    def __init__(self, inner):
+        self.inner, self.checks, self.requests = inner, [], 0
+
+    def generate(self, req):
+        self.requests += 1
+        return self.inner.generate(req)
+
+    async def verify(self, req, draft):
+        self.checks.append(len(draft))
+        return await self.inner.verify(req, draft)
+
+    async def abort(self, ids):
+        await self.inner.abort(ids)
+
+    def num_unfinished_requests(self):
+        return self.inner.num_unfinished_requests()
+
+
+def _invisible_text_pdf() -> bytes:
+    """A page whose visible words are drawn as shapes (no text) and whose text layer, invisible (render
+    mode 3, as OCR layers are), says something else at the same place."""
+    import io
+
+    from reportlab.pdfgen import canvas
+
+    buf = io.BytesIO()
+    c = canvas.Canvas(buf, pagesize=(612, 792), invariant=1)
+    for i in range(8):
+        c.rect(40, 700 - 60 * i, 500, 20, fill=1)
+        t = c.beginText(40, 705 - 60 * i)
+        t.setTextRenderMode(3)
+        t.setFont("Helvetica", 14)
+        t.textLine(f"an invisible layer that says something else, line {i}")
+        c.drawText(t)
+    c.showPage()
+    c.save()
+    return buf.getvalue()
+
+
+def test_wrong_scanned_and_hostile_text_layers_change_nothing(cpu_engine, model_protocol, loop_thread):
+    """Free decoding (the random model writes its own pages): a page whose invisible layer says something
+    else gets one check per drafted branch and the same page as without; a scan and a broken layer send no
+    check; a million characters in one box make a draft of at most MAX_DRAFT_TOKENS."""
+    from padoc_ray.pdf import RenderConfig, open_pdf, page_text_layer, render_page
+    from padoc_ray.protocol.text_layer import TextLayer, trust
+    from padoc_ray.scheduler import PageInput, SchedulerConfig, run_page
+    from padoc_ray.scheduler.drafts import MAX_DRAFT_TOKENS
+    from tests.helpers.pdf_factory import image_only_pdf
+
+    mp = model_protocol
+    # a short budget per branch, and no re-fork of a branch that reaches it (a re-fork samples with a seed of
+    # its page's id, which differs between these runs)
+    cfg = SchedulerConfig(max_tokens=40, branch_retries=0)
+    data = _invisible_text_pdf()
+    invisible = page_text_layer(open_pdf(data), 0)
+    assert trust(invisible) == "used" and "invisible layer" in invisible.text
+    scan = page_text_layer(open_pdf(image_only_pdf()), 0)
+    broken = TextLayer("\ue000" * 200, ((0.0, 0.0, 1.0, 1.0),) * 200)
+    # a million characters in the box of the first line's fifth character: all inside the first region
+    huge = TextLayer("word " * 200_000, (invisible.boxes[4],) * 1_000_000)
+    image = render_page(open_pdf(data), 0, RenderConfig(longest_side=600)).image
+    # the layout is forced (a text region over each line, as a trained model would find them); the branches
+    # decode freely, so the drafts meet the model's own text
+    from padoc_ray.protocol.page import Box, Page, Region
+
+    lines = {}
+    for ch, b in zip(invisible.text, invisible.boxes):
+        if any(b):
+            lines.setdefault(round((b[1] + b[3]) / 2 * 13), []).append(b)  # lines are 60 pt (1/13 page) apart
+    regions = tuple(Region("text_block", Box(min(b[0] for b in bs) - 0.01, min(b[1] for b in bs) - 0.005,
+                                             max(b[2] for b in bs) + 0.01, max(b[3] for b in bs) + 0.005), "x")
+                    for _, bs in sorted(lines.items()))
+    assert len(regions) == 8
+    layout = mp.vocab.serialize_fork(mp.tokenizer, Page(image.width, image.height, regions)).layout
+
+    def page(tag, layer):
+        return PageInput(page_id=f"tl-{tag}:0", image=image, width=image.width, height=image.height,
+                         cache_salt=f"tl-{tag}", text_layer=layer, forced_main=layout)
+
+    async def go():
+        out = {}
+        for tag, layer in (("none", None), ("invisible", invisible), ("scan", scan), ("broken", broken),
+                           ("huge", huge)):
+            eng = Counting(cpu_engine)
+            rec = await run_page(eng, mp, dataclasses.replace(page(tag, layer), cache_salt=f"tl-{tag}"), cfg=cfg)
+            out[tag] = (rec, eng)
+        return out
+
+    got = loop_thread.run(go(), timeout=300)
+    plain, _ = got["none"]
+    assert plain.page.regions, "the random model's page has regions to draft for"
+    for tag in ("invisible", "scan", "broken", "huge"):
+        rec, eng = got[tag]
+        assert rec.page == plain.page and rec.output_tokens == plain.output_tokens, tag  # nothing changed
+    rec, eng = got["invisible"]
+    drafted = [d for d in rec.region_draft_tokens if d]
+    assert rec.text_layer == "used" and len(eng.checks) == len(drafted)  # one check per drafted branch
+    assert got["scan"][0].text_layer == "absent" and got["scan"][1].checks == []
+    assert got["broken"][0].text_layer == "untrusted" and got["broken"][1].checks == []
+    huge_checks = got["huge"][1].checks
+    assert huge_checks and max(huge_checks) <= MAX_DRAFT_TOKENS

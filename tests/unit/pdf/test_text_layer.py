@@ -84,3 +84,32 @@ def test_lines_are_joined_hyphenated_words_rejoined_and_a_draft_is_bounded():
     assert TextLayer.from_bytes(odd.to_bytes()).text == odd.text and TextLayer.from_bytes(odd.to_bytes()).truncated
     with pytest.raises(ValueError, match="2 characters but 1 boxes"):
         TextLayer("ab", ((0, 0, 0, 0),))
+
+
+@pytest.mark.parametrize("profile", ["academic", "report"])
+def test_text_regions_of_generated_pages_read_back_as_their_truth(tmp_path, profile):
+    """The draft text (region_text over each region's box) of generated born-digital pages, per category,
+    against the generator's exact truth: every text-like region's draft is its content, token for token;
+    tables (HTML) and formulas (LaTeX) are not drafted from the text layer (their markup is not in it)."""
+    from collections import Counter
+
+    from padoc_ray.cli import main
+    from padoc_ray.groundtruth import load_truth
+
+    out = tmp_path / "corpus"
+    assert main(["corpus", "generate", "--out", str(out), "--pages", "6", "--profile", profile, "--workers", "1"]) == 0
+    truth = load_truth(str(out / "gt.json"))
+    checked, per_category = 0, Counter()
+    docs = {}
+    for (name, page_no), page in sorted(truth.items()):
+        if name not in docs:
+            docs[name] = open_pdf((out / "pdfs" / name).read_bytes())
+        layer = page_text_layer(docs[name], page_no)
+        assert trust(layer) == USED, (name, page_no)
+        for r in page.regions:
+            if r.content_format != "text" or not r.content:
+                continue
+            assert region_text(layer, r.box) == r.content, (name, page_no, r.category)
+            checked += 1
+            per_category[r.category] += 1
+    assert checked >= 20 and {"title", "text_block"} <= set(per_category), per_category
