@@ -247,6 +247,10 @@ def test_http_gives_the_batch_jobs_and_parse_pages_results(svc, tiny_model_dir, 
                    [(r["category"], r["content"], [round(x, 4) for x in r["bbox"]]) for r in b["regions"]], (name, i)
             assert (p["doc_id"], p["page_count"], p["image_width"], p["image_height"]) == \
                    (b["doc_id"], b["page_count"], b["image_width"], b["image_height"])
+            # an uploaded PDF's text layer reaches the engine replica: the same drafts as the batch job's
+            assert p["text_layer"] == b["text_layer"] == "used" and p["accepted_tokens"] == b["accepted_tokens"] > 0
+            assert [r["accepted_tokens"] for r in p["regions"]] == [r["accepted_tokens"] for r in b["regions"]]
+            assert "text_layer_bytes" not in p
 
     # parse-page prints the teacher-forced truth's Markdown (tests/engine/cli/test_help_and_parse_page.py, on report.pdf): so does HTTP
     from padoc_ray.groundtruth import load_truth
