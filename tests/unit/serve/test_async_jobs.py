@@ -400,8 +400,10 @@ def test_cancel_ends_cancelled_in_every_state(tmp_path):
     async def main():
         root = str(tmp_path / "s")
         ra, rb = Runner("a", hold=1), Runner("b", hold=1)
-        a = _manager(JobStore(root), ra, "a", max_jobs=1)
-        b = _manager(JobStore(root), rb, "b")
+        # leases that cannot go stale while the test runs: a holds "elsewhere" without heartbeats (never
+        # started) and b must see it held, however slow the machine (5 s of a loaded suite once let it lapse)
+        a = _manager(JobStore(root), ra, "a", max_jobs=1, lease_s=3600)
+        b = _manager(JobStore(root), rb, "b", lease_s=3600)
         running = await _create(a, "t", "running", pages=3)
         queued = await _create(a, "t", "queued")
         await _until(lambda: a.store.done_pages(running["id"]) == {0}, "the first job's first page")
