@@ -317,8 +317,6 @@ def render_page(doc, index: int, cfg: RenderConfig = RenderConfig(), *, pixels: 
     :class:`ReusedBitmapBuffer` as ``bitmap_maker`` they live in its buffer). ``text_layer``: read the
     page's text layer too, from the same loaded page (a layer that cannot be read is None, never an
     error). Raises PdfError."""
-    import pypdfium2 as pdfium
-
     if isinstance(doc, ImageDocument):
         img = doc.render(index, cfg)
         if pixels:
@@ -331,10 +329,7 @@ def render_page(doc, index: int, cfg: RenderConfig = RenderConfig(), *, pixels: 
         if n > cfg.max_page_draws:
             raise PdfError(PAGE_TOO_COMPLEX, f"page {index}: {counter.describe(index, cfg.max_page_draws)}; "
                                              f"not rendered")
-    try:
-        page = doc[index]
-    except (pdfium.PdfiumError, IndexError) as e:
-        raise PdfError(PAGE_LOAD_FAILED, f"page {index}: {e}") from e
+    page = _load_page(doc, index)
     try:
         w, h = page.get_size()
         if not (MIN_PAGE_POINTS <= w <= MAX_PAGE_POINTS and MIN_PAGE_POINTS <= h <= MAX_PAGE_POINTS):
@@ -410,20 +405,25 @@ def check_frames(img, n_frames: int, max_frames: int) -> None:
     img.seek(0)
 
 
+def _load_page(doc, index: int):
+    """pdfium's page ``index`` of ``doc`` (the caller closes it); PdfError(page_load_failed) if it will not load."""
+    import pypdfium2 as pdfium
+
+    try:
+        return doc[index]
+    except (pdfium.PdfiumError, IndexError) as e:
+        raise PdfError(PAGE_LOAD_FAILED, f"page {index}: {e}") from e
+
+
 def page_text_layer(doc, index: int, max_chars: int | None = None):
     """Page ``index``'s text layer (:class:`~padoc_ray.protocol.text_layer.TextLayer`): its characters in
     the file's order, each box mapped to the displayed page (its /Rotate applied) and normalized; at
     most ``max_chars`` (default :data:`~padoc_ray.protocol.text_layer.MAX_CHARS`) of them. Line breaks
     pdfium inserts get empty boxes; a space it inserts between words takes the box of the character
     before it. None for an image document (no text layer). Raises PdfError where the page cannot load."""
-    import pypdfium2 as pdfium
-
     if isinstance(doc, ImageDocument):
         return None
-    try:
-        page = doc[index]
-    except (pdfium.PdfiumError, IndexError) as e:
-        raise PdfError(PAGE_LOAD_FAILED, f"page {index}: {e}") from e
+    page = _load_page(doc, index)
     try:
         return _text_layer_of(page, max_chars)
     finally:
