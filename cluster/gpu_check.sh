@@ -13,10 +13,12 @@
 #   --warmup N     untimed warm-up pages per mode before the benchmark's timed runs (default 2;
 #                  0 when only the wiring is checked, as the CPU suite does: the figures need them)
 #   --concurrency LIST  pages in flight for the benchmark, comma-separated (default 4,16; with --model 16,64)
-#   --model DIR    a real checkpoint (PaDoc, or HPD-Parsing: huggingface-cli download PaddlePaddle/HPD-Parsing
-#                  --local-dir DIR) instead of the tiny one: the examples are parsed WITHOUT replay (the
-#                  model reads them), each page's status and Markdown go into the verdict, and the benchmark
-#                  is bench serve --no-replay, fork only, on the synthetic pages (fork pages/s per C)
+#   --model DIR    a real checkpoint (PaDoc; HPD-Parsing: huggingface-cli download PaddlePaddle/HPD-Parsing
+#                  --local-dir DIR; dots.ocr: huggingface-cli download rednote-hilab/dots.ocr --local-dir DIR)
+#                  instead of the tiny one: the examples are parsed WITHOUT replay (the model reads them),
+#                  each page's status and Markdown go into the verdict, and the benchmark is bench serve
+#                  --no-replay on the synthetic pages (fork pages/s per C; a dots checkpoint: fork and
+#                  sequential, its own single request, on the same weights)
 #
 # Steps (each one's output goes to DIR/logs/STEP.log, its outcome into the verdict):
 #   1. padoc-ray doctor (the runner vLLM picks here, the processors its loader accepts, trace replay)
@@ -100,8 +102,12 @@ if [[ -n "$real_model" ]]; then
     step "demo-$r" "$envv" "$padoc" demo --model "$model" --no-replay --output "$out/demo-$r"
   done
   step corpus "" "$padoc" corpus generate --out "$out/corpus" --pages "$pages" --images --seed 1 --force
+  # a dots checkpoint also runs its own single request (sequential) on the same weights: fork against it
+  modes=fork
+  [[ "$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("family"))' "$out/doctor.json" \
+       2>/dev/null)" == dots ]] && modes=fork,sequential
   step bench-serve "$first" "$padoc" bench serve --gt "$out/corpus/gt.json" --images "$out/corpus/images" \
-    --model "$model" --modes fork --no-replay --concurrency "$concurrency" --pages "$pages" --warmup "$warmup" \
+    --model "$model" --modes "$modes" --no-replay --concurrency "$concurrency" --pages "$pages" --warmup "$warmup" \
     --out "$out/bench"
 else
 step doctor "" "$padoc" doctor --json "$out/doctor.json"

@@ -114,6 +114,12 @@ def _protocol_report(model: str) -> tuple[dict, list[str]]:
                    categories=len(s.categories), modes=list(mp.modes))
         problems += placeholder_problems(mp)
         return out, problems
+    if found.family == "dots":
+        out.update(tokens={t: mp.tokenizer.token_to_id(t) for t in s.all_added_tokens()},
+                   branch_shape=mp.branch_shape, categories=len(s.categories), modes=list(mp.modes),
+                   pixels={"factor": s.factor, "min": s.min_pixels, "max": s.max_pixels})
+        problems += dots_config_problems(mp)
+        return out, problems
     out.update(version=s.version, categories=len(s.categories), bins=s.coordinates.bins,
                region_fields=list(s.coordinates.region_fields),
                control_tokens={k: getattr(s.tokens, k) for k in ("region_open", "region_close", "branch_start",
@@ -134,6 +140,16 @@ def placeholder_problems(mp) -> list[str]:
     if text_ids.count(ids[0]) != 1:
         return [f"the image placeholder {ph} (id {ids[0]}) occurs {text_ids.count(ids[0])} times in the tokenized "
                 f"page prompt, not once: it does not stay one token in context"]
+    return []
+
+
+def dots_config_problems(mp) -> list[str]:
+    """A dots checkpoint whose ``config.json`` names another image token than its tokenizer's ``<|imgpad|>``:
+    vLLM would then find no image in the prompt."""
+    want = mp.config.get("image_token_id")
+    if want is not None and want != mp.vocab.image_pad:
+        return [f"config.json image_token_id={want} but the tokenizer's {mp.spec.tokens.image_pad} is id "
+                f"{mp.vocab.image_pad}: vLLM would not find the page image in the prompt"]
     return []
 
 
@@ -407,6 +423,11 @@ def summary_lines(report: dict) -> Sequence[str]:
         toks = ", ".join(f"{t} {i}" for t, i in m.get("tokens", {}).items())
         out.append(f"  model family: hpd ({m['recognized_by']}); tokens: {toks or 'unread'}; boxes "
                    f"{m.get('box_space', '?')}; modes: {', '.join(m.get('modes', []))}")
+    elif m and m.get("family") == "dots":
+        px = m.get("pixels", {})
+        out.append(f"  model family: dots ({m['recognized_by']}); branches: {m.get('branch_shape')}; image: "
+                   f"{px.get('min')}-{px.get('max')} pixels, sides multiples of {px.get('factor')}; modes: "
+                   f"{', '.join(m.get('modes', []))}")
     elif m:
         out.append(f"  model family: {m.get('family')} ({m.get('recognized_by', 'unrecognized')})")
         out.append(f"  model protocol: {m['path']}" + (f" (version {m['version']}, {m['categories']} categories, "

@@ -398,14 +398,22 @@ def family_of(model_dir: str) -> str | None:
         return None
 
 
+#: the context a dots checkpoint needs at least (dots.ocr's client asks for up to 16,384 new tokens, after a page
+#: image of up to ~4,800 tokens at 200 dpi)
+DOTS_MIN_MODEL_LEN = 24576
+
+
 def family_engine_overrides(model_dir: str) -> dict:
     """Engine settings a checkpoint's family needs: hpd loads InternVL's remote-code config
-    (``trust_remote_code``) and runs with at least a 16,384-token context."""
-    if family_of(model_dir) != "hpd":
+    (``trust_remote_code``) and runs with at least a 16,384-token context; dots loads its
+    ``configuration_dots.py`` (vLLM registers no ``dots_ocr`` config) with at least 24,576."""
+    family = family_of(model_dir)
+    if family not in ("hpd", "dots"):
         return {}
     from padoc_ray.engine.config import EngineConfig
 
-    return {"trust_remote_code": True, "max_model_len": max(EngineConfig.max_model_len, HPD_MIN_MODEL_LEN)}
+    need = HPD_MIN_MODEL_LEN if family == "hpd" else DOTS_MIN_MODEL_LEN
+    return {"trust_remote_code": True, "max_model_len": max(EngineConfig.max_model_len, need)}
 
 
 def family_host_config(cfg: HostConfig, family: str) -> HostConfig:
@@ -421,7 +429,7 @@ def family_host_config(cfg: HostConfig, family: str) -> HostConfig:
 def check_family(model_protocol, cfg: HostConfig) -> None:
     """Refuse, before any page runs, host settings the checkpoint's family cannot honour: a default mode it
     lacks (hpd has no sequential stream) and the layout grammar (``constrain_layout`` masks the padoc
-    family's layout tokens; an hpd layout is text). Raises ProtocolError (a ValueError)."""
+    family's layout tokens; an hpd or dots layout is text). Raises ProtocolError (a ValueError)."""
     family = model_protocol if isinstance(model_protocol, str) else getattr(model_protocol, "family", "padoc")
     if family == "padoc":
         return

@@ -3,7 +3,7 @@
 Binds a Hugging Face tokenizer to the protocol's :class:`~padoc_ray.protocol.spec.TextTokenizer`.
 
 Loads the tokenizer of a checkpoint directory, recognizes the checkpoint's family
-(:mod:`padoc_ray.protocol.family`: ``padoc`` or ``hpd``) and exposes what the codec and the scheduler
+(:mod:`padoc_ray.protocol.family`: ``padoc``, ``hpd`` or ``dots``) and exposes what the codec and the scheduler
 need: content text <-> ids (no special tokens added), protocol-token lookup, the page prompt ids, and
 the page image as the family sends it (:meth:`ModelProtocol.prepare_image`).
 """
@@ -14,7 +14,10 @@ from functools import lru_cache
 from typing import Any, Sequence
 
 from padoc_ray.protocol import ProtocolError, Vocab
-from padoc_ray.protocol.family import HPD, check_mode, modes, recognize
+from padoc_ray.protocol.family import DOTS, HPD, branch_shape, check_mode, modes, recognize
+
+#: families whose checkpoints carry their config class as Python (hpd: InternVL's; dots: configuration_dots.py)
+REMOTE_CODE_FAMILIES = (HPD, DOTS)
 
 
 class HFTextTokenizer:
@@ -46,11 +49,18 @@ class ModelProtocol:
     def __init__(self, model_dir: str):
         self.model_dir = model_dir
         found = recognize(model_dir)
-        #: "padoc" | "hpd", and what it was recognized from (doctor reports both)
+        #: "padoc" | "hpd" | "dots", and what it was recognized from (doctor reports both)
         self.family, self.recognized_by, self.config = found.family, found.how, found.config
+        #: "prefix-fork" | "grounding": how a branch's prompt is made
+        self.branch_shape = branch_shape(self.family)
         self.spec = found.spec
-        self.tokenizer = HFTextTokenizer.from_pretrained(model_dir, trust_remote_code=self.family == HPD)
-        if self.family == HPD:
+        self.tokenizer = HFTextTokenizer.from_pretrained(model_dir,
+                                                         trust_remote_code=self.family in REMOTE_CODE_FAMILIES)
+        if self.family == DOTS:
+            from padoc_ray.protocol.dots import DotsVocab
+
+            self.vocab = DotsVocab.from_spec(self.spec, self.tokenizer)
+        elif self.family == HPD:
             from padoc_ray.protocol.hpd import HpdVocab, check_config_ids
 
             self.vocab = HpdVocab.from_spec(self.spec, self.tokenizer)
@@ -63,6 +73,10 @@ class ModelProtocol:
         self._prompts = {m: self._prompt_ids(m) for m in self.modes}
 
     def _prompt_ids(self, mode: str) -> tuple[int, ...]:
+        if self.family == DOTS:
+            from padoc_ray.protocol.dots import prompt_ids
+
+            return prompt_ids(self.vocab, mode)
         if self.family == HPD:
             # the placeholder as vLLM's InternVL processor looks for it: its own tokenization, whatever BPE
             # would make of it in context (doctor says when the two differ)
@@ -87,10 +101,20 @@ class ModelProtocol:
         """The page image as this family sends it, the request's ``mm_processor_kwargs``, and the
         multimodal uuid that names the image as sent. padoc: the image as it is. hpd: resized to
         ``cols*448 x rows*448`` of HPD's tile grid, with ``max_dynamic_patch = cols*rows`` (stock vLLM's
-        InternVL processor then cuts exactly those tiles and the thumbnail)."""
+        InternVL processor then cuts exactly those tiles and the thumbnail). dots: resized as its image
+        processor would (:func:`~padoc_ray.protocol.dots.smart_resize`), so the boxes the model writes are
+        in the pixels of the image we hold."""
+        from PIL import Image
+
+        if self.family == DOTS:
+            w, h = self.spec.input_size(image.width, image.height)
+            if image.mode != "RGB":
+                image = image.convert("RGB")
+            if image.size != (w, h):
+                image = image.resize((w, h), Image.BICUBIC)
+            return image, None, f"{page_id}@{w}x{h}"
         if self.family != HPD:
             return image, None, page_id
-        from PIL import Image
 
         from padoc_ray.protocol.hpd_image import hpd_image_request
 

@@ -120,7 +120,8 @@ annotation and a difficulty score per page (the paper's data curation). Predicti
 own parses of --source, one batch run per --modes entry (written to OUTPUT/predictions/<mode>/;
 they resume), and other parsers' outputs (--compare NAME=[FORMAT:]PATH: a padoc-ray batch output,
 OmniDocBench JSON, MinerU *_content_list.json, dots.ocr layout JSON, or a checkpoint folder (or
-model:PATH), which is run here as another parser in fork mode, e.g. hpd=models/hpd). Every pair of sets is
+model:PATH: padoc, hpd or dots family), which is run here as another parser in fork mode, e.g.
+hpd=models/hpd). Every pair of sets is
 compared page by page (PageIoU layout agreement, matched regions, content edit distance); regions
 at least --min-agree sets agree on form the consensus. With --gt, the pages are the ground truth's,
 and each set and the consensus are also scored against it; without it, every page of every source
@@ -163,7 +164,7 @@ def add_reannotate_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--compare", type=_named_set, action="append", default=[], metavar="NAME=[FORMAT:]PATH",
                    help="another prediction set (repeatable). FORMAT: padoc (a batch output folder), omnidocbench "
                         "(JSON list of pages), mineru (*_content_list.json file or folder), dots (dots.ocr layout JSON "
-                        "folder), model (a checkpoint, padoc or hpd family, parsed here in fork mode into "
+                        "folder), model (a checkpoint, padoc, hpd or dots family, parsed here in fork mode into "
                         "OUTPUT/predictions/NAME/); detected when left out. E.g. mineru=mineru:out/, "
                         "other_model=s3://b/out or hpd=models/hpd")
     c.add_argument("--min-agree", type=int, default=None, metavar="K",

@@ -168,7 +168,8 @@ def cmd_parse_page(args) -> int:
             continue
         # with --replay: did the teacher-forced run reproduce its ground-truth page? (None: no truth for it)
         t = truth.get((doc.source, row["page_index"])) if args.replay else None
-        equals = None if t is None else rec.page.regions == quantized(t, model_protocol.vocab).regions
+        size = (rec.page.width, rec.page.height)
+        equals = None if t is None else rec.page.regions == quantized(t, model_protocol.vocab, size).regions
         if args.format == "json":
             print(json.dumps(page_json(row, rec, family=family, equals_truth=equals), ensure_ascii=False, indent=2))
         else:
@@ -236,7 +237,8 @@ def cmd_demo(args) -> int:
     for r in table:
         name = os.path.basename(r["source_uri"])
         t = truth.get((name, r["page_index"]))
-        match = "-" if t is None else ("yes" if _row_matches(r, quantized(t, vocab)) else "NO")
+        size = (r.get("image_width"), r.get("image_height"))
+        match = "-" if t is None else ("yes" if _row_matches(r, quantized(t, vocab, size)) else "NO")
         print(f"{name:<12} {r['page_index'] + 1:>4} {r['status']:<16} {len(r['regions']):>7} {r['n_branches'] or 0:>8} "
               f"{r['e2e_s'] or 0:>6.2f} {r['f_seq'] or 0:>6} {r['f_padoc'] or 0:>7}  {match}")
     if table:

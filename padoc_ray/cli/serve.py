@@ -44,7 +44,8 @@ def register(sub) -> None:
     s = add_command(sub, "serve", help="the online HTTP endpoint (Ray Serve) on a local Ray", description=DESCRIPTION,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--model", required=True, help="checkpoint directory (or s3:// URI): a PaDoc checkpoint "
-                                                  "(padoc_protocol.json) or an HPD-Parsing one (family hpd: fork only)")
+                                                  "(padoc_protocol.json), an HPD-Parsing one (family hpd: fork only) or a "
+                                                  "dots.ocr one (family dots: grounding branches; fork and sequential)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     s.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     add_fields(s, ServeConfig, ("allowed_hosts", "replay_gt"), base=d)

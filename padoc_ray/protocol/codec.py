@@ -9,7 +9,7 @@ recoverable plus explicit error codes. This module knows nothing of engines or i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from .page import Box, Page, Region
@@ -26,10 +26,11 @@ TRAILING_TOKENS = "trailing_tokens"  # tokens after end-of-stream
 INVALID_BOX = "invalid_box"  # x2 < x1 or y2 < y1 (kept, with corners sorted)
 CONTROL_IN_CONTENT = "control_token_in_content"  # a protocol token inside a content branch (dropped)
 MISSING_BRANCH = "missing_branch"  # fork mode: a region whose branch result is absent
+BOX_OUTSIDE_PAGE = "box_outside_page"  # a box past the page's edges as the family measures them (kept, clipped)
 
 ERROR_CODES = (
     TRUNCATED, MALFORMED_REGION, UNEXPECTED_TOKEN, TRAILING_TOKENS, INVALID_BOX,
-    CONTROL_IN_CONTENT, MISSING_BRANCH,
+    CONTROL_IN_CONTENT, MISSING_BRANCH, BOX_OUTSIDE_PAGE,
 )
 
 
@@ -106,7 +107,8 @@ def serialize_sequential(vocab: Vocab, tokenizer: TextTokenizer, page: Page) -> 
 
 
 def child_prompt(prompt_ids: Sequence[int], layout_ids: Sequence[int], fork_point: int, vocab: Vocab) -> list[int]:
-    """The prompt of branch k: page prompt + layout tokens before region k's close + BRANCH_START."""
+    """The prompt of branch k in the ``prefix-fork`` shape (padoc, hpd): page prompt + layout tokens
+    before region k's close + BRANCH_START."""
     return [*prompt_ids, *layout_ids[:fork_point], vocab.branch_start]
 
 
@@ -126,6 +128,10 @@ class RawRegion:
     #: whether the stream itself says the region has content (hpd: closed by <FORK>); None: the
     #: category's content format says (padoc)
     has_branch: bool | None = None
+    #: the region's content as text where the stream wrote it inline as text (dots' sequential JSON)
+    content_text: str | None = None
+    #: tokens the stream spent on the region (dots: its cell), where the family counts them
+    layout_len: int = 0
 
 
 @dataclass
@@ -283,6 +289,7 @@ def parse_branch(vocab: Vocab, ids: Sequence[int], *, has_start: bool = False) -
 def _region(vocab: Vocab, raw: RawRegion, content: str | None, errors: Iterable[str],
             size: tuple[int, int] | None = None) -> Region:
     box = vocab.box(raw, *(size or (None, None)))
+    errors = [*errors, *vocab.box_errors(raw, *(size or (None, None)))]
     fmt = vocab.region_format(raw)
     if fmt == "none":
         content = None
@@ -297,7 +304,7 @@ def assemble_region(vocab: Vocab, tokenizer: TextTokenizer, raw: RawRegion, bran
     region, and the scheduler to each one as its branch finishes (streamed region events)."""
     errs = list(raw.errors)
     if sequential:  # content was inline
-        content: str | None = tokenizer.decode(raw.content_ids)
+        content: str | None = raw.content_text if raw.content_text is not None else tokenizer.decode(raw.content_ids)
     elif branch is None:
         content = None
         errs.append(MISSING_BRANCH)
@@ -350,9 +357,13 @@ def parse_padoc(
     return assemble_page(vocab, tokenizer, regions, p.error_codes, parsed, **page_kw)
 
 
-def quantized(page: Page, vocab: Vocab) -> Page:
+def quantized(page: Page, vocab: Vocab, size: tuple[int, int] | None = None) -> Page:
     """The page as it comes back from tokens: boxes snapped to bin centres (another family: its own
-    box space), errors cleared."""
+    box space), errors cleared. ``size``: the (width, height) of the image the page was parsed from,
+    where it differs from the page's own (a family whose boxes are in pixels of the image, dots, snaps
+    them in that image's pixels; teacher-forced replay writes them so, :func:`~padoc_ray.scheduler.replay_input`)."""
+    if size is not None and size[0] and size[1] and (page.width, page.height) != tuple(size):
+        page = replace(page, width=size[0], height=size[1])
     if vocab.family != "padoc":
         return vocab.quantized(page)
     bins = vocab.spec.coordinates.bins

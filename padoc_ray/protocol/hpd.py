@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar, Mapping, Sequence
 
 from .codec import (
-    MALFORMED_REGION, TRAILING_TOKENS, TRUNCATED, UNEXPECTED_TOKEN, PaDocSample, ParserBooks, RawRegion, SerializeError,
+    BOX_OUTSIDE_PAGE, MALFORMED_REGION, TRAILING_TOKENS, TRUNCATED, UNEXPECTED_TOKEN, PaDocSample, ParserBooks,
+    RawRegion, SerializeError,
 )
 from .hpd_image import hpd_tile_grid, TILE
 from .page import Box, Page, Region
-from .spec import DEFAULT_CATEGORIES, ProtocolError, TextTokenizer
+from .spec import DEFAULT_CATEGORIES, ProtocolError, TextTokenizer, text_spec_from_dict, text_spec_to_dict
 
 FAMILY = "hpd"
 
@@ -168,24 +169,11 @@ class HpdSpec:
         return DEFAULT_CATEGORIES.get(category, "text")
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["family"] = FAMILY
-        d["prompt_text"] = dict(self.prompt_text)
-        return d
+        return text_spec_to_dict(self, FAMILY)
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "HpdSpec":
-        d = {k: v for k, v in d.items() if k not in ("family", "version")}
-        try:
-            if "tokens" in d:
-                d["tokens"] = HpdTokens(**d["tokens"])
-            if "categories" in d:  # a file's map adds to (and overrides) the default one
-                d["categories"] = {**DEFAULT_CATEGORY_MAP, **d["categories"]}
-            if "names" in d:
-                d["names"] = {**DEFAULT_HPD_NAMES, **d["names"]}
-            return cls(**d)
-        except TypeError as e:
-            raise ProtocolError(f"malformed hpd protocol spec: {e}") from e
+        return text_spec_from_dict(cls, d, tokens_cls=HpdTokens, categories=DEFAULT_CATEGORY_MAP, names=DEFAULT_HPD_NAMES)
 
 
 def _parse_block(text: str) -> tuple[str, tuple[float, float, float, float]] | str:
@@ -336,6 +324,22 @@ class HpdVocab:
             sx, sy = float(cols * self.spec.tile), float(rows * self.spec.tile)
         c = lambda v: min(1.0, max(0.0, v))  # noqa: E731
         return Box(c(min(x1, x2) / sx), c(min(y1, y2) / sy), c(max(x1, x2) / sx), c(max(y1, y2) / sy))
+
+    def branch_prompt(self, prompt_ids: Sequence[int], layout_ids: Sequence[int], raw: RawRegion) -> list[int]:
+        """``prefix-fork``: page prompt + the layout before the block's ``<FORK>`` + ``<CHILD>``."""
+        return [*prompt_ids, *layout_ids[:raw.fork_point], self.branch_start]
+
+    def box_errors(self, raw: RawRegion, width: int | None = None, height: int | None = None) -> list[str]:
+        """``box_outside_page``: a coordinate past the box space's edge (kept, clipped to the page)."""
+        if self.spec.box_space == "norm1000":
+            sx = sy = 1000
+        elif not width or not height:
+            return []
+        else:
+            cols, rows = hpd_tile_grid(width, height, tile=self.spec.tile)
+            sx, sy = cols * self.spec.tile, rows * self.spec.tile
+        x1, y1, x2, y2 = raw.bins
+        return [BOX_OUTSIDE_PAGE] if min(raw.bins) < 0 or max(x1, x2) > sx or max(y1, y2) > sy else []
 
     def _coords(self, box: Box, width: int, height: int) -> list[int]:
         b = box.clipped()

@@ -218,6 +218,34 @@ def default_category_specs() -> tuple[CategorySpec, ...]:
     return tuple(CategorySpec(name=n, token=f"<|cat_{n}|>", content_format=f) for n, f in DEFAULT_CATEGORIES.items())
 
 
+# ---- the text families' specs (hpd, dots) as JSON ----------------------------------------------------
+
+
+def text_spec_to_dict(spec, family: str) -> dict:
+    """A text family's spec (:class:`~padoc_ray.protocol.hpd.HpdSpec`, :class:`~padoc_ray.protocol.dots.DotsSpec`)
+    as the JSON a ``padoc_protocol.json`` holds."""
+    d = asdict(spec)
+    d["family"] = family
+    d["prompt_text"] = dict(spec.prompt_text)
+    return d
+
+
+def text_spec_from_dict(cls, d: Mapping, *, tokens_cls, categories: Mapping[str, str], names: Mapping[str, str]):
+    """A text family's spec from a ``padoc_protocol.json``'s fields: its category map and names add to (and
+    override) the family's defaults; a field the spec lacks is a :class:`ProtocolError`."""
+    d = {k: v for k, v in d.items() if k not in ("family", "version")}
+    try:
+        if "tokens" in d:
+            d["tokens"] = tokens_cls(**d["tokens"])
+        if "categories" in d:
+            d["categories"] = {**categories, **d["categories"]}
+        if "names" in d:
+            d["names"] = {**names, **d["names"]}
+        return cls(**d)
+    except TypeError as e:
+        raise ProtocolError(f"malformed {cls.family} protocol spec: {e}") from e
+
+
 # ---- binding a spec to a tokenizer ------------------------------------------------------------
 
 

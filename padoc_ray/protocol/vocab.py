@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import ClassVar, Mapping
+from typing import ClassVar, Mapping, Sequence
 
-from .codec import StreamParser, dequantize, serialize_padoc
+from .codec import StreamParser, child_prompt, dequantize, serialize_padoc, serialize_sequential
 from .page import Box
 from .spec import ProtocolError, ProtocolSpec, TextTokenizer
 
@@ -104,6 +104,22 @@ class Vocab:
         x1, y1, x2, y2 = (dequantize(b, bins) for b in raw.bins)
         return Box(min(x1, x2), min(y1, y2), max(x1, x2), max(y1, y2))
 
+    def branch_prompt(self, prompt_ids: Sequence[int], layout_ids: Sequence[int], raw) -> list[int]:
+        """A branch's prompt, ``prefix-fork`` shape (:func:`~padoc_ray.protocol.codec.child_prompt`)."""
+        return child_prompt(prompt_ids, layout_ids, raw.fork_point, self)
+
+    def box_errors(self, raw, width: int | None = None, height: int | None = None) -> list[str]:
+        """A box's errors that only its page's size shows: none (bins cannot leave the page)."""
+        return []
+
+    def layout_tokens(self, raw) -> int:
+        """Layout tokens a region takes: R_OPEN, its fields, R_CLOSE."""
+        return len(self.spec.coordinates.region_fields) + 2
+
     def serialize_fork(self, tokenizer: TextTokenizer, page):
         """The page in fork form (layout stream, branches, fork points), as a trained model writes it."""
         return serialize_padoc(self, tokenizer, page)
+
+    def serialize_sequential(self, tokenizer: TextTokenizer, page) -> tuple[int, ...]:
+        """The page as one sequential stream (each region's layout, then its content inline)."""
+        return serialize_sequential(self, tokenizer, page)

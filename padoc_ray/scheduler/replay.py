@@ -6,18 +6,22 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 
-from padoc_ray.protocol import Page, serialize_sequential
+from padoc_ray.protocol import Page
 
 from .runner import PageInput
 
 
 def replay_input(model_protocol, truth: Page, base: PageInput, mode: str) -> PageInput:
     """``base`` with forced traces for ``truth`` in ``mode`` (branch-start tokens live in the
-    child prompts, so forced branches start at the content)."""
+    child prompts, so forced branches start at the content). The truth is written at the input image's
+    size where it says another: a family whose boxes are pixels of the image (dots) writes them in the
+    pixels the engine gets."""
+    if base.width and base.height and (truth.width, truth.height) != (base.width, base.height):
+        truth = replace(truth, width=base.width, height=base.height)
     if mode == "fork":
         s = model_protocol.vocab.serialize_fork(model_protocol.tokenizer, truth)
         return replace(base, forced_main=s.layout, forced_branches=[b[1:] for b in s.branches])
-    return replace(base, forced_main=serialize_sequential(model_protocol.vocab, model_protocol.tokenizer, truth),
+    return replace(base, forced_main=model_protocol.vocab.serialize_sequential(model_protocol.tokenizer, truth),
                    forced_branches=None)
 
 

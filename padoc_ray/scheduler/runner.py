@@ -254,6 +254,8 @@ class _Page:
             self.on_event(RegionEvent("region", raw.index, dataclasses.replace(layout, content=None)))
             if self.mode == "fork" and raw.index not in st.forks:
                 self._content(raw.index)
+            elif self.mode == "sequential" and raw.content_text is not None:  # dots: a cell holds its own text
+                self._content(raw.index)
 
     @property
     def _size(self) -> tuple[int, int]:
@@ -420,8 +422,7 @@ class _Page:
         else:
             page = assemble_page(vocab, self.model_protocol.tokenizer, regions, st.parser.error_codes, None, **kw)
             br = []
-            n_fields = len(vocab.spec.coordinates.region_fields) + 2
-            d = decode_depth([n_fields] * len(regions), [len(r.content_ids) for r in regions])
+            d = decode_depth([vocab.layout_tokens(r) for r in regions], [len(r.content_ids) for r in regions])
             # F_seq is what the stream really took; F_PaDoc what the same regions would take forked
             depth = DecodeDepth(f_seq=len(st.main.tokens), f_padoc=min(d.f_padoc, len(st.main.tokens)))
         if self.mode == "fork":

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from padoc_ray import status
 from padoc_ray.protocol import Vocab
-from padoc_ray.protocol.codec import RawRegion, child_prompt
+from padoc_ray.protocol.codec import RawRegion
 
 from .config import DECODE_MODES, SchedulerConfig
 from .loops import LoopDetector, StreamLoopGuard
@@ -78,7 +78,8 @@ class RunawayGuard:
 
 @dataclass(frozen=True)
 class ForkAction:
-    """Start branch ``index``: ``prompt_ids`` = page prompt + layout before its close + BRANCH_START.
+    """Start branch ``index`` with ``prompt_ids``, as the family's branch shape makes them: page prompt +
+    layout before its close + BRANCH_START (``prefix-fork``), or the page's grounding prompt for its box.
     ``attempt`` > 0: a re-fork of the branch (the same prompt, the next temperature of the ladder)."""
 
     index: int
@@ -256,7 +257,7 @@ class PageState:
         if len(self.branches) >= self.cfg.max_branches:
             self.flag(PageStatus.BRANCH_LIMIT, f"more than {self.cfg.max_branches} branches")
             return None
-        prompt = child_prompt(self.prompt_ids, self.main.tokens, region.fork_point, self.vocab)
+        prompt = self.vocab.branch_prompt(self.prompt_ids, self.main.tokens, region)  # the family's branch shape
         act = ForkAction(region.index, region, tuple(prompt))
         self.forks[region.index] = act
         self._start_attempt(region.index, 0)

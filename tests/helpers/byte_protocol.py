@@ -39,3 +39,23 @@ class ByteHpdProtocol:
 
         check_mode("hpd", mode)
         return self._p[mode]
+
+
+class ByteDotsProtocol:
+    """The dots family (dots.ocr's JSON layout and grounding branches) on the byte tokenizer: what
+    ModelProtocol gives a dots checkpoint, without one. Prompts are dots' own, one byte per token."""
+
+    family = "dots"
+    modes = ("fork", "sequential")
+    branch_shape = "grounding"
+
+    def __init__(self, **spec):
+        from padoc_ray.protocol.dots import DotsSpec, DotsVocab, prompt_ids
+
+        self.spec = DotsSpec(**spec)
+        self.tokenizer = ByteTokenizer(self.spec)
+        self.vocab = DotsVocab.from_spec(self.spec, self.tokenizer)
+        self._p = {m: prompt_ids(self.vocab, m) for m in self.modes}
+
+    def prompt_ids(self, mode):
+        return self._p[mode]

@@ -181,7 +181,8 @@ class DirectTarget:
                                              mode=mode, tenant=tag, salt=str(i), text_layer=page.text_layer))
         e2e = time.perf_counter() - t
         if page.name not in self._truth:
-            self._truth[page.name] = quantized(page.truth, self.host.model_protocol.vocab)
+            self._truth[page.name] = quantized(page.truth, self.host.model_protocol.vocab,
+                                               (rec.page.width, rec.page.height))
         return {"t_send": t, "e2e_s": e2e, "status": rec.status, "valid": rec.valid, "ttft_s": rec.ttft_s,
                 "output_tokens": rec.output_tokens, "prompt_tokens": rec.prompt_tokens,
                 "cached_tokens": rec.cached_tokens, "n_branches": rec.n_branches, "f_seq": rec.f_seq,

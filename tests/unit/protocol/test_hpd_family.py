@@ -306,8 +306,8 @@ def test_the_family_is_recognized_from_the_checkpoint_and_a_spec_file_overrides_
     with pytest.raises(ProtocolError, match="not a checkpoint padoc-ray knows.*InternVLChatModel"):
         recognize(_checkpoint(tmp_path / "c", {"architectures": ["InternVLChatModel"]}))
     (tmp_path / "d").mkdir()
-    with pytest.raises(ProtocolError, match="unknown family 'dots'"):
-        recognize(_checkpoint(tmp_path / "d", {}, {"family": "dots"}))
+    with pytest.raises(ProtocolError, match="unknown family 'mineru'"):
+        recognize(_checkpoint(tmp_path / "d", {}, {"family": "mineru"}))
 
 
 def test_the_family_sets_its_engine_and_scheduler_needs_and_refuses_what_it_cannot_do(tmp_path):
