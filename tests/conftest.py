@@ -89,6 +89,15 @@ def tiny_hpd_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_dots_dir(tmp_path_factory):
+    """The tiny dots.ocr-format checkpoint (family dots: DotsOCRForCausalLM, JSON layout, grounding branches)."""
+    from padoc_ray.checkpoint.tiny_dots import build_tiny_dots_model
+
+    out = tmp_path_factory.mktemp("models") / "tiny-dots"
+    return build_tiny_dots_model(str(out))
+
+
+@pytest.fixture(scope="session")
 def model_protocol(tiny_model_dir):
     from padoc_ray.tokenizer import ModelProtocol
 

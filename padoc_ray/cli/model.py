@@ -11,8 +11,8 @@ from padoc_ray.cli.common import add_command, die
 def cmd_build_tiny_model(args) -> int:
     import time
 
-    if args.family == "hpd":
-        return _build_tiny_hpd(args)
+    if args.family in ("hpd", "dots"):
+        return _build_tiny_remote_code(args)
     from padoc_ray.checkpoint.tiny import TinyModelConfig, build_tiny_model
 
     t = time.perf_counter()
@@ -29,24 +29,39 @@ def cmd_build_tiny_model(args) -> int:
     return 0
 
 
-def _build_tiny_hpd(args) -> int:
+#: --family hpd / dots: (what is built, why --base does not apply, why --tie-word-embeddings does not)
+_REMOTE_CODE_FAMILIES = {
+    "hpd": ("HPD-Parsing-format (InternVL)", "an hpd checkpoint is HPD-Parsing's own InternVL format, with no base form",
+            "HPD-Parsing's decoder has its own LM head (language_model.lm_head)"),
+    "dots": ("dots.ocr-format (DotsOCRForCausalLM)", "a dots checkpoint is dots.ocr's own format, with no base form",
+             "dots.ocr's Qwen2 decoder has its own LM head (lm_head)"),
+}
+
+
+def _build_tiny_remote_code(args) -> int:
+    """--family hpd or dots: a checkpoint in that model's own format, with its remote-code config."""
     import time
 
+    what, no_base, own_head = _REMOTE_CODE_FAMILIES[args.family]
     if args.base:
-        die("--base applies to --family padoc only: it builds a plain Qwen3-VL base for `padoc-ray init-model`; an "
-            "hpd checkpoint is HPD-Parsing's own InternVL format, with no base form")
+        die(f"--base applies to --family padoc only: it builds a plain Qwen3-VL base for `padoc-ray init-model`; "
+            f"{no_base}")
     if args.tie_word_embeddings:
-        die("--tie-word-embeddings applies to --family padoc only: HPD-Parsing's decoder has its own LM head "
-            "(language_model.lm_head)")
-    from padoc_ray.checkpoint.tiny_hpd import TinyHpdConfig, build_tiny_hpd_model
-
+        die(f"--tie-word-embeddings applies to --family padoc only: {own_head}")
     t = time.perf_counter()
     try:
-        out = build_tiny_hpd_model(args.out, cfg=TinyHpdConfig(seed=args.seed), force=args.force)
+        if args.family == "hpd":
+            from padoc_ray.checkpoint.tiny_hpd import TinyHpdConfig, build_tiny_hpd_model
+
+            out = build_tiny_hpd_model(args.out, cfg=TinyHpdConfig(seed=args.seed), force=args.force)
+        else:
+            from padoc_ray.checkpoint.tiny_dots import TinyDotsConfig, build_tiny_dots_model
+
+            out = build_tiny_dots_model(args.out, cfg=TinyDotsConfig(seed=args.seed), force=args.force)
     except FileExistsError as e:
         die(str(e))
     n = os.path.getsize(os.path.join(out, "model.safetensors"))
-    print(f"built tiny HPD-Parsing-format (InternVL) checkpoint in {out} ({n / 1e6:.1f} MB float32, "
+    print(f"built tiny {what} checkpoint in {out} ({n / 1e6:.1f} MB float32, "
           f"{time.perf_counter() - t:.1f}s); load it with trust_remote_code")
     return 0
 
@@ -92,8 +107,8 @@ def register(sub) -> None:
     from padoc_ray.cli.flags import add_fields
     from padoc_ray.storage import StorageConfig
 
-    b = add_command(sub, "build-tiny-model", help="build a tiny random-weight checkpoint (offline): PaDoc Qwen3-VL "
-                                                  "or HPD-Parsing format",
+    b = add_command(sub, "build-tiny-model", help="build a tiny random-weight checkpoint (offline): PaDoc Qwen3-VL, "
+                                                  "HPD-Parsing or dots.ocr format",
                        description="Build, offline and deterministically, a tiny random-weight float32 checkpoint for "
                                    "tests, demos and CPU benchmarks: its outputs are noise unless teacher-forced. "
                                    "--family padoc (default): a Qwen3-VL PaDoc checkpoint with tokenizer, processor "
@@ -102,13 +117,16 @@ def register(sub) -> None:
                                    "checkpoint. --family hpd: a checkpoint in HPD-Parsing's format (InternVL: "
                                    "InternViT, MLP projector, Qwen3 decoder; config.json with fork_token_id / "
                                    "child_token_id and its remote-code config; HPD's tokens and InternVL's chat "
-                                   "template), which stock vLLM loads with trust_remote_code.")
+                                   "template); --family dots: a checkpoint in dots.ocr's format (DotsOCRForCausalLM: "
+                                   "dots ViT and a Qwen2 decoder; config.json with its remote-code config, dots' "
+                                   "chat tokens and template, a Qwen2-VL image processor with a small pixel budget). "
+                                   "Stock vLLM loads hpd and dots checkpoints with trust_remote_code.")
     b.add_argument("out", help="directory to write (must be empty or missing)")
     b.add_argument("--force", action="store_true", help="overwrite a non-empty OUT")
     b.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
-    b.add_argument("--family", choices=("padoc", "hpd"), default="padoc",
-                   help="checkpoint family: padoc (a PaDoc Qwen3-VL checkpoint; the default) or hpd (HPD-Parsing's "
-                        "InternVL format)")
+    b.add_argument("--family", choices=("padoc", "hpd", "dots"), default="padoc",
+                   help="checkpoint family: padoc (a PaDoc Qwen3-VL checkpoint; the default), hpd (HPD-Parsing's "
+                        "InternVL format) or dots (dots.ocr's format)")
     b.add_argument("--base", action="store_true",
                    help="build the tiny Qwen3-VL WITHOUT the protocol (no protocol tokens, no padoc_protocol.json): a "
                         "stand-in for a real base such as Qwen3-VL-2B-Instruct, for `padoc-ray init-model` (--family "

@@ -1,0 +1,176 @@
+"""The dots family on the real CPU vLLM engine (stock vLLM, tiny random dots.ocr-format checkpoint): a
+teacher-forced page through grounding branches equals its truth and the same truth through dots' own
+single request (``--mode sequential``); each grounding prompt is, as vLLM expands it, the page's
+grounding prompt with its region's box, and reads the image-and-prompt prefix from the cache; a free
+run (no replay) ends with a status; parse-page takes the checkpoint in both modes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from padoc_ray.protocol import Box, Page, Region, quantized
+from padoc_ray.protocol.dots import box_text, layout_cells
+
+from tests.conftest import ROOT
+from tests.engine.scheduler.test_run_page_on_vllm import Recording
+
+pytestmark = pytest.mark.engine
+
+CLI = [sys.executable, "-m", "padoc_ray.cli"]
+BLOCK = 32  # the CPU preset's KV block size
+
+
+def truth_page(w=612, h=792) -> Page:
+    regs = (
+        Region(category="header", box=Box(0.1, 0.02, 0.6, 0.04), content="Quarterly report, page 3"),
+        Region(category="title", box=Box(0.1, 0.05, 0.9, 0.1), content="Quarterly report"),
+        Region(category="text_block", box=Box(0.1, 0.12, 0.9, 0.3), content='Revenue grew in every region: "all {four}".'),
+        Region(category="figure", box=Box(0.2, 0.35, 0.8, 0.6), content=None, content_format="none"),
+        Region(category="table", box=Box(0.1, 0.7, 0.9, 0.85), content="<table><tr><td>1</td></tr></table>",
+               content_format="html"),
+        Region(category="equation_isolated", box=Box(0.3, 0.86, 0.7, 0.9), content="E = m c^{2}",
+               content_format="latex"),
+    )
+    return Page(width=w, height=h, regions=regs)
+
+
+@pytest.fixture(scope="module")
+def dots_engine(tiny_dots_dir, loop_thread):
+    """One real engine on the tiny dots checkpoint, with the settings the host gives the family."""
+    from padoc_ray.engine.vllm_engine import VllmEngine
+    from padoc_ray.host import HostConfig
+
+    cfg = HostConfig(preset="cpu").engine_config(tiny_dots_dir)
+    assert cfg.trust_remote_code  # the checkpoint's configuration_dots.py (vLLM registers no dots_ocr config)
+
+    async def make():
+        return VllmEngine(cfg)
+
+    async def stop():
+        eng.shutdown()
+        await asyncio.sleep(0.1)
+
+    eng = loop_thread.run(make(), timeout=300)
+    yield eng
+    loop_thread.run(stop(), timeout=120)
+
+
+def _parse(loop_thread, model_dir, engine, truth: Page | None, name="p.png", mode="fork", **cfg):
+    from padoc_ray.host import HostConfig, PageHost, PageRequest
+
+    rec_engine = Recording(engine)
+    size = (truth.width, truth.height) if truth is not None else (612, 792)
+
+    async def go():
+        host = await PageHost(model_dir, HostConfig(preset="cpu", mode=mode, **cfg),
+                              truth={(name, 0): truth} if truth is not None else None, engine=rec_engine).start()
+        rec = await host.parse(PageRequest(doc_id="d" * 64, page_index=0, source_name=name,
+                                           image=Image.new("RGB", size, "white")))
+        return host, rec
+
+    host, rec = loop_thread.run(go(), timeout=300)
+    return host, rec, rec_engine.requests
+
+
+def test_a_teacher_forced_page_through_grounding_branches_equals_its_truth_and_dots_own_request(
+        tiny_dots_dir, dots_engine, loop_thread):
+    truth = truth_page()
+    host, rec, reqs = _parse(loop_thread, tiny_dots_dir, dots_engine, truth)
+    mp = host.model_protocol
+    assert (mp.family, mp.branch_shape) == ("dots", "grounding")
+    assert rec.status == "ok" and rec.valid, rec.message
+    assert rec.page.regions == quantized(truth, mp.vocab).regions
+    assert rec.n_branches == 5 and len(reqs) == 6  # the Picture gets no branch
+    # the image as sent: resized by the family's rule (sides on 28 px), named by that size, the same for all
+    w, h = mp.spec.input_size(612, 792)
+    assert w % 28 == 0 and h % 28 == 0 and reqs[0].image.size == (w, h)
+    assert reqs[0].image_uuid.endswith(f"@{w}x{h}") and all(r.image_uuid == reqs[0].image_uuid for r in reqs)
+    # the same truth through dots' own single request (prompt_layout_all_en), on the same weights
+    _, seq, seq_reqs = _parse(loop_thread, tiny_dots_dir, dots_engine, truth, name="s.png", mode="sequential")
+    assert seq.status == "ok" and seq.valid, seq.message
+    assert len(seq_reqs) == 1 and list(seq_reqs[0].prompt_ids) == list(mp.prompt_ids("sequential"))
+    assert seq.page.regions == rec.page.regions
+    assert seq.f_seq > rec.f_padoc  # one long stream against the layout + the longest branch
+
+
+def test_each_grounding_prompt_is_the_pages_grounding_prompt_with_its_box_and_reads_the_prefix_from_the_cache(
+        tiny_dots_dir, dots_engine, loop_thread):
+    """vLLM's expansion of every branch prompt is the expanded grounding prompt up to the box, the box as
+    dots.ocr's client writes it, then the prompt's end; no layout token is in it. Every branch reads the
+    image's full blocks from the cache (the layout request computed them), and every branch after the first
+    also the grounding prompt's text up to the box."""
+    from vllm import SamplingParams
+
+    truth = truth_page()
+    host, rec, reqs = _parse(loop_thread, tiny_dots_dir, dots_engine, truth, name="q.png")
+    mp = host.model_protocol
+    v, tok = mp.vocab, mp.tokenizer
+    main, branches = reqs[0], reqs[1:]
+
+    async def expanded(req):
+        params = SamplingParams(max_tokens=1, detokenize=False)
+        out = None
+        async for out in dots_engine.llm.generate(dots_engine._prompt(req), params, f"expand-{req.request_id}"):
+            pass
+        return list(out.prompt_token_ids)
+
+    main_x = loop_thread.run(expanded(main), timeout=120)
+    w, h = v.spec.input_size(612, 792)
+    assert main_x.count(v.image_pad) == (w // 28) * (h // 28)  # one token per 28x28 pixels after the merge
+    image_end = main_x.index(tok.token_to_id("<|endofimg|>")) + 1  # shared with every branch: user turn + image
+    cells = [r for r in layout_cells(v, main.forced_tokens) if v.has_branch(r)]
+    before, after = v._grounding_ids
+    n_before = len(before) - 1 + main_x.count(v.image_pad)  # the placeholder expands
+    for k, (req, cell, cached, n_prompt) in enumerate(zip(branches, cells, rec.branch_cached_tokens,
+                                                          rec.branch_prompt_tokens, strict=True)):
+        got = loop_thread.run(expanded(req), timeout=120)
+        assert got[:image_end] == main_x[:image_end]
+        assert got[n_before:] == [*tok.encode(box_text(cell.bins)), *after]
+        assert got[-1] == v.branch_start and n_prompt == len(got)
+        assert cached >= image_end // BLOCK * BLOCK
+        if k:
+            assert cached >= n_before // BLOCK * BLOCK, (k, cached, n_before)
+
+
+def test_a_free_run_ends_with_a_status_and_no_replay(tiny_dots_dir, dots_engine, loop_thread):
+    """Random weights write no JSON: the page ends with a status of its own (not an exception)."""
+    from padoc_ray.scheduler import SchedulerConfig
+
+    _, rec, reqs = _parse(loop_thread, tiny_dots_dir, dots_engine, None, name="free.png",
+                          scheduler=SchedulerConfig(max_tokens=48))
+    assert rec.status in ("malformed_layout", "token_limit", "runaway", "layout_unrecovered"), rec.status
+    assert reqs[0].forced_tokens is None
+
+
+def _cli(*args, timeout=600):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+@pytest.mark.slow
+def test_parse_page_json_with_replay_in_both_modes(tiny_dots_dir):
+    gt = os.path.join(ROOT, "examples", "ground_truth.json")
+    pdf = os.path.join(ROOT, "examples", "report.pdf")
+    out = {}
+    for mode in ("fork", "sequential"):
+        r = _cli("parse-page", pdf, "--model", tiny_dots_dir, "--replay", gt, "--format", "json", "--mode", mode, "--page", "1",
+                 "--longest-side", "800")
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[mode] = json.loads(r.stdout)
+        obj = out[mode]
+        assert obj["status"] == "ok" and obj["valid"] and obj["equals_truth"] is True and obj["family"] == "dots"
+    assert out["fork"]["n_branches"] >= 1 and 0 < out["fork"]["cached_tokens"] < out["fork"]["prompt_tokens"]
+    def regions(obj):
+        return [(r["category"], r["bbox"], r["content"], r["content_format"]) for r in obj["regions"]]
+
+    assert regions(out["fork"]) == regions(out["sequential"])
+    # the page's text layer drafts the grounding branches too (the model checks them; the content is its own)
+    assert sum(r["accepted_tokens"] or 0 for r in out["fork"]["regions"]) > 0
+    assert out["fork"]["markdown"] == out["sequential"]["markdown"]
