@@ -51,9 +51,10 @@ class ModelCommand:
                                                      "H200, L40S)")
     model_config: str | None = knob(None, metavar="DIR|NAME",
                                     help="with --gpu: the modeled model's shape and image processor, a checkpoint "
-                                         "directory or a built-in one: qwen3-vl-2b (Qwen3-VL-2B, PaDoc's base) or "
+                                         "directory or a built-in one: qwen3-vl-2b (Qwen3-VL-2B, PaDoc's base), "
                                          "hpd-1b (HPD-Parsing, InternVL3.5-1B-based: 448-px tiles plus a thumbnail, "
-                                         "256 tokens each)")
+                                         "256 tokens each) or dots-ocr (dots.ocr: smart_resize to 28-px squares, "
+                                         "grounding branches: image + grounding prompt + box, no layout prefix)")
     model: str = knob(DEFAULT_MODEL, help="checkpoint whose token protocol and tokenizer make the traces (and, with "
                                           "--steps, whose image processor counts image tokens)")
     envelope: ModelBenchConfig = knob(factory=ModelBenchConfig, nested=(
@@ -119,8 +120,11 @@ def _page_sizes(path: str) -> list[tuple[int, int]]:
 
 def _traces(cmd, mp, proc, cfg, sched):
     """(traces, where the pages came from, where their image tokens came from)."""
+    from padoc_ray.perfmodel.gpus import model_shape
     from padoc_ray.perfmodel.trace import TraceError, image_tokens_from_run, traces_from_gt
+    from padoc_ray.protocol.family import PREFIX_FORK
 
+    shape = model_shape(cmd.model_config).branch_shape if cmd.gpu else PREFIX_FORK  # --steps: --model's own
     try:
         if cmd.workload == "paper384":
             from padoc_ray.perfmodel.workload import paper384_traces
@@ -129,14 +133,14 @@ def _traces(cmd, mp, proc, cfg, sched):
             # the modeled model's processor with --gpu/--model-config; with --steps the paper's (Qwen3-VL's)
             modeled = proc if cmd.gpu else None
             traces, runaway = paper384_traces(mp, pages=cfg.pages, max_tokens=sched.max_tokens, page_sizes=sizes,
-                                              proc=modeled)
+                                              proc=modeled, branch_shape=shape)
             who = f"{cmd.model_config}'s processor ({modeled.source})" if modeled else "Qwen3-VL's processor"
             how = (f"{who} on page sizes drawn from {cmd.page_sizes}'s page_info" if sizes else
                    f"{who} on A4 / Letter pages at 200 dpi (the workload's PAGE_SIZES)")
             return traces, (f"paper384 synthetic workload ({len(runaway)} pages run to the {sched.max_tokens}-token "
                             f"limit in sequential mode: {', '.join(runaway) or 'none'})"), how
         traces = traces_from_gt(mp, cmd.gt, proc, images=cmd.images, limit=cfg.pages,
-                                longest_side=cmd.render.longest_side)
+                                longest_side=cmd.render.longest_side, branch_shape=shape)
         run = cmd.pages_jsonl
         measured = os.path.join(cmd.compare or "", "pages.jsonl")
         if run is None and cmd.compare and not cmd.images and os.path.isfile(measured):
@@ -183,7 +187,7 @@ def main(cmd: ModelCommand) -> int:
     if cmd.page_sizes and not cmd.workload:
         raise UsageError("--page-sizes is for --workload paper384 (with --gt the pages carry their own sizes)")
     if cmd.gpu and not cmd.model_config:
-        raise UsageError("--gpu needs --model-config (a checkpoint directory, qwen3-vl-2b or hpd-1b)")
+        raise UsageError("--gpu needs --model-config (a checkpoint directory, qwen3-vl-2b, hpd-1b or dots-ocr)")
     for path, what in ((cmd.gt, "--gt"), (cmd.images, "--images"), (cmd.compare, "--compare"),
                        (cmd.pages_jsonl, "--pages-jsonl"), (cmd.steps, "--steps"),
                        (cmd.page_sizes, "--page-sizes")):

@@ -7,8 +7,14 @@ datasheets also print a 2x "with sparsity" figure; dense is what a transformer's
 The built-in model shapes are written by hand (no hub is reachable here; see :data:`SHAPES` for where
 each value was checked): ``qwen3-vl-2b`` from the public ``Qwen/Qwen3-VL-2B-Instruct`` ``config.json``,
 ``hpd-1b`` (HPD-Parsing, an InternVL3.5-1B-based parser) from its ``config.json`` as oar-ocr's
-``config.rs`` quotes it. :func:`model_shape` reads the same fields from any local checkpoint's
-``config.json`` (Qwen-VL style).
+``config.rs`` quotes it, ``dots-ocr`` (rednote-hilab/dots.ocr) from its published ``config.json`` as
+two copies quote it and vLLM's ``DotsVisionConfig`` defaults. :func:`model_shape` reads the same fields
+from any local checkpoint's ``config.json`` (Qwen-VL style, or dots.ocr's).
+
+A shape also says how the model's branches are prompted (:attr:`ModelShape.branch_shape`, the
+families' :data:`~padoc_ray.protocol.family.BRANCH_SHAPES`): ``prefix-fork`` (PaDoc, HPD: the page
+prompt and the layout before the region) or ``grounding`` (dots.ocr: the image, a grounding prompt and
+the region's box); the engine model's request plans follow it (:mod:`.plan`).
 
 Pure: imports no ray, vllm or torch.
 """
@@ -18,6 +24,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+
+from padoc_ray.protocol.dots import is_dots_config
+from padoc_ray.protocol.family import BRANCH_SHAPES, GROUNDING, PREFIX_FORK
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,18 @@ class ModelShape:
     #: whether the LM head is the embedding table (else the table is a second vocab x hidden in memory;
     #: a step reads only the head either way, its lookups are a few rows)
     tied_embeddings: bool = True
+    #: whether a ViT layer's MLP is gated (SwiGLU: three matrices, dots_vit's fc1 / fc3 / fc2) rather than
+    #: two (Qwen-VL's and InternViT's fc1 / fc2)
+    vit_gated_mlp: bool = False
+    #: how a branch's prompt is made (:data:`~padoc_ray.protocol.family.BRANCH_SHAPES`' values):
+    #: ``prefix-fork`` or ``grounding``
+    branch_shape: str = PREFIX_FORK
     source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.branch_shape not in set(BRANCH_SHAPES.values()):
+            raise ValueError(f"{self.name}: branch_shape must be one of {sorted(set(BRANCH_SHAPES.values()))}, "
+                             f"got {self.branch_shape!r}")
 
     @property
     def layer_params(self) -> int:
@@ -92,7 +112,8 @@ class ModelShape:
 
     @property
     def vit_layer_params(self) -> int:
-        return 4 * self.vit_hidden ** 2 + 2 * self.vit_hidden * self.vit_intermediate
+        """One ViT layer's matmul weights: q, k, v, o and the MLP (two matrices, three when gated)."""
+        return 4 * self.vit_hidden ** 2 + (3 if self.vit_gated_mlp else 2) * self.vit_hidden * self.vit_intermediate
 
     @property
     def merger_params(self) -> int:
@@ -134,6 +155,18 @@ class ModelShape:
 #: changes only the memory (one more 151681 x 1024 table), not a step's reads. Left out: InternViT's CLS
 #: token (1025 tokens a tile, not 1024), its qkv bias, and HPD's P-MTP draft head (the model has no
 #: speculative decoding)
+#:
+#: ``dots-ocr`` (rednote-hilab/dots.ocr, ~3B): the published config.json as a dots.ocr port's notes quote it
+#: ("Text Decoder Hyperparameters": architectures DotsOCRForCausalLM, hidden_size 1536, intermediate_size
+#: 8960, num_hidden_layers 28, num_attention_heads 12, num_key_value_heads 2, vocab_size 151936,
+#: tie_word_embeddings false; no head_dim, so 1536 / 12 = 128) and the same values in an MLX port's test
+#: fixture (mlx-community/dots.mocr-4bit's config.json); vision_config: embed_dim 1536, hidden_size 1536
+#: (the merger's output: the LM's width), intermediate_size 4224, num_hidden_layers 42, 12 heads, patch 14,
+#: spatial_merge_size 2, as both copies and vLLM 0.32's DotsVisionConfig defaults
+#: (vllm/transformers_utils/configs/dotsocr.py) have them. From vLLM's dots_ocr.py: a ViT layer's MLP is
+#: SwiGLU (fc1, fc3, fc2), its attention covers the whole image (cu_seqlens per image, no window), and the
+#: merger is LayerNorm, Linear 6144 -> 6144, GELU, Linear 6144 -> 1536 (merger_hidden 0: the merged width).
+#: Left out: the q/k/v biases (attention_bias true) and the patch embedding (a 14 x 14 x 3 convolution)
 SHAPES: dict[str, ModelShape] = {s.name: s for s in (
     ModelShape("qwen3-vl-2b", layers=28, hidden=2048, heads=16, kv_heads=8, head_dim=128, intermediate=6144,
                vocab=151936, vit_depth=24, vit_hidden=1024, vit_intermediate=4096, patch=16, merge=2,
@@ -144,6 +177,12 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in (
                vit_out_hidden=1024, vit_window=(448 // 14) ** 2, merger_hidden=1024, tied_embeddings=False,
                source="HPD-Parsing per oar-ocr's config.rs / InternVL3.5-1B public config, written by hand "
                       "(InternViT-300M tiles of 448 px, untied LM head; see gpus.SHAPES)"),
+    ModelShape("dots-ocr", layers=28, hidden=1536, heads=12, kv_heads=2, head_dim=128, intermediate=8960,
+               vocab=151936, vit_depth=42, vit_hidden=1536, vit_intermediate=4224, patch=14, merge=2,
+               vit_out_hidden=1536, tied_embeddings=False, vit_gated_mlp=True, branch_shape=GROUNDING,
+               source="rednote-hilab/dots.ocr config.json as quoted by a dots.ocr port's notes and an MLX port's "
+                      "fixture, vision defaults as vLLM's DotsVisionConfig, written by hand (Qwen2 decoder, "
+                      "dots_vit of 42 SwiGLU layers, untied LM head, grounding branches; see gpus.SHAPES)"),
 )}
 
 
@@ -155,7 +194,8 @@ def gpu(name: str) -> Gpu:
 
 def model_shape(name_or_dir: str) -> ModelShape:
     """A built-in shape by name, or one read from a checkpoint folder's ``config.json`` (a Qwen-VL style
-    config with ``text_config`` and ``vision_config``; a text-only config gets no vision encoder)."""
+    config with ``text_config`` and ``vision_config``, or dots.ocr's, flat with a ``vision_config``; a
+    text-only config gets no vision encoder)."""
     if name_or_dir in SHAPES:
         return SHAPES[name_or_dir]
     path = os.path.join(name_or_dir, "config.json")
@@ -174,8 +214,18 @@ def model_shape(name_or_dir: str) -> ModelShape:
         name=os.path.basename(os.path.normpath(name_or_dir)), layers=text["num_hidden_layers"],
         hidden=text["hidden_size"], heads=heads, kv_heads=text.get("num_key_value_heads", heads),
         head_dim=text.get("head_dim") or text["hidden_size"] // heads, intermediate=text["intermediate_size"],
-        vocab=text["vocab_size"], vit_depth=vit.get("depth", 0), vit_hidden=vit.get("hidden_size", 0),
-        vit_intermediate=vit.get("intermediate_size", 0), patch=vit.get("patch_size", 0),
-        merge=vit.get("spatial_merge_size", 1), vit_out_hidden=vit.get("out_hidden_size", text["hidden_size"]),
-        deepstack_mergers=len(vit.get("deepstack_visual_indexes") or ()),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", True))), source=path)
+        vocab=text["vocab_size"], vit_intermediate=vit.get("intermediate_size", 0), patch=vit.get("patch_size", 0),
+        merge=vit.get("spatial_merge_size", 1), deepstack_mergers=len(vit.get("deepstack_visual_indexes") or ()),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", True))), source=path,
+        **_vision_names(cfg, vit, text["hidden_size"]))
+
+
+def _vision_names(cfg: dict, vit: dict, lm_hidden: int) -> dict:
+    """The fields whose config.json names differ between Qwen-VL's vision_config (depth, hidden_size,
+    out_hidden_size) and dots.ocr's (num_hidden_layers, embed_dim, hidden_size: the merger's output; SwiGLU
+    layers; grounding branches)."""
+    if is_dots_config(cfg):
+        return dict(vit_depth=vit.get("num_hidden_layers", 0), vit_hidden=vit.get("embed_dim", 0),
+                    vit_out_hidden=vit.get("hidden_size", lm_hidden), vit_gated_mlp=True, branch_shape=GROUNDING)
+    return dict(vit_depth=vit.get("depth", 0), vit_hidden=vit.get("hidden_size", 0),
+                vit_out_hidden=vit.get("out_hidden_size", lm_hidden))

@@ -9,6 +9,20 @@ stream is stopped, and a status that ends the whole page. Teacher-forced streams
 decisions do not depend on timing: the plan is made once per page and mode and replayed by the engine
 model (:mod:`.sim`) at every concurrency.
 
+A branch's prompt and the part of it the prefix cache can serve follow the trace's branch shape
+(:attr:`~.trace.PageTrace.branch_shape`, the modeled model's :attr:`~.gpus.ModelShape.branch_shape`):
+
+* ``prefix-fork`` (PaDoc, HPD): the fork action's own prompt, the page prompt + the layout before the
+  region's close + the branch start; all but its last token were computed by the layout stream;
+* ``grounding`` (dots.ocr): the region's grounding prompt (:class:`~.trace.GroundingPrompts`), the
+  image + the grounding text + its box, no layout tokens. The page's first grounding branch shares the
+  chat's start and the image with the page prompt; a later one also the grounding text, which the first
+  computed (the engine model serves it in full blocks, as for any shared prefix). Taken as computed
+  even when the two are admitted in one step, and the grounding text's KV read is counted as the page
+  prompt's (:func:`~.sim.read_kv` takes a page's shared prefix as one): a few tokens a page.
+
+A re-fork shares its whole prompt with the attempt before it, in either shape.
+
 A trace whose fork points differ from what PageState forks raises :class:`ForkMismatch`. Where the
 runner's order of events could matter (the shared retry token budget), branches are fed in fork
 order after the layout stream. Pure: imports no ray, vllm or torch.
@@ -79,6 +93,17 @@ def plan_page(trace: PageTrace, mode: str, vocab, cfg: SchedulerConfig) -> PageP
     def expanded(prompt_ids) -> int:
         return len(prompt_ids) - 1 + image
 
+    def branch_prompt(f, grounded: bool) -> tuple[int, int]:
+        """(prompt tokens, of them shared with an earlier request of the page) of fork action ``f``."""
+        if mt.grounding is None:  # prefix-fork: all but the branch start computed by the step that made the close
+            p = expanded(f.prompt_ids)
+            return p, p - 1 if f.attempt == 0 else p
+        g = mt.grounding
+        p = g.lengths[f.index] - 1 + image
+        if f.attempt:
+            return p, p
+        return p, (g.text_end if grounded else g.image_end) - 1 + image
+
     def run_main(prompt_ids, forced, parent: int | None, key: str) -> None:
         nonlocal stop_page
         me = len(reqs)
@@ -109,6 +134,7 @@ def plan_page(trace: PageTrace, mode: str, vocab, cfg: SchedulerConfig) -> PageP
         if closed != list(mt.fork_points):
             raise ForkMismatch(f"page {trace.name}: the layout stream closes regions after {closed} tokens, the "
                                f"trace's fork points are {list(mt.fork_points)}")
+    grounded = False  # a grounding branch of the page has computed the grounding text
     while pending:
         f, parent, at = pending.pop(0)
         forced = mt.branches[f.index]
@@ -120,11 +146,9 @@ def plan_page(trace: PageTrace, mode: str, vocab, cfg: SchedulerConfig) -> PageP
             n += len(chunk)
             halted = st.on_branch_tokens(f.index, chunk)
         reason = "stopped" if halted else ("stop" if n == len(forced) else "length")
-        p = expanded(f.prompt_ids)
+        p, shared = branch_prompt(f, grounded)
+        grounded = True
         me = len(reqs)
-        # a first fork shares the page prompt + layout before the close with the main stream (computed by
-        # the step that produced the close); a re-fork shares its whole prompt with the attempt before it
-        shared = p - 1 if f.attempt == 0 else p
         key = f"b{f.index}" + (f".r{f.attempt}" if f.attempt else "")
         reqs.append(RequestPlan(key, p, shared, n, reason, parent, at))
         again = st.on_branch_finished(f.index, reason, p, None)

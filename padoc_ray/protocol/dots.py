@@ -189,6 +189,14 @@ class DotsSpec:
         h, w = smart_resize(height, width, self.factor, self.min_pixels, self.max_pixels)
         return w, h
 
+    def coords(self, box: Box, width: int, height: int) -> list[int]:
+        """A normalized box as the model writes it: integer pixels of the image as it sees it."""
+        b = box.clipped()
+        if not all(math.isfinite(v) for v in b.as_tuple()):
+            raise SerializeError(f"box {box} is not finite")
+        sw, sh = self.input_size(width, height)
+        return [int(round(b.x1 * sw)), int(round(b.y1 * sh)), int(round(b.x2 * sw)), int(round(b.y2 * sh))]
+
     def all_added_tokens(self) -> list[str]:
         t = self.tokens
         return [t.user, t.end_of_user, t.assistant, t.end_of_stream, t.image_start, t.image_pad, t.image_end]
@@ -428,11 +436,7 @@ class DotsVocab:
         return []
 
     def coords(self, box: Box, width: int, height: int) -> list[int]:
-        b = box.clipped()
-        if not all(math.isfinite(v) for v in b.as_tuple()):
-            raise SerializeError(f"box {box} is not finite")
-        sw, sh = self.spec.input_size(width, height)
-        return [int(round(b.x1 * sw)), int(round(b.y1 * sh)), int(round(b.x2 * sw)), int(round(b.y2 * sh))]
+        return self.spec.coords(box, width, height)
 
     def cells(self, page: Page, *, with_text: bool) -> list[dict]:
         out = []

@@ -17,7 +17,8 @@ PREFILL = StepLoad(decode_seqs=0, prefill_tokens=16384, context_tokens=16384)  #
 
 
 def test_every_gpu_row_is_sourced_and_the_shape_counts_its_parameters():
-    assert set(GPUS) == {"A800-80G", "H100-80G", "H200", "L40S"} and set(SHAPES) == {"qwen3-vl-2b", "hpd-1b"}
+    assert set(GPUS) == {"A800-80G", "H100-80G", "H200", "L40S"}
+    assert set(SHAPES) == {"qwen3-vl-2b", "hpd-1b", "dots-ocr"}
     for g in GPUS.values():
         assert "datasheet" in g.source and g.hbm_bytes_per_s > 0 and g.bf16_flops_per_s > 0
     s = SHAPES["qwen3-vl-2b"]
