@@ -166,14 +166,14 @@ def demo_pages(folder):
              "markdown": r["markdown"]} for r in rows if r["page_index"] >= 0]
 
 
-def fork_rates(report_path):
-    """bench serve's fork rows: valid pages/s (and P95) per concurrency."""
+def mode_rates(report_path, mode):
+    """bench serve's rows of one mode: valid pages/s (and P95) per concurrency."""
     if not os.path.exists(report_path):
         return None
     rows = json.load(open(report_path)).get("rows", [])
     return {str(r.get("concurrency")): {k: r.get(k) for k in ("valid_pages_per_s", "pages_per_s", "p95_e2e_s",
                                                                  "valid_pages", "pages")}
-            for r in rows if r.get("mode") == "fork"}
+            for r in rows if r.get("mode") == mode}
 
 
 for s in steps:
@@ -199,9 +199,11 @@ verdict = {
     "steps": steps,
     "bench_replay": json.load(open(bench_path)) if os.path.exists(bench_path) else None,
 }
-if any(s["name"] == "bench-serve" for s in steps):  # --model: the free-running benchmark, fork only
+if any(s["name"] == "bench-serve" for s in steps):  # --model: the free-running benchmark (dots: and sequential)
     verdict["model"] = {k: doctor.get(k) for k in ("family", "model")}
-    verdict["bench_serve_fork"] = fork_rates(os.path.join(out, "bench", "report.json"))
+    verdict["bench_serve_fork"] = mode_rates(os.path.join(out, "bench", "report.json"), "fork")
+    if doctor.get("family") == "dots":
+        verdict["bench_serve_sequential"] = mode_rates(os.path.join(out, "bench", "report.json"), "sequential")
 with open(os.path.join(out, "verdict.json"), "w") as f:
     json.dump(verdict, f, indent=2)
 for s in steps:
