@@ -64,21 +64,24 @@ def test_a_warmup_that_is_no_whole_number_is_a_usage_error(tmp_path):
     assert not (tmp_path / "x").exists()  # refused before any step ran
 
 
-def test_the_model_leg_parses_the_examples_without_replay_and_benchmarks_fork(tmp_path, tiny_hpd_dir):
-    """``--model DIR`` (what a GPU owner runs with real weights; here the tiny HPD checkpoint, whose pages are
-    noise without replay): the examples parsed freely, each page's status and Markdown in the verdict, and
-    bench serve's fork pages/s per concurrency."""
+def test_the_model_leg_parses_the_examples_without_replay_and_benchmarks_fork_and_dots_own_request(
+        tmp_path, tiny_dots_dir):
+    """``--model DIR`` (what a GPU owner runs with real weights; here the tiny dots.ocr-format checkpoint, whose
+    pages are noise without replay): the examples parsed freely, each page's status and Markdown in the verdict,
+    and bench serve's pages/s per concurrency, in fork and, for a dots checkpoint, in sequential mode (its own
+    single request on the same weights)."""
     out = tmp_path / "check"
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "PYTHON": sys.executable}
     p = subprocess.run(["bash", os.path.join(ROOT, "cluster", "gpu_check.sh"), "--out", str(out), "--runners", "v1",
-                        "--model", tiny_hpd_dir, "--pages", "2", "--warmup", "0", "--concurrency", "2"],
+                        "--model", tiny_dots_dir, "--pages", "2", "--warmup", "0", "--concurrency", "2"],
                        capture_output=True, text=True, timeout=900, env=env)
     v = json.loads((out / "verdict.json").read_text())
     assert [s["name"] for s in v["steps"]] == ["doctor", "demo-v1", "corpus", "bench-serve"], p.stderr[-3000:]
-    assert v["model"]["family"] == "hpd"
+    assert v["model"]["family"] == "dots"
     demo = v["steps"][1]
     assert demo["rc"] == 0 and demo["runner_env"] == "0", demo.get("log_tail")
     assert {pg["document"] for pg in demo["pages"]} == {"memo.pdf", "paper.pdf", "report.pdf"}
     assert all(pg["status"] and "markdown" in pg for pg in demo["pages"])  # noise, but every page accounted for
     assert v["steps"][3]["rc"] == 0, v["steps"][3].get("log_tail")
     assert set(v["bench_serve_fork"]) == {"2"} and v["bench_serve_fork"]["2"]["pages"] == 2
+    assert set(v["bench_serve_sequential"]) == {"2"} and v["bench_serve_sequential"]["2"]["pages"] == 2
