@@ -174,3 +174,28 @@ def test_parse_page_json_with_replay_in_both_modes(tiny_dots_dir):
     # the page's text layer drafts the grounding branches too (the model checks them; the content is its own)
     assert sum(r["accepted_tokens"] or 0 for r in out["fork"]["regions"]) > 0
     assert out["fork"]["markdown"] == out["sequential"]["markdown"]
+
+
+def test_doctor_reports_the_dots_family_and_a_config_naming_another_image_token(tiny_dots_dir, tmp_path):
+    """`doctor --model` (in process; no engine start): the family, how it was told, its tokens; a copy whose
+    config.json names another image token than the tokenizer's <|imgpad|> is a problem, said so."""
+    import shutil
+
+    from padoc_ray.doctor import DoctorConfig, diagnose, summary_lines
+
+    rep = diagnose(DoctorConfig(model=tiny_dots_dir))
+    assert rep["family"] == "dots" and rep["ok"], rep["problems"]
+    m = rep["model"]
+    assert "DotsOCRForCausalLM" in m["recognized_by"] and m["modes"] == ["fork", "sequential"]
+    assert {"<|imgpad|>", "<|img|>", "<|endofimg|>", "<|assistant|>"} <= set(m["tokens"])
+    assert any(ln.strip().startswith("model family: dots") for ln in summary_lines(rep))
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_dots_dir, bad)
+    config = json.loads((bad / "config.json").read_text())
+    assert config["image_token_id"] == m["tokens"]["<|imgpad|>"]
+    config["image_token_id"] = m["tokens"]["<|img|>"]
+    (bad / "config.json").write_text(json.dumps(config))
+    rep = diagnose(DoctorConfig(model=str(bad)))
+    assert rep["family"] == "dots" and not rep["ok"]
+    assert any(f"image_token_id={m['tokens']['<|img|>']}" in p and "<|imgpad|>" in p for p in rep["problems"]), \
+        rep["problems"]

@@ -1,0 +1,161 @@
+"""The tiny dots.ocr checkpoint (family dots: fork through grounding branches, and sequential as dots' own
+single request) through every user-facing surface: the batch job (`padoc-ray demo`), `bench serve` in
+both modes (and `bench replay`'s summary of that run), and the Serve endpoint over HTTP in both modes.
+Teacher-forced with the examples' truth, so every page must equal its truth; a dots box is in pixels of
+the image the page was parsed from, so the truth is quantized at that size.
+
+Three engine starts in all, one after another: the demo (its own local Ray, an engine actor), the bench
+(an engine in its process) and one `padoc-ray serve` (its own local Ray and session, stopped with
+SIGTERM) for the module's last tests, so that it runs beside none of the commands. `doctor` on dots
+is in tests/engine/protocol/test_dots_on_vllm.py; `reannotate --compare dots=<checkpoint>` costs two
+engines more and is left to the hpd surfaces (the same code path: a ``--compare`` checkpoint folder)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import requests
+
+from tests.cluster.serve import test_hpd_surfaces
+from tests.cluster.serve.test_http_endpoint import Service
+from tests.conftest import ROOT
+from tests.engine.cli.test_demo_and_bench_commands import cli_logged
+
+pytestmark = pytest.mark.engine
+
+EXAMPLES = os.path.join(ROOT, "examples")
+GT = os.path.join(EXAMPLES, "ground_truth.json")
+#: what a region is, as opposed to how it was decoded (tokens, drafts, attempts differ by mode)
+REGION = ("order", "category", "bbox", "content", "content_format")
+bench_pages = test_hpd_surfaces.bench_pages  # memo.pdf's and paper.pdf's 3 pages as 400 px images, with their truth
+
+
+def _truth(model_dir: str, name: str, page: int, size: tuple[int, int]):
+    """The page as a teacher-forced run on ``model_dir`` must give it from an image of ``size``."""
+    from padoc_ray.groundtruth import load_truth
+    from padoc_ray.protocol import quantized
+    from padoc_ray.tokenizer import load_model_protocol
+
+    return quantized(load_truth(GT)[(name, page)], load_model_protocol(model_dir).vocab, size)
+
+
+# ---- the batch job ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_demo_runs_the_batch_job_on_the_examples_with_the_dots_checkpoint(tiny_dots_dir, tmp_path):
+    """``demo --model``: Ray Data and an engine actor over examples/, replayed: every page ok, valid and
+    equal to its truth, in rows of the same schema as the padoc family's."""
+    from padoc_ray.output import rows
+    from padoc_ray.output.reader import read_rows
+
+    out = tmp_path / "out"
+    rc, stdout, stderr = cli_logged(tmp_path, "demo", "demo", "--model", tiny_dots_dir, "--output", str(out),
+                                    timeout=900)
+    assert rc == 0, (stdout[-2000:], stderr[-3000:])
+    table = read_rows(str(out))
+    assert set(rows.PAGE_SCHEMA.names) <= set(table.schema.names)
+    page_rows = [x for x in table.to_pylist() if x["page_index"] >= 0]
+    assert len(page_rows) == 5 and all(x["status"] == "ok" and x["valid"] for x in page_rows), \
+        [(x["source_uri"], x["page_index"], x["status"], x["error_message"]) for x in page_rows]
+    assert all(x["n_branches"] > 0 and x["mode"] == "fork" for x in page_rows)
+    lines = [ln.split() for ln in stdout.splitlines() if ln.split()[:1] and ln.split()[0].endswith(".pdf")]
+    assert len(lines) == 5 and all(ln[-1] == "yes" for ln in lines), stdout[-3000:]  # every page equals its truth
+
+
+# ---- bench serve (and bench replay's summary of the run) -------------------------------------------------------------
+@pytest.mark.slow
+def test_bench_serve_runs_the_dots_checkpoint_in_both_modes(tiny_dots_dir, bench_pages, tmp_path):
+    """Unlike hpd, dots has sequential (its own single request): the benchmark runs both modes on the
+    three pages and every page equals its truth in both; `bench replay`'s summary (the same run, shaped
+    as that command writes it) pairs the modes on every page."""
+    from padoc_ray.perfmodel.table3 import format_table, legacy_summary
+
+    gt, images = bench_pages
+    out = tmp_path / "bench"
+    rc, stdout, stderr = cli_logged(tmp_path, "serve", "bench", "serve", "--gt", gt, "--images", images, "--model",
+                                    tiny_dots_dir, "--modes", "fork,sequential", "--concurrency", "2", "--warmup",
+                                    "0", "--out", str(out))
+    assert rc == 0, stderr[-4000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["modes"] == ["fork", "sequential"] and not report["config"].get("modes_skipped")
+    assert [(r["mode"], r["concurrency"], r["pages"], r["valid_pages"], r["statuses"]) for r in report["rows"]] == \
+        [("fork", 2, 3, 3, {"ok": 3}), ("sequential", 2, 3, 3, {"ok": 3})]
+    recs = [json.loads(ln) for ln in (out / "pages.jsonl").read_text().splitlines()]
+    assert sorted(r["mode"] for r in recs) == ["fork"] * 3 + ["sequential"] * 3
+    assert all(r["status"] == "ok" and r["valid"] and r["equals_truth"] for r in recs)
+    assert all((r["n_branches"] > 0) == (r["mode"] == "fork") for r in recs)
+    md = (out / "report.md").read_text()
+    assert "not run" not in md and "| valid pages/s | sequential |" in md and md in stdout
+
+    summary = legacy_summary(report)
+    block = summary["concurrency"]["2"]
+    assert summary["modes"] == ["fork", "sequential"] and summary["pages"] == 3
+    assert block["fork"]["valid_pages"] == block["sequential"]["valid_pages"] == 3
+    assert block["paired"]["paired_pages"] == 3 and block["paired"]["median_speedup"] > 0
+    assert "| 2 | fork |" in format_table(summary) and "| 2 | sequential |" in format_table(summary)
+
+
+# ---- Serve -----------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def dots_svc(tmp_path_factory, tiny_dots_dir):
+    """`padoc-ray serve --model <tiny dots> --replay examples/ground_truth.json` on 127.0.0.1 (no token)."""
+    s = Service(str(tmp_path_factory.mktemp("dots-serve")), tiny_dots_dir, GT, None, "--max-pages", "5")
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+        s.kill_all()
+
+
+def test_serve_parses_with_the_dots_checkpoint_in_both_modes_and_each_page_equals_its_truth(dots_svc,
+                                                                                           tiny_dots_dir):
+    from padoc_ray.protocol import to_markdown
+
+    models = requests.get(f"{dots_svc.url}/v1/models", timeout=60).json()["data"][0]
+    assert models["protocol"] == "dots" and models["modes"] == ["fork", "sequential"]
+    assert models["default_mode"] == "fork"
+    memo = os.path.join(EXAMPLES, "memo.pdf")
+    got = {}
+    for mode in ("fork", "sequential"):
+        r = dots_svc.parse(memo, mode=mode)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert (body["status"], body["mode"], len(body["pages"])) == ("ok", mode, 1), body
+        got[mode] = page = body["pages"][0]
+        assert page["status"] == "ok" and page["valid"] and page["mode"] == mode, page["error_message"]
+    fork, seq = got["fork"], got["sequential"]
+    assert fork["n_branches"] > 0 and seq["n_branches"] == 0  # grounding branches vs dots' own single request
+    truth = _truth(tiny_dots_dir, "memo.pdf", 0, (fork["image_width"], fork["image_height"]))
+    assert fork["markdown"] == to_markdown(truth)
+    assert [(x["category"], x["content"]) for x in fork["regions"]] == [(x.category, x.content) for x in truth.regions]
+    for x, t in zip(fork["regions"], truth.regions):
+        assert x["bbox"] == pytest.approx(list(t.box.as_tuple()), abs=1e-4)
+    assert [{k: x[k] for k in REGION} for x in seq["regions"]] == [{k: x[k] for k in REGION} for x in fork["regions"]]
+    assert seq["markdown"] == fork["markdown"]
+
+
+@pytest.mark.parametrize("mode", ["fork", "sequential"])
+def test_serve_streams_one_region_and_one_content_event_per_region(dots_svc, mode):
+    """In both modes (sequential: the regions come out of dots' JSON as it streams), each region's
+    event comes before its content's, and the page line after them all."""
+    with open(os.path.join(EXAMPLES, "memo.pdf"), "rb") as f:
+        r = requests.post(f"{dots_svc.url}/v1/parse", params={"stream": "regions", "mode": mode},
+                          files={"file": ("memo.pdf", f)}, stream=True, timeout=300)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+    lines = [json.loads(x) for x in r.iter_lines() if x]
+    assert lines[0]["type"] == "document" and lines[-1] == {"type": "result", "status": "ok", "pages": 1}
+    (page,) = [x for x in lines if x.get("type") == "page"]
+    events = [x for x in lines if "event" in x]
+    n = len(page["regions"])
+    assert page["status"] == "ok" and page["mode"] == mode and n > 0
+    assert lines.index(page) > max(lines.index(e) for e in events)
+    for kind in ("region", "content"):
+        assert sorted(e["order"] for e in events if e["event"] == kind) == list(range(n)), kind
+    keys = [(e["event"], e["order"]) for e in events]
+    assert all(keys.index(("region", o)) < keys.index(("content", o)) for o in range(n))
+    assert [e["category"] for e in sorted((e for e in events if e["event"] == "region"), key=lambda e: e["order"])] \
+        == [x["category"] for x in page["regions"]]
+    blocks = {e["order"]: e["markdown"] for e in events if e["event"] == "content"}
+    assert "\n\n".join(blocks[o] for o in range(n) if blocks[o] is not None) + "\n" == page["markdown"]
