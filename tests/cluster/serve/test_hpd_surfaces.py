@@ -105,31 +105,13 @@ def bench_pages(tmp_path_factory):
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_bench_replay_runs_the_hpd_checkpoint_in_fork_mode_only(tiny_hpd_dir, bench_pages, tmp_path):
-    gt, images = bench_pages
-    out = tmp_path / "bench"
-    rc, stdout, stderr = cli_logged(tmp_path, "replay", "bench", "replay", "--gt", gt, "--images", images, "--model",
-                                    tiny_hpd_dir, "--concurrency", "3", "--warmup", "0", "--out", str(out))
-    assert rc == 0, stderr[-4000:]
-    assert "sequential left out" in stderr and "HPD-Parsing" in stderr  # the default fork,sequential: why not both
-    summary = json.load(open(out / "summary.json"))
-    assert summary["pages"] == 3 and summary["modes"] == ["fork"] and set(summary["concurrency"]) == {"3"}
-    block = summary["concurrency"]["3"]
-    assert set(block) == {"fork"} and block["fork"]["pages"] == block["fork"]["valid_pages"] == 3
-    recs = [json.loads(ln) for ln in open(out / "pages.jsonl")]
-    assert len(recs) == 3 and all(r["mode"] == "fork" and r["status"] == "ok" and r["valid"] for r in recs)
-    assert all(r["equals_truth"] and r["n_branches"] > 0 for r in recs)
-    assert "| 3 | fork |" in stdout
-
-
-@pytest.mark.engine
-@pytest.mark.slow
 def test_bench_serve_runs_the_hpd_checkpoint_and_says_why_fork_only(tiny_hpd_dir, bench_pages, tmp_path):
     gt, images = bench_pages
     out = tmp_path / "bench"
     rc, stdout, stderr = cli_logged(tmp_path, "serve", "bench", "serve", "--gt", gt, "--images", images, "--model",
                                     tiny_hpd_dir, "--concurrency", "2", "--warmup", "1", "--out", str(out))
     assert rc == 0, stderr[-4000:]
+    assert "sequential left out" in stderr and "HPD-Parsing" in stderr  # the default fork,sequential: why not both
     report = json.loads((out / "report.json").read_text())
     assert report["config"]["modes"] == ["fork"] and set(report["config"]["modes_skipped"]) == {"sequential"}
     assert "HPD-Parsing" in report["config"]["modes_skipped"]["sequential"]
@@ -171,8 +153,13 @@ def test_reannotate_with_the_hpd_checkpoint_as_a_parser_beside_the_padoc_one(ray
     assert len(pages) == 5 and all(dict(r["prediction_status"]) == {"fork": "ok", "hpd": "ok"} for r in pages)
     pairs = [r for r in table if r["kind"] == "pair" and "hpd" in (r["ref"], r["hyp"])]
     assert len(pairs) == 10 and all(r["agree"] and r["content_edit"] == 0.0 for r in pairs)
-    hpd_rows = pq.read_table(out / "predictions" / "hpd" / "pages").to_pylist()
+    hpd_table = pq.read_table(out / "predictions" / "hpd" / "pages")  # the batch job's rows, with the hpd checkpoint
+    from padoc_ray.output import rows
+
+    assert set(rows.PAGE_SCHEMA.names) <= set(hpd_table.schema.names)  # the same row schema as the padoc family's
+    hpd_rows = hpd_table.to_pylist()
     assert len(hpd_rows) == 5 and {r["model_id"] for r in hpd_rows} == {os.path.basename(tiny_hpd_dir)}
+    assert all(r["status"] == "ok" and r["valid"] for r in hpd_rows)
 
 
 # ---- Serve ---------------------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 teacher-forced page through grounding branches equals its truth and the same truth through dots' own
 single request (``--mode sequential``); each grounding prompt is, as vLLM expands it, the page's
 grounding prompt with its region's box, and reads the image-and-prompt prefix from the cache; a free
-run (no replay) ends with a status; parse-page takes the checkpoint in both modes."""
+run (no replay) ends with a status; parse-page and doctor take the checkpoint."""
 
 from __future__ import annotations
 
@@ -155,25 +155,21 @@ def _cli(*args, timeout=600):
 
 
 @pytest.mark.slow
-def test_parse_page_json_with_replay_in_both_modes(tiny_dots_dir):
+def test_parse_page_json_with_replay_and_the_text_layers_drafts(tiny_dots_dir):
+    """``parse-page --model <dots>``: a page of a real PDF, rendered smaller than its truth's size (boxes are
+    pixels of the image the model saw), equals its truth; its text layer drafts the grounding branches too
+    (the model checks them; the content is its own). Sequential on the same weights: the tests above, and
+    Serve's (tests/cluster/serve/test_dots_surfaces.py)."""
     gt = os.path.join(ROOT, "examples", "ground_truth.json")
     pdf = os.path.join(ROOT, "examples", "report.pdf")
-    out = {}
-    for mode in ("fork", "sequential"):
-        r = _cli("parse-page", pdf, "--model", tiny_dots_dir, "--replay", gt, "--format", "json", "--mode", mode, "--page", "1",
-                 "--longest-side", "800")
-        assert r.returncode == 0, r.stderr[-3000:]
-        out[mode] = json.loads(r.stdout)
-        obj = out[mode]
-        assert obj["status"] == "ok" and obj["valid"] and obj["equals_truth"] is True and obj["family"] == "dots"
-    assert out["fork"]["n_branches"] >= 1 and 0 < out["fork"]["cached_tokens"] < out["fork"]["prompt_tokens"]
-    def regions(obj):
-        return [(r["category"], r["bbox"], r["content"], r["content_format"]) for r in obj["regions"]]
-
-    assert regions(out["fork"]) == regions(out["sequential"])
-    # the page's text layer drafts the grounding branches too (the model checks them; the content is its own)
-    assert sum(r["accepted_tokens"] or 0 for r in out["fork"]["regions"]) > 0
-    assert out["fork"]["markdown"] == out["sequential"]["markdown"]
+    r = _cli("parse-page", pdf, "--model", tiny_dots_dir, "--replay", gt, "--format", "json", "--page", "1",
+             "--longest-side", "800")
+    assert r.returncode == 0, r.stderr[-3000:]
+    obj = json.loads(r.stdout)
+    assert obj["status"] == "ok" and obj["valid"] and obj["equals_truth"] is True and obj["family"] == "dots"
+    assert obj["n_branches"] >= 1 and 0 < obj["cached_tokens"] < obj["prompt_tokens"]
+    assert max(obj["image_width"], obj["image_height"]) == 800
+    assert sum(r["accepted_tokens"] or 0 for r in obj["regions"]) > 0
 
 
 def test_doctor_reports_the_dots_family_and_a_config_naming_another_image_token(tiny_dots_dir, tmp_path):

@@ -1,8 +1,8 @@
 """The hpd family on the real CPU vLLM engine (stock vLLM, tiny random HPD-format checkpoint): a
 teacher-forced page through the fork equals its truth, each branch's prompt is, as vLLM expands it,
 the layout prompt + the parent's tokens before <FORK> + <CHILD> and hits the prefix cache on every full
-block, both families give the same page for the same truth, and the CLI's parse-page, demo and doctor
-take the checkpoint."""
+block, both families give the same page for the same truth, and the CLI's parse-page and doctor take
+the checkpoint (the batch job with it: tests/cluster/serve/test_hpd_surfaces.py's reannotate test)."""
 
 from __future__ import annotations
 
@@ -157,23 +157,6 @@ def test_parse_page_json_with_replay_and_sequential_refused(tiny_hpd_dir):
         assert obj["markdown"][start:end].strip()
     r = _cli("parse-page", pdf, "--model", tiny_hpd_dir, "--mode", "sequential")
     assert r.returncode == 2 and "no meaning for an HPD-Parsing checkpoint" in r.stderr
-
-
-@pytest.mark.slow
-def test_demo_runs_the_batch_job_on_the_examples_with_the_hpd_checkpoint(tiny_hpd_dir, tmp_path):
-    """``demo --model``: the batch job (Ray Data, an engine actor) over examples/, replayed: every page ok, rows
-    of the same schema as the padoc family's."""
-    from padoc_ray.output import rows
-    from padoc_ray.output.reader import read_rows
-
-    out = tmp_path / "out"
-    r = _cli("demo", "--model", tiny_hpd_dir, "--output", str(out), timeout=900)
-    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
-    table = read_rows(str(out))
-    page_rows = [x for x in table.to_pylist() if x["page_index"] >= 0]
-    assert page_rows and all(x["status"] == "ok" and x["valid"] for x in page_rows), \
-        [(x["source_uri"], x["page_index"], x["status"], x["error_message"]) for x in page_rows]
-    assert set(rows.PAGE_SCHEMA.names) <= set(table.schema.names)
 
 
 def test_doctor_reports_the_family_on_both_runners_and_its_problems(tiny_hpd_dir, tmp_path):
