@@ -271,6 +271,10 @@ class DotsStreamParser(ParserBooks):
         self._chunks: list[str] = []
         self._start = 0  # offset of the "{" in _chunks[0]
         self._cell_begin = 0  # tokens fed before the open cell's first token
+        #: a layout-only cell longer than this is no region (a cell that never closes); a sequential cell
+        #: holds its region's text, which only the stream's own token limit bounds
+        self._cap = None if sequential else vocab.max_cell_tokens
+        self._skipping = False  # inside a cell dropped at the cap
 
     def _cell(self, text: str) -> RawRegion | None:
         try:
@@ -307,6 +311,10 @@ class DotsStreamParser(ParserBooks):
         for at, is_open in sorted([(o, True) for o in ev.opened] + [(e, False) for e in ev.closed]):
             if is_open:
                 self._ids, self._chunks, self._start, self._cell_begin, held = [tok], [chunk], at, self.n_fed, True
+                self._skipping = False
+                continue
+            if self._skipping:  # the end of a cell already dropped at its cap
+                self._skipping, held = False, True
                 continue
             if not held:
                 self._ids.append(tok)
@@ -315,12 +323,10 @@ class DotsStreamParser(ParserBooks):
             got = self._cell(cell_text(self._chunks, 0, self._start, len(self._chunks) - 1, at, joined))
             closed = closed or got
             self._ids, self._chunks, held = [], [], True
-        if self.scan.in_cell and not held:
-            if len(self._ids) >= self.vocab.max_cell_tokens:
-                self._issue(MALFORMED_REGION, f"a cell ran past {self.vocab.max_cell_tokens} tokens")
-                self._ids, self._chunks = [], []
-                self.scan = CellScanner()  # start over between cells: the next "{" opens a fresh one
-                self.scan.depth, self.scan.list_opened = 1, True
+        if self.scan.in_cell and not held and not self._skipping:
+            if self._cap is not None and len(self._ids) >= self._cap:  # dropped; its end is still followed
+                self._issue(MALFORMED_REGION, f"a cell ran past {self._cap} tokens")
+                self._ids, self._chunks, self._skipping = [], [], True
             else:
                 self._ids.append(tok)
                 self._chunks.append(chunk)
@@ -332,7 +338,7 @@ class DotsStreamParser(ParserBooks):
         if self.ended:
             self._issue(TRAILING_TOKENS)
         elif tok == v.end_of_stream:
-            if self.scan.in_cell:
+            if self.scan.in_cell and not self._skipping:
                 self._issue(MALFORMED_REGION, "the stream ended inside a cell")
                 self._ids, self._chunks = [], []
             self.ended = True
@@ -357,7 +363,7 @@ class DotsVocab:
 
     family: ClassVar[str] = FAMILY
     branch_shape: ClassVar[str] = BRANCH_SHAPE
-    #: a cell longer than this is not a region (a stream that never closes its cell)
+    #: a layout-only cell longer than this is not a region (a stream that never closes its cell)
     max_cell_tokens: ClassVar[int] = 256
     spec: DotsSpec
     tokenizer: TextTokenizer

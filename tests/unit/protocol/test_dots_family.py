@@ -130,12 +130,29 @@ def test_text_outside_the_cells_is_an_unexpected_token():
     assert len(p.finish()) == 1 and p.error_codes == [UNEXPECTED_TOKEN]
 
 
-def test_a_cell_that_never_closes_is_cut_at_its_token_cap():
-    ids = answer('[{"bbox": [1, 2, 3, 4], "category": "' + "x" * 400 + '"}, {"bbox": [5, 6, 7, 8], "category": "Text"}]')
+def test_a_layout_cell_past_its_token_cap_is_dropped_and_the_next_one_read():
+    ids = answer('[{"bbox": [1, 2, 3, 4], "category": "' + "x{" * 200 + '"}, {"bbox": [5, 6, 7, 8], "category": "Text"}]')
     p = DV.parser()
     p.feed_many(ids)
-    assert MALFORMED_REGION in p.error_codes
+    assert p.error_codes == [MALFORMED_REGION] and "past 256 tokens" in p.issues[0].detail
     assert [r.bins for r in p.finish()] == [(5, 6, 7, 8)]
+
+
+def test_a_sequential_cell_holds_its_whole_text_however_long():
+    """dots' own single request writes each region's text inside its cell: no cell cap (the stream's token
+    limit bounds it), so a long paragraph or table is read whole, and the page reads back as written."""
+    long = "A long paragraph, {braces} and \\ \"quotes\" " * 200
+    table = "<table>" + "<tr><td>1</td><td>x</td></tr>" * 300 + "</table>"
+    cells = [{"bbox": [1, 2, 300, 400], "category": "Text", "text": long},
+             {"bbox": [1, 410, 300, 600], "category": "Table", "text": table},
+             {"bbox": [1, 610, 300, 700], "category": "Picture"}]
+    regions = layout_cells(DV, answer(cells), sequential=True)
+    assert [r.content_text for r in regions] == [long, table, ""]  # a Picture has no text
+    truth = truth_page()
+    seq = DV.serialize_sequential(tok, truth)
+    p = DV.parser(sequential=True)
+    p.feed_many(seq)
+    assert not p.issues and len(p.finish()) == len(truth.regions)
 
 
 # ---- boxes, categories, the resize rule ---------------------------------------------------------------------
