@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 # error codes: padoc_ray.status lists them all (stable strings; they end up in Parquet rows)
@@ -70,6 +70,15 @@ class RenderConfig:
     max_pixels: int = MAX_RENDER_PIXELS
     #: XObject draws a page may make (see :func:`page_draws`); more: page_too_complex (0: no limit)
     max_page_draws: int = knob(MAX_PAGE_DRAWS, flags=("--page-draw-limit",), metavar="N")
+    #: read each PDF page's text layer with its pixels, for text-layer drafts; set from the scheduler's
+    #: ``--text-layer`` (:meth:`with_text_layer`), not a flag of its own
+    text_layer: bool = True
+
+    def with_text_layer(self, mode: str) -> "RenderConfig":
+        """This config reading text layers only where ``mode`` (``SchedulerConfig.text_layer``) drafts with
+        them: under ``off`` no page pays for a layer nothing will read."""
+        want = mode != "off"
+        return self if self.text_layer == want else replace(self, text_layer=want)
 
     def __post_init__(self) -> None:
         if self.dpi is not None and not 10 <= self.dpi <= 1200:

@@ -70,7 +70,8 @@ def render_input(path: str, args):
                         cap_message=_page_cap_message)
     renderer = renderer_for(from_args(RendererConfig, args))
     try:
-        return render_local(renderer, data, name, base, choice, from_args(RenderConfig, args), RasterConfig().encoding,
+        render = from_args(RenderConfig, args).with_text_layer(scheduler_from_args(args).text_layer)
+        return render_local(renderer, data, name, base, choice, render, RasterConfig().encoding,
                             max_frames=limits.max_image_frames)
     finally:
         renderer.close()  # its process is not needed while the engine runs

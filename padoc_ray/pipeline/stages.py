@@ -107,8 +107,9 @@ def _rasterize_doc(uri: str, done: set[int], cfg: BatchConfig, base: dict,
         done = set()
     pending: list[dict] = []
     pending_bytes = 0
+    render = cfg.raster.render.with_text_layer(cfg.engines.host.scheduler.text_layer)  # layers only where drafts use them
     for item in document_rows(renderer_for(cfg.raster.renderer), data, os.path.basename(uri.rstrip("/")),
-                              {**base, "doc_id": doc_id}, page_choice(cfg), cfg.raster.render, cfg.raster.encoding,
+                              {**base, "doc_id": doc_id}, page_choice(cfg), render, cfg.raster.encoding,
                               max_frames=cfg.inputs.limits.max_image_frames, skip=done):
         if isinstance(item, DocFailed):
             yield _doc_error(base, doc_id, item.code, item.message, item.page_count)

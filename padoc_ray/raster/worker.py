@@ -85,14 +85,14 @@ def render_encoded(doc, index: int, render_cfg, encoding: str, buffer) -> tuple[
     """Render one page into ``buffer`` and encode it: (row metadata, image bytes). Raises PdfError.
     The one per-page step of both renderers (this process's and the in-process one). The metadata
     carries the page's text layer (``text_layer_bytes``: :meth:`TextLayer.to_bytes
-    <padoc_ray.protocol.text_layer.TextLayer.to_bytes>`, capped; None for an image or a layer that could
-    not be read), under the page's own deadline like its pixels."""
+    <padoc_ray.protocol.text_layer.TextLayer.to_bytes>`, capped; None for an image, a layer that could
+    not be read, or a ``render_cfg`` that reads none), under the page's own deadline like its pixels."""
     from padoc_ray.pdf import render_page
     from padoc_ray.output.rows import TEXT_LAYER_KEY
     from padoc_ray.raster.codec import encode_image
 
     t = time.perf_counter()
-    r = render_page(doc, index, render_cfg, pixels=True, bitmap_maker=buffer, text_layer=True)
+    r = render_page(doc, index, render_cfg, pixels=True, bitmap_maker=buffer, text_layer=render_cfg.text_layer)
     meta = {"image_width": r.image.width, "image_height": r.image.height, "page_width_pt": r.width_pt,
             "page_height_pt": r.height_pt, "rotation": r.rotation, "render_s": time.perf_counter() - t,
             TEXT_LAYER_KEY: r.text_layer.to_bytes() if r.text_layer is not None else None}

@@ -98,6 +98,8 @@ class DocumentRunner:
         #: plus max_waiting, so that a burst of requests is refused at once instead of queueing long
         self.reserved = 0
         self.busy_backoff_s, self.retry_wait_s = busy_backoff_s, retry_wait_s
+        #: how pages are rendered: the service's settings, with text layers only where its drafts use them
+        self._render = cfg.render.with_text_layer(cfg.host.scheduler.text_layer)
 
     def admit(self) -> None:
         """Refuse a new interactive request while too many interactive pages wait already."""
@@ -176,7 +178,7 @@ class DocumentRunner:
         async def feed() -> None:
             try:
                 render = self.pools[opt.klass].render(
-                    doc.data, doc.name, page_choice(opt.wanted, opt.max_pages), cfg.render, cfg.image_encoding,
+                    doc.data, doc.name, page_choice(opt.wanted, opt.max_pages), self._render, cfg.image_encoding,
                     base, max_frames=cfg.limits.max_image_frames, skip=opt.skip, tenant=opt.tenant)
                 async with contextlib.aclosing(render) as items:
                     async for item in items:
@@ -237,7 +239,7 @@ class DocumentRunner:
         """Open the document (nothing rendered): its page count and selection, or its error."""
         opened = None
         async with contextlib.aclosing(self.pools[BATCH].render(
-                doc.data, doc.name, page_choice(wanted, max_pages), self.cfg.render, self.cfg.image_encoding, {},
+                doc.data, doc.name, page_choice(wanted, max_pages), self._render, self.cfg.image_encoding, {},
                 max_frames=self.cfg.limits.max_image_frames, count_only=True, tenant=tenant)) as items:
             async for item in items:
                 if isinstance(item, DocFailed):

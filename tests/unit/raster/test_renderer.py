@@ -587,3 +587,24 @@ def test_a_renderer_runs_at_the_niceness_it_is_given():
             gen.close()
         finally:
             r.close()
+
+
+@pytest.mark.parametrize("make", [InProcessRenderer, lambda: IsolatedRenderer(RendererConfig())], ids=["inprocess", "isolated"])
+def test_a_page_carries_its_text_layer_only_where_drafts_will_read_it(make):
+    """``--text-layer off`` (RenderConfig.with_text_layer("off")): the renderer reads no layer, so no page pays
+    for one and no row carries it to the engine; ``speculate`` (the default): the layer rides with the page."""
+    from padoc_ray.output.rows import TEXT_LAYER_KEY
+    from padoc_ray.protocol.text_layer import TextLayer
+
+    assert RENDER.with_text_layer("speculate") is RENDER and RENDER.text_layer
+    r = make()
+    try:
+        got = {}
+        for mode in ("speculate", "off"):
+            ev = list(r.render_document(text_pdf(1), "doc.pdf", ALL, RENDER.with_text_layer(mode), "zstd"))
+            (page,) = [e for e in ev if isinstance(e, PageRendered)]
+            got[mode] = page.meta[TEXT_LAYER_KEY]
+    finally:
+        r.close()
+    assert got["off"] is None
+    assert TextLayer.from_bytes(got["speculate"]).text.strip()  # the text the factory drew
