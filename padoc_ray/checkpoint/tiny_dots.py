@@ -35,7 +35,8 @@ from padoc_ray.protocol.dots import (
     CATEGORIES, GROUNDING_TEXT, IMAGE_TEXT, LAYOUT_ALL_TEXT, LAYOUT_ONLY_TEXT, MIN_PIXELS, DotsSpec, DotsTokens,
 )
 
-from .protocol_files import add_special_tokens, padded_vocab_size, prepare_out
+from .protocol_files import padded_vocab_size, prepare_out
+from .tiny_parts import draw_weights, qwen2_bpe_tokenizer, write_json
 from .tiny import _training_text
 
 #: Qwen's pad token, and the video placeholder the Qwen2-VL processor vLLM builds looks for
@@ -135,28 +136,8 @@ def _layout_text() -> list[str]:
 def build_tokenizer(cfg: TinyDotsConfig):
     """Train the BPE and wrap it as a Qwen2 tokenizer holding :func:`special_tokens` (eos
     ``<|endofassistant|>``, pad ``<|endoftext|>``) and the chat template."""
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
-
-    tk = Tokenizer(models.BPE())
-    tk.normalizer = normalizers.NFC()
-    tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    trainer = trainers.BpeTrainer(
-        vocab_size=cfg.bpe_vocab_size, min_frequency=2, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[PAD_TOKEN],
-    )
-    tk.train_from_iterator(_training_text() + _layout_text(), trainer=trainer)
-    state = json.loads(tk.to_str())["model"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
-    tok = Qwen2Tokenizer(vocab=state["vocab"], merges=merges, eos_token=None, pad_token=PAD_TOKEN,
-                         unk_token=None, errors="replace")
-    add_special_tokens(tok, [t for t in special_tokens() if t not in tok.get_vocab()])
-    tok.eos_token = DotsTokens().end_of_stream
-    tok.chat_template = chat_template()
-    return tok
+    return qwen2_bpe_tokenizer(_training_text() + _layout_text(), vocab_size=cfg.bpe_vocab_size, pad=PAD_TOKEN,
+                               specials=special_tokens(), eos=DotsTokens().end_of_stream, chat_template=chat_template())
 
 
 def _weight_specs(cfg: TinyDotsConfig, vocab: int) -> list[tuple[str, tuple[int, ...], float | str]]:
@@ -199,18 +180,7 @@ def _weight_specs(cfg: TinyDotsConfig, vocab: int) -> list[tuple[str, tuple[int,
 
 
 def _weights(cfg: TinyDotsConfig, vocab: int) -> dict:
-    import torch
-
-    g = torch.Generator().manual_seed(cfg.seed)
-    out = {}
-    for name, shape, init in _weight_specs(cfg, vocab):
-        if init == "ones":
-            out[name] = torch.ones(shape, dtype=torch.float32)
-        elif init == "zeros":
-            out[name] = torch.zeros(shape, dtype=torch.float32)
-        else:
-            out[name] = torch.randn(shape, generator=g, dtype=torch.float32) * float(init)
-    return out
+    return draw_weights(_weight_specs(cfg, vocab), cfg.seed)
 
 
 def _config(cfg: TinyDotsConfig, vocab: int, ids: dict[str, int]) -> dict:
@@ -248,12 +218,6 @@ def _preprocessor(cfg: TinyDotsConfig) -> dict:
     }
 
 
-def _write_json(path: str, obj: dict) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-
-
 def build_tiny_dots_model(out: str, *, cfg: TinyDotsConfig = TinyDotsConfig(), force: bool = False) -> str:
     """Write the checkpoint to ``out`` and return it; refuses a non-empty ``out`` unless ``force``
     (FileExistsError, as :func:`padoc_ray.checkpoint.tiny.build_tiny_model`)."""
@@ -264,13 +228,13 @@ def build_tiny_dots_model(out: str, *, cfg: TinyDotsConfig = TinyDotsConfig(), f
     tok = build_tokenizer(cfg)
     ids = {t: tok.convert_tokens_to_ids(t) for t in special_tokens()}
     vocab = padded_vocab_size(len(tok))
-    _write_json(os.path.join(out, "config.json"), _config(cfg, vocab, ids))
+    write_json(os.path.join(out, "config.json"), _config(cfg, vocab, ids))
     shutil.copyfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), _CONFIG_MODULE + ".py"),
                     os.path.join(out, _CONFIG_MODULE + ".py"))
     eos = ids[DotsTokens().end_of_stream]
-    _write_json(os.path.join(out, "generation_config.json"), {
+    write_json(os.path.join(out, "generation_config.json"), {
         "eos_token_id": [eos], "pad_token_id": ids[PAD_TOKEN], "do_sample": False})
-    _write_json(os.path.join(out, "preprocessor_config.json"), _preprocessor(cfg))
+    write_json(os.path.join(out, "preprocessor_config.json"), _preprocessor(cfg))
     tok.save_pretrained(out)
     save_file(_weights(cfg, vocab), os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     return out

@@ -168,6 +168,12 @@ class ParserBooks:
     def feed_many(self, toks: Iterable[int]) -> list[RawRegion]:
         return [r for r in map(self.feed, toks) if r is not None]
 
+    def finish(self) -> list[RawRegion]:
+        """The regions, once the stream is over; a stream without its end is ``truncated``."""
+        if not self.ended and not any(i.code == TRUNCATED for i in self.issues):
+            self._issue(TRUNCATED, f"no end-of-stream after {self.n_fed} tokens")
+        return self.regions
+
     @property
     def error_codes(self) -> list[str]:
         return list(dict.fromkeys(i.code for i in self.issues))
@@ -244,10 +250,11 @@ class StreamParser(ParserBooks):
         return closed
 
     def finish(self) -> list[RawRegion]:
-        if not self.ended and not any(i.code == TRUNCATED for i in self.issues):
-            self._issue(TRUNCATED, f"no end-of-stream after {self.n_fed} tokens")
-            if self.sequential and self._state == self._CONTENT and self.regions:
-                self.regions[-1].errors.append(TRUNCATED)
+        """As :meth:`ParserBooks.finish`; a sequential stream cut inside a region's content marks that region."""
+        cut = not self.ended and not any(i.code == TRUNCATED for i in self.issues)
+        super().finish()
+        if cut and self.sequential and self._state == self._CONTENT and self.regions:
+            self.regions[-1].errors.append(TRUNCATED)
         return self.regions
 
 

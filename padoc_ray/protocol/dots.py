@@ -36,7 +36,7 @@ from functools import cached_property
 from typing import ClassVar, Mapping, Sequence
 
 from .codec import (
-    BOX_OUTSIDE_PAGE, MALFORMED_REGION, TRAILING_TOKENS, TRUNCATED, UNEXPECTED_TOKEN, PaDocSample, ParserBooks,
+    BOX_OUTSIDE_PAGE, MALFORMED_REGION, TRAILING_TOKENS, UNEXPECTED_TOKEN, PaDocSample, ParserBooks,
     RawRegion, SerializeError,
 )
 from .json_cells import CellScanner, cell_text
@@ -348,11 +348,6 @@ class DotsStreamParser(ParserBooks):
             closed = self._feed_text(tok)
         self.n_fed += 1
         return closed
-
-    def finish(self) -> list[RawRegion]:
-        if not self.ended and not any(i.code == TRUNCATED for i in self.issues):
-            self._issue(TRUNCATED, f"no end-of-stream after {self.n_fed} tokens")
-        return self.regions
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from functools import cached_property
 from typing import ClassVar, Mapping, Sequence
 
 from .codec import (
-    BOX_OUTSIDE_PAGE, MALFORMED_REGION, TRAILING_TOKENS, TRUNCATED, UNEXPECTED_TOKEN, PaDocSample, ParserBooks,
+    BOX_OUTSIDE_PAGE, MALFORMED_REGION, TRAILING_TOKENS, UNEXPECTED_TOKEN, PaDocSample, ParserBooks,
     RawRegion, SerializeError,
 )
 from .hpd_image import hpd_tile_grid, TILE
@@ -250,11 +250,6 @@ class HpdStreamParser(ParserBooks):
             self._issue(UNEXPECTED_TOKEN, f"token {tok} outside a block")
         self.n_fed += 1
         return closed
-
-    def finish(self) -> list[RawRegion]:
-        if not self.ended and not any(i.code == TRUNCATED for i in self.issues):
-            self._issue(TRUNCATED, f"no end-of-stream after {self.n_fed} tokens")
-        return self.regions
 
 
 @dataclass(frozen=True)
