@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from padoc_ray.protocol import Page, PageFormatError, page_from_omnidocbench, serialize_padoc, serialize_sequential
+from padoc_ray.protocol import Page, PageFormatError, page_from_omnidocbench
 from padoc_ray.scheduler.loops import LayoutLoopConfig, LoopConfig, LoopDetector, LoopHit, StreamLoopGuard
 from padoc_ray.knobs import knob
 
@@ -82,8 +82,11 @@ def _hit_row(page: str, stream: str, hit: LoopHit) -> dict:
 
 
 def measure(pages: Iterable[tuple[str, Page]], vocab, tokenizer, cfg: LoopConfig | None = None,
-            layout_cfg: LayoutLoopConfig | None = None, report: FPReport | None = None) -> FPReport:
-    """Feed every stream of every ``(name, page)`` to fresh detectors; count streams, tokens, stops."""
+            layout_cfg: LayoutLoopConfig | None = None, report: FPReport | None = None,
+            sequential: bool = True) -> FPReport:
+    """Feed every stream of every ``(name, page)`` to fresh detectors; count streams, tokens, stops. The
+    streams are the checkpoint family's own (its ``serialize_fork``; ``sequential``: also its sequential
+    stream, for a family that has one)."""
     cfg = cfg or LoopConfig()
     rep = report or FPReport()
     rep.trips_at = cfg.window
@@ -105,13 +108,14 @@ def measure(pages: Iterable[tuple[str, Page]], vocab, tokenizer, cfg: LoopConfig
 
     for name, page in pages:
         rep.pages += 1
-        s = serialize_padoc(vocab, tokenizer, page)
+        s = vocab.serialize_fork(tokenizer, page)
         run("layout", name, "layout", s.layout, StreamLoopGuard(cfg, vocab=vocab, layout_cfg=layout_cfg))
         for k, b in enumerate(s.branches):
             run("branch", name, f"branch {k}", b[1:], LoopDetector(cfg))  # as replay forces them
-        seq = serialize_sequential(vocab, tokenizer, page)
-        run("sequential", name, "sequential", seq,
-            StreamLoopGuard(cfg, vocab=vocab, layout_cfg=layout_cfg, sequential=True))
+        if sequential:
+            seq = vocab.serialize_sequential(tokenizer, page)
+            run("sequential", name, "sequential", seq,
+                StreamLoopGuard(cfg, vocab=vocab, layout_cfg=layout_cfg, sequential=True))
     return rep
 
 
@@ -212,7 +216,7 @@ class LoopsConfig:
     (0 on real pages) and the closest any real stream came to one. --cost also times the detector per engine
     step at --streams live streams."""
 
-    model: str  #: a checkpoint directory (its tokenizer and padoc_protocol.json)
+    model: str  #: a checkpoint directory of any family (its tokenizer and protocol: padoc, hpd or dots)
     seeds: int = 4  #: corpus seeds 0..N-1
     pages_per_run: int = 15  #: corpus pages per seed and profile (4 seeds x 4 profiles x 15 = 240 pages)
     profiles: tuple[str, ...] = knob(PROFILES, metavar="NAME,NAME,...")  #: the corpus generator's profiles
@@ -232,13 +236,15 @@ def run(args: LoopsConfig) -> int:
 
     mp = ModelProtocol(args.model)
     t0 = time.perf_counter()
-    pages = all_pages(mp.spec, seeds=range(args.seeds), pages_per_run=args.pages_per_run,
+    # the pages' categories: a padoc spec's own; another family's pages keep OmniDocBench's (its vocab maps them)
+    spec = mp.spec if mp.family == "padoc" else None
+    pages = all_pages(spec, seeds=range(args.seeds), pages_per_run=args.pages_per_run,
                       profiles=list(args.profiles), extra=list(args.gt), workers=args.workers)
     rep = FPReport()
     for name, _ in pages:
         src = name.split(":", 1)[0].split("/seed")[0]
         rep.sources[src] = rep.sources.get(src, 0) + 1
-    measure(pages, mp.vocab, mp.tokenizer, report=rep)
+    measure(pages, mp.vocab, mp.tokenizer, report=rep, sequential="sequential" in mp.modes)
     out = {"false_positives": rep.as_dict(), "seconds": round(time.perf_counter() - t0, 1)}
     fp = out["false_positives"]
     print(f"pages {fp['pages']} {fp['sources']}")
@@ -255,7 +261,7 @@ def run(args: LoopsConfig) -> int:
     if args.cost:
         streams = []
         for _, page in pages:
-            s = serialize_padoc(mp.vocab, mp.tokenizer, page)
+            s = mp.vocab.serialize_fork(mp.tokenizer, page)
             streams += [b[1:] for b in s.branches]
         c = step_cost(streams, args.streams, args.steps)
         out["cost"] = c

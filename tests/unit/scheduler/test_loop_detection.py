@@ -242,6 +242,21 @@ def test_real_pages_never_trip(model_protocol, real_pages):
     assert max(k.peak for k in rep.kinds.values()) < CFG.window
 
 
+def test_real_pages_never_trip_in_the_other_families_streams(real_pages, tiny_hpd_dir, tiny_dots_dir):
+    """The same pages as HPD-Parsing's text blocks and as dots.ocr's JSON layout, grounding answers and single
+    request (each family's own serializers and BPE tokenizer, as `bench loops --model` runs them; hpd has no
+    sequential stream): 0 stops. JSON's repeated cell shape (``{"bbox": [...], "category": ...}``) is no loop."""
+    from padoc_ray.tokenizer import ModelProtocol
+
+    for proto in (ModelProtocol(tiny_hpd_dir), ModelProtocol(tiny_dots_dir)):
+        has_seq = "sequential" in proto.modes
+        rep = measure(real_pages, proto.vocab, proto.tokenizer, sequential=has_seq)
+        assert rep.pages == len(real_pages) and rep.kinds["layout"].streams == rep.pages
+        assert rep.kinds["branch"].streams > 5 * rep.pages
+        assert rep.kinds["sequential"].streams == (rep.pages if has_seq else 0)
+        assert rep.stops == 0, (proto.family, rep.hits)
+
+
 def test_real_layouts_never_trip_and_a_looping_one_does(model_protocol, real_pages):
     v, tok = model_protocol.vocab, model_protocol.tokenizer
     for _, page in real_pages:
