@@ -51,6 +51,29 @@ def dequantize(b: int, bins: int) -> float:
     return (b + 0.5) / bins
 
 
+# a text family's box: integers in a space of ``sx`` x ``sy`` (hpd: 0-1000 or the tiled image's pixels; dots:
+# the resized image's pixels)
+def box_in_space(bins: Sequence[float], sx: float, sy: float) -> Box:
+    """Integer corners in an ``sx`` x ``sy`` space -> the normalized box, corners sorted, clipped to the page."""
+    x1, y1, x2, y2 = bins
+    c = lambda v: min(1.0, max(0.0, v))  # noqa: E731
+    return Box(c(min(x1, x2) / sx), c(min(y1, y2) / sy), c(max(x1, x2) / sx), c(max(y1, y2) / sy))
+
+
+def coords_in_space(box: Box, sx: float, sy: float) -> list[int]:
+    """A normalized box -> its integer corners in an ``sx`` x ``sy`` space (clipped to the page first)."""
+    b = box.clipped()
+    if not all(math.isfinite(v) for v in b.as_tuple()):
+        raise SerializeError(f"box {box} is not finite")
+    return [int(round(b.x1 * sx)), int(round(b.y1 * sy)), int(round(b.x2 * sx)), int(round(b.y2 * sy))]
+
+
+def outside_space(bins: Sequence[float], sx: float, sy: float) -> bool:
+    """Whether a corner lies past the ``sx`` x ``sy`` space's edges (``box_outside_page``)."""
+    x1, y1, x2, y2 = bins
+    return min(bins) < 0 or max(x1, x2) > sx or max(y1, y2) > sy
+
+
 # ---- serialization --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PaDocSample:

@@ -37,7 +37,7 @@ from typing import ClassVar, Mapping, Sequence
 
 from .codec import (
     BOX_OUTSIDE_PAGE, MALFORMED_REGION, TRAILING_TOKENS, UNEXPECTED_TOKEN, PaDocSample, ParserBooks,
-    RawRegion, SerializeError,
+    RawRegion, SerializeError, box_in_space, coords_in_space, outside_space,
 )
 from .json_cells import CellScanner, cell_text
 from .page import Box, Page, Region
@@ -191,11 +191,7 @@ class DotsSpec:
 
     def coords(self, box: Box, width: int, height: int) -> list[int]:
         """A normalized box as the model writes it: integer pixels of the image as it sees it."""
-        b = box.clipped()
-        if not all(math.isfinite(v) for v in b.as_tuple()):
-            raise SerializeError(f"box {box} is not finite")
-        sw, sh = self.input_size(width, height)
-        return [int(round(b.x1 * sw)), int(round(b.y1 * sh)), int(round(b.x2 * sw)), int(round(b.y2 * sh))]
+        return coords_in_space(box, *self.input_size(width, height))
 
     def all_added_tokens(self) -> list[str]:
         t = self.tokens
@@ -422,19 +418,13 @@ class DotsVocab:
         """The region's box, normalized 0-1 of the page, clipped to it."""
         if not width or not height:
             raise ProtocolError("a dots box needs the page's size (its pixels are the resized image's)")
-        sw, sh = self.spec.input_size(width, height)
-        x1, y1, x2, y2 = raw.bins
-        c = lambda v: min(1.0, max(0.0, v))  # noqa: E731
-        return Box(c(min(x1, x2) / sw), c(min(y1, y2) / sh), c(max(x1, x2) / sw), c(max(y1, y2) / sh))
+        return box_in_space(raw.bins, *self.spec.input_size(width, height))
 
     def box_errors(self, raw: RawRegion, width: int | None, height: int | None) -> list[str]:
+        """``box_outside_page``: a corner past the resized image's edge (kept, clipped to the page)."""
         if not width or not height:
             return []
-        sw, sh = self.spec.input_size(width, height)
-        x1, y1, x2, y2 = raw.bins
-        if min(raw.bins) < 0 or max(x1, x2) > sw or max(y1, y2) > sh:
-            return [BOX_OUTSIDE_PAGE]
-        return []
+        return [BOX_OUTSIDE_PAGE] if outside_space(raw.bins, *self.spec.input_size(width, height)) else []
 
     def coords(self, box: Box, width: int, height: int) -> list[int]:
         return self.spec.coords(box, width, height)

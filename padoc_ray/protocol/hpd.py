@@ -26,15 +26,14 @@ Imports nothing heavy (no ray, vllm, torch or transformers).
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar, Mapping, Sequence
 
 from .codec import (
-    BOX_OUTSIDE_PAGE, MALFORMED_REGION, TRAILING_TOKENS, UNEXPECTED_TOKEN, PaDocSample, ParserBooks,
-    RawRegion, SerializeError,
+    BOX_OUTSIDE_PAGE, MALFORMED_REGION, TRAILING_TOKENS, UNEXPECTED_TOKEN, PaDocSample, ParserBooks, RawRegion,
+    box_in_space, coords_in_space, outside_space,
 )
 from .hpd_image import hpd_tile_grid, TILE
 from .page import Box, Page, Region
@@ -307,18 +306,22 @@ class HpdVocab:
     def known_category(self, raw: RawRegion) -> bool:
         return self.spec.known(raw.label or raw.category)
 
+    def _space(self, width: int | None, height: int | None) -> tuple[float, float] | None:
+        """The box space's size: 1000 x 1000 (``norm1000``), or the tiled image's pixels (``pixels``;
+        None without the page's size)."""
+        if self.spec.box_space == "norm1000":
+            return 1000.0, 1000.0
+        if not width or not height:
+            return None
+        cols, rows = hpd_tile_grid(width, height, tile=self.spec.tile)
+        return float(cols * self.spec.tile), float(rows * self.spec.tile)
+
     def box(self, raw: RawRegion, width: int | None = None, height: int | None = None) -> Box:
         """The region's box, normalized 0-1 (origin top-left), clipped to the page."""
-        x1, y1, x2, y2 = raw.bins
-        if self.spec.box_space == "norm1000":
-            sx = sy = 1000.0
-        else:  # pixels of the image as sent: the page resized to its tile grid
-            if not width or not height:
-                raise ProtocolError("box_space 'pixels' needs the page's size")
-            cols, rows = hpd_tile_grid(width, height, tile=self.spec.tile)
-            sx, sy = float(cols * self.spec.tile), float(rows * self.spec.tile)
-        c = lambda v: min(1.0, max(0.0, v))  # noqa: E731
-        return Box(c(min(x1, x2) / sx), c(min(y1, y2) / sy), c(max(x1, x2) / sx), c(max(y1, y2) / sy))
+        space = self._space(width, height)
+        if space is None:
+            raise ProtocolError("box_space 'pixels' needs the page's size")
+        return box_in_space(raw.bins, *space)
 
     def branch_prompt(self, prompt_ids: Sequence[int], layout_ids: Sequence[int], raw: RawRegion) -> list[int]:
         """``prefix-fork``: page prompt + the layout before the block's ``<FORK>`` + ``<CHILD>``."""
@@ -326,26 +329,11 @@ class HpdVocab:
 
     def box_errors(self, raw: RawRegion, width: int | None = None, height: int | None = None) -> list[str]:
         """``box_outside_page``: a coordinate past the box space's edge (kept, clipped to the page)."""
-        if self.spec.box_space == "norm1000":
-            sx = sy = 1000
-        elif not width or not height:
-            return []
-        else:
-            cols, rows = hpd_tile_grid(width, height, tile=self.spec.tile)
-            sx, sy = cols * self.spec.tile, rows * self.spec.tile
-        x1, y1, x2, y2 = raw.bins
-        return [BOX_OUTSIDE_PAGE] if min(raw.bins) < 0 or max(x1, x2) > sx or max(y1, y2) > sy else []
+        space = self._space(width, height)
+        return [BOX_OUTSIDE_PAGE] if space is not None and outside_space(raw.bins, *space) else []
 
     def _coords(self, box: Box, width: int, height: int) -> list[int]:
-        b = box.clipped()
-        if not all(math.isfinite(v) for v in b.as_tuple()):
-            raise SerializeError(f"box {box} is not finite")
-        if self.spec.box_space == "norm1000":
-            sx = sy = 1000
-        else:
-            cols, rows = hpd_tile_grid(width, height, tile=self.spec.tile)
-            sx, sy = cols * self.spec.tile, rows * self.spec.tile
-        return [int(round(b.x1 * sx)), int(round(b.y1 * sy)), int(round(b.x2 * sx)), int(round(b.y2 * sy))]
+        return coords_in_space(box, *self._space(width, height))
 
     def block_text(self, region: Region, width: int, height: int) -> str:
         x1, y1, x2, y2 = self._coords(region.box, width, height)
