@@ -12,8 +12,6 @@ tests/unit/checkpoint/test_tiny_dots_build.py.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -23,36 +21,15 @@ from pathlib import Path
 import pytest
 
 ROOT = str(Path(__file__).resolve().parents[3])  # (not from .conftest: a child interpreter imports this module alone)
+
+from tests.helpers.child_worker import child_env, digest, run_worker  # noqa: E402  (importable in the child too)
+
 BIN = os.path.dirname(sys.executable)
 #: a letter page at 150 dpi (sent as ModelProtocol prepares it), and a landscape page sent as it is
 PAGE_SIZE, RAW_SIZE = (1275, 1650), (1400, 990)
 #: vLLM's KV block in these tests: only full blocks are shared from the prefix cache
 BLOCK = 32
 GEN = 32
-
-
-def _digest(d: str, name: str) -> str:
-    with open(os.path.join(d, name), "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def _child_env(tmp: Path, **extra: str) -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp / "hf-modules"), TOKENIZERS_PARALLELISM="false",
-               PYTHONUNBUFFERED="1", **extra)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-def _run_worker(fn: str, model_dir: str, tmp: Path, timeout: int, **env: str) -> dict:
-    """Run ``fn(model_dir)`` of this module in a child interpreter; its JSON result."""
-    code = ("import json, sys; sys.path.insert(1, sys.argv[2]); import test_tiny_dots as t; "
-            f"print('@@RESULT@@' + json.dumps(t.{fn}(sys.argv[1])))")
-    proc = subprocess.run([sys.executable, "-c", code, model_dir, str(Path(__file__).parent)],
-                          env=_child_env(tmp, **env), capture_output=True, text=True, timeout=timeout, cwd=str(tmp))
-    marker = [line for line in proc.stdout.splitlines() if line.startswith("@@RESULT@@")]
-    assert proc.returncode == 0 and marker, f"{fn} failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n" \
-                                            f"{proc.stderr[-6000:]}"
-    return json.loads(marker[0][len("@@RESULT@@"):])
 
 
 def _page(size, seed: int):
@@ -146,7 +123,7 @@ def _engine_worker(model_dir: str) -> dict:
 
 @pytest.fixture(scope="module")
 def engine_results(tiny_dots_dir, tmp_path_factory) -> dict:
-    return _run_worker("_engine_worker", tiny_dots_dir, tmp_path_factory.mktemp("dots-engine"), timeout=600,
+    return run_worker(__file__, "_engine_worker", tiny_dots_dir, tmp_path_factory.mktemp("dots-engine"), timeout=600,
                        VLLM_ENABLE_V1_MULTIPROCESSING="0")
 
 
@@ -210,7 +187,7 @@ def test_grounding_prompts_of_a_page_share_its_cached_image_prefix(engine_result
 
 def _cli(*args: str, tmp: Path) -> subprocess.CompletedProcess:
     return subprocess.run([os.path.join(BIN, "padoc-ray"), *args], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT, env=_child_env(tmp))
+                          cwd=ROOT, env=child_env(tmp))
 
 
 def test_cli_builds_the_dots_family(tmp_path, tiny_dots_dir):
@@ -219,7 +196,7 @@ def test_cli_builds_the_dots_family(tmp_path, tiny_dots_dir):
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith(f"built tiny dots.ocr-format (DotsOCRForCausalLM) checkpoint in {out} (")
     for name in os.listdir(tiny_dots_dir):  # seed 0, the default
-        assert _digest(str(out), name) == _digest(tiny_dots_dir, name), name
+        assert digest(str(out), name) == digest(tiny_dots_dir, name), name
     p = _cli("build-tiny-model", str(out), "--family", "dots", tmp=tmp_path)
     assert p.returncode == 2 and "--force" in p.stderr
     for flag in ("--base", "--tie-word-embeddings"):

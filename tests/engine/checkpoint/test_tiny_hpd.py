@@ -9,7 +9,6 @@ Remote code (``configuration_internvl_chat.py``) is loaded only in child interpr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -22,34 +21,13 @@ import pytest
 from padoc_ray.protocol.hpd import DEFAULT_CATEGORY_MAP, SYSTEM_LINE, TASK_TEXT, HpdSpec, HpdTokens
 
 ROOT = str(Path(__file__).resolve().parents[3])  # (not from .conftest: a child interpreter imports this module alone)
+
+from tests.helpers.child_worker import child_env, digest, run_worker  # noqa: E402  (importable in the child too)
+
 BIN = os.path.dirname(sys.executable)
 #: the page the engine test sends: 448x640 is HPD's 2x3 grid, pre-resized to 2*448 x 3*448 with
 #: max_dynamic_patch 6, so stock vLLM cuts 6 tiles + a thumbnail (7 * 256 image tokens)
 PAGE_SIZE, SENT_SIZE, MM_KWARGS, N_TILES = (448, 640), (896, 1344), {"max_dynamic_patch": 6}, 7
-
-
-def _digest(d: str, name: str) -> str:
-    with open(os.path.join(d, name), "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def _child_env(tmp: Path, **extra: str) -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp / "hf-modules"), TOKENIZERS_PARALLELISM="false",
-               PYTHONUNBUFFERED="1", **extra)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-def _run_worker(fn: str, model_dir: str, tmp: Path, timeout: int, **env: str) -> dict:
-    """Run ``fn(model_dir)`` of this module in a child interpreter; its JSON result."""
-    code = ("import json, sys; sys.path.insert(1, sys.argv[2]); import test_tiny_hpd as t; "
-            f"print('@@RESULT@@' + json.dumps(t.{fn}(sys.argv[1])))")
-    proc = subprocess.run([sys.executable, "-c", code, model_dir, str(Path(__file__).parent)],
-                          env=_child_env(tmp, **env), capture_output=True, text=True, timeout=timeout, cwd=str(tmp))
-    marker = [line for line in proc.stdout.splitlines() if line.startswith("@@RESULT@@")]
-    assert proc.returncode == 0 and marker, f"{fn} failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n" \
-                                            f"{proc.stderr[-6000:]}"
-    return json.loads(marker[0][len("@@RESULT@@"):])
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +59,10 @@ def test_build_is_deterministic(hpd_dir, tmp_path, record_property):
                                          "generation_config.json", "model.safetensors", "tokenizer.json",
                                          "tokenizer_config.json"]  # no padoc_protocol.json: config.json says hpd
     for name in os.listdir(again):
-        assert _digest(again, name) == _digest(hpd_dir, name), name
+        assert digest(again, name) == digest(hpd_dir, name), name
     other = build_tiny_hpd_model(str(tmp_path / "seed1"), cfg=TinyHpdConfig(seed=1))
-    assert _digest(other, "model.safetensors") != _digest(hpd_dir, "model.safetensors")
-    assert _digest(other, "tokenizer.json") == _digest(hpd_dir, "tokenizer.json")  # the seed moves weights only
+    assert digest(other, "model.safetensors") != digest(hpd_dir, "model.safetensors")
+    assert digest(other, "tokenizer.json") == digest(hpd_dir, "tokenizer.json")  # the seed moves weights only
 
 
 def test_refuses_a_non_empty_out_without_force(tmp_path):
@@ -212,7 +190,7 @@ def _engine_worker(model_dir: str) -> dict:
 
 @pytest.fixture(scope="module")
 def engine_results(hpd_dir, tmp_path_factory) -> dict:
-    return _run_worker("_engine_worker", hpd_dir, tmp_path_factory.mktemp("hpd-engine"), timeout=600,
+    return run_worker(__file__, "_engine_worker", hpd_dir, tmp_path_factory.mktemp("hpd-engine"), timeout=600,
                        VLLM_ENABLE_V1_MULTIPROCESSING="0")
 
 
@@ -248,7 +226,7 @@ def test_greedy_decoding_is_deterministic_and_sees_the_image(engine_results):
 
 def _cli(*args: str, tmp: Path) -> subprocess.CompletedProcess:
     return subprocess.run([os.path.join(BIN, "padoc-ray"), *args], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT, env=_child_env(tmp))
+                          cwd=ROOT, env=child_env(tmp))
 
 
 def test_cli_builds_the_hpd_family(tmp_path, hpd_dir):
@@ -256,7 +234,7 @@ def test_cli_builds_the_hpd_family(tmp_path, hpd_dir):
     p = _cli("build-tiny-model", str(out), "--family", "hpd", tmp=tmp_path)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith(f"built tiny HPD-Parsing-format (InternVL) checkpoint in {out} (")
-    assert _digest(str(out), "model.safetensors") == _digest(hpd_dir, "model.safetensors")  # seed 0, the default
+    assert digest(str(out), "model.safetensors") == digest(hpd_dir, "model.safetensors")  # seed 0, the default
     assert not (out / "padoc_protocol.json").exists()
     p = _cli("build-tiny-model", str(out), "--family", "hpd", tmp=tmp_path)
     assert p.returncode == 2 and "--force" in p.stderr
