@@ -6,20 +6,18 @@ run (no replay) ends with a status; parse-page and doctor take the checkpoint.""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
 
 import pytest
-from PIL import Image
 
 from padoc_ray.protocol import Box, Page, Region, quantized
 from padoc_ray.protocol.dots import box_text, layout_cells
 
 from tests.conftest import ROOT
-from tests.engine.scheduler.test_run_page_on_vllm import Recording
+from tests.helpers.family_engine import expanded_prompt, family_engine, parse_one
 
 pytestmark = pytest.mark.engine
 
@@ -44,45 +42,15 @@ def truth_page(w=612, h=792) -> Page:
 @pytest.fixture(scope="module")
 def dots_engine(tiny_dots_dir, loop_thread):
     """One real engine on the tiny dots checkpoint, with the settings the host gives the family."""
-    from padoc_ray.engine.vllm_engine import VllmEngine
-    from padoc_ray.host import HostConfig
-
-    cfg = HostConfig(preset="cpu").engine_config(tiny_dots_dir)
-    assert cfg.trust_remote_code  # the checkpoint's configuration_dots.py (vLLM registers no dots_ocr config)
-
-    async def make():
-        return VllmEngine(cfg)
-
-    async def stop():
-        eng.shutdown()
-        await asyncio.sleep(0.1)
-
-    eng = loop_thread.run(make(), timeout=300)
-    yield eng
-    loop_thread.run(stop(), timeout=120)
-
-
-def _parse(loop_thread, model_dir, engine, truth: Page | None, name="p.png", mode="fork", **cfg):
-    from padoc_ray.host import HostConfig, PageHost, PageRequest
-
-    rec_engine = Recording(engine)
-    size = (truth.width, truth.height) if truth is not None else (612, 792)
-
-    async def go():
-        host = await PageHost(model_dir, HostConfig(preset="cpu", mode=mode, **cfg),
-                              truth={(name, 0): truth} if truth is not None else None, engine=rec_engine).start()
-        rec = await host.parse(PageRequest(doc_id="d" * 64, page_index=0, source_name=name,
-                                           image=Image.new("RGB", size, "white")))
-        return host, rec
-
-    host, rec = loop_thread.run(go(), timeout=300)
-    return host, rec, rec_engine.requests
+    with family_engine(tiny_dots_dir, loop_thread) as (cfg, eng):
+        assert cfg.trust_remote_code  # the checkpoint's configuration_dots.py (vLLM registers no dots_ocr config)
+        yield eng
 
 
 def test_a_teacher_forced_page_through_grounding_branches_equals_its_truth_and_dots_own_request(
         tiny_dots_dir, dots_engine, loop_thread):
     truth = truth_page()
-    host, rec, reqs = _parse(loop_thread, tiny_dots_dir, dots_engine, truth)
+    host, rec, reqs = parse_one(loop_thread, tiny_dots_dir, dots_engine, truth)
     mp = host.model_protocol
     assert (mp.family, mp.branch_shape) == ("dots", "grounding")
     assert rec.status == "ok" and rec.valid, rec.message
@@ -93,7 +61,7 @@ def test_a_teacher_forced_page_through_grounding_branches_equals_its_truth_and_d
     assert w % 28 == 0 and h % 28 == 0 and reqs[0].image.size == (w, h)
     assert reqs[0].image_uuid.endswith(f"@{w}x{h}") and all(r.image_uuid == reqs[0].image_uuid for r in reqs)
     # the same truth through dots' own single request (prompt_layout_all_en), on the same weights
-    _, seq, seq_reqs = _parse(loop_thread, tiny_dots_dir, dots_engine, truth, name="s.png", mode="sequential")
+    _, seq, seq_reqs = parse_one(loop_thread, tiny_dots_dir, dots_engine, truth, name="s.png", mode="sequential")
     assert seq.status == "ok" and seq.valid, seq.message
     assert len(seq_reqs) == 1 and list(seq_reqs[0].prompt_ids) == list(mp.prompt_ids("sequential"))
     assert seq.page.regions == rec.page.regions
@@ -106,22 +74,13 @@ def test_each_grounding_prompt_is_the_pages_grounding_prompt_with_its_box_and_re
     dots.ocr's client writes it, then the prompt's end; no layout token is in it. Every branch reads the
     image's full blocks from the cache (the layout request computed them), and every branch after the first
     also the grounding prompt's text up to the box."""
-    from vllm import SamplingParams
-
     truth = truth_page()
-    host, rec, reqs = _parse(loop_thread, tiny_dots_dir, dots_engine, truth, name="q.png")
+    host, rec, reqs = parse_one(loop_thread, tiny_dots_dir, dots_engine, truth, name="q.png")
     mp = host.model_protocol
     v, tok = mp.vocab, mp.tokenizer
     main, branches = reqs[0], reqs[1:]
 
-    async def expanded(req):
-        params = SamplingParams(max_tokens=1, detokenize=False)
-        out = None
-        async for out in dots_engine.llm.generate(dots_engine._prompt(req), params, f"expand-{req.request_id}"):
-            pass
-        return list(out.prompt_token_ids)
-
-    main_x = loop_thread.run(expanded(main), timeout=120)
+    main_x = expanded_prompt(loop_thread, dots_engine, main)
     w, h = v.spec.input_size(612, 792)
     assert main_x.count(v.image_pad) == (w // 28) * (h // 28)  # one token per 28x28 pixels after the merge
     image_end = main_x.index(tok.token_to_id("<|endofimg|>")) + 1  # shared with every branch: user turn + image
@@ -130,7 +89,7 @@ def test_each_grounding_prompt_is_the_pages_grounding_prompt_with_its_box_and_re
     n_before = len(before) - 1 + main_x.count(v.image_pad)  # the placeholder expands
     for k, (req, cell, cached, n_prompt) in enumerate(zip(branches, cells, rec.branch_cached_tokens,
                                                           rec.branch_prompt_tokens, strict=True)):
-        got = loop_thread.run(expanded(req), timeout=120)
+        got = expanded_prompt(loop_thread, dots_engine, req)
         assert got[:image_end] == main_x[:image_end]
         assert got[n_before:] == [*tok.encode(box_text(cell.bins)), *after]
         assert got[-1] == v.branch_start and n_prompt == len(got)
@@ -143,7 +102,7 @@ def test_a_free_run_ends_with_a_status_and_no_replay(tiny_dots_dir, dots_engine,
     """Random weights write no JSON: the page ends with a status of its own (not an exception)."""
     from padoc_ray.scheduler import SchedulerConfig
 
-    _, rec, reqs = _parse(loop_thread, tiny_dots_dir, dots_engine, None, name="free.png",
+    _, rec, reqs = parse_one(loop_thread, tiny_dots_dir, dots_engine, None, name="free.png",
                           scheduler=SchedulerConfig(max_tokens=48))
     assert rec.status in ("malformed_layout", "token_limit", "runaway", "layout_unrecovered"), rec.status
     assert reqs[0].forced_tokens is None

@@ -6,7 +6,6 @@ the checkpoint (the batch job with it: tests/cluster/serve/test_hpd_surfaces.py'
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -14,11 +13,10 @@ import subprocess
 import sys
 
 import pytest
-from PIL import Image
 
 from padoc_ray.protocol import Box, Page, Region, hpd_tile_grid, quantized, to_markdown
 
-from tests.engine.scheduler.test_run_page_on_vllm import Recording
+from tests.helpers.family_engine import expanded_prompt, family_engine, parse_one
 
 pytestmark = pytest.mark.engine
 
@@ -42,43 +40,14 @@ def truth_page(w=612, h=792) -> Page:
 @pytest.fixture(scope="module")
 def hpd_engine(tiny_hpd_dir, loop_thread):
     """One real engine on the tiny HPD checkpoint, with the settings the host gives the family."""
-    from padoc_ray.engine.vllm_engine import VllmEngine
-    from padoc_ray.host import HostConfig
-
-    cfg = HostConfig(preset="cpu").engine_config(tiny_hpd_dir)
-    assert cfg.trust_remote_code and cfg.max_model_len >= 16384
-
-    async def make():
-        return VllmEngine(cfg)
-
-    async def stop():
-        eng.shutdown()
-        await asyncio.sleep(0.1)
-
-    eng = loop_thread.run(make(), timeout=300)
-    yield eng
-    loop_thread.run(stop(), timeout=120)
-
-
-def _parse(loop_thread, model_dir, engine, truth: Page, name="p.png", **cfg):
-    from padoc_ray.host import HostConfig, PageHost, PageRequest
-
-    rec_engine = Recording(engine)
-
-    async def go():
-        host = await PageHost(model_dir, HostConfig(preset="cpu", **cfg), truth={(name, 0): truth},
-                              engine=rec_engine).start()
-        rec = await host.parse(PageRequest(doc_id="d" * 64, page_index=0, source_name=name,
-                                           image=Image.new("RGB", (truth.width, truth.height), "white")))
-        return host, rec
-
-    host, rec = loop_thread.run(go(), timeout=300)
-    return host, rec, rec_engine.requests
+    with family_engine(tiny_hpd_dir, loop_thread) as (cfg, eng):
+        assert cfg.trust_remote_code and cfg.max_model_len >= 16384
+        yield eng
 
 
 def test_a_teacher_forced_page_through_the_fork_equals_its_truth(tiny_hpd_dir, hpd_engine, loop_thread):
     truth = truth_page()
-    host, rec, reqs = _parse(loop_thread, tiny_hpd_dir, hpd_engine, truth)
+    host, rec, reqs = parse_one(loop_thread, tiny_hpd_dir, hpd_engine, truth)
     mp = host.model_protocol
     assert mp.family == "hpd"
     assert rec.status == "ok" and rec.valid, rec.message
@@ -96,29 +65,20 @@ def test_each_branch_prompt_expands_to_the_layout_prompt_plus_the_prefix_and_hit
         tiny_hpd_dir, hpd_engine, loop_thread):
     """vLLM's own expansion of every branch prompt equals the expanded layout prompt + the parent's tokens
     before <FORK> + <CHILD>, and each branch's num_cached_tokens covers every full block of that prefix."""
-    from vllm import SamplingParams
-
     truth = truth_page()
-    host, rec, reqs = _parse(loop_thread, tiny_hpd_dir, hpd_engine, truth, name="q.png")
+    host, rec, reqs = parse_one(loop_thread, tiny_hpd_dir, hpd_engine, truth, name="q.png")
     v = host.model_protocol.vocab
     main, branches = reqs[0], reqs[1:]
     layout = list(main.forced_tokens)
 
-    async def expanded(req):
-        params = SamplingParams(max_tokens=1, detokenize=False)
-        out = None
-        async for out in hpd_engine.llm.generate(hpd_engine._prompt(req), params, f"expand-{req.request_id}"):
-            pass
-        return list(out.prompt_token_ids)
-
-    main_x = loop_thread.run(expanded(main), timeout=120)
+    main_x = expanded_prompt(loop_thread, hpd_engine, main)
     ctx = host.model_protocol.tokenizer.token_to_id("<IMG_CONTEXT>")
     assert main_x.count(ctx) == 13 * 256  # a 3x4 grid: twelve tiles and the thumbnail
     forks = [i for i, t in enumerate(layout) if t == v.region_close]
     assert len(forks) == len(branches) == 4
     for req, fp, cached, n_prompt in zip(branches, forks, rec.branch_cached_tokens, rec.branch_prompt_tokens,
                                          strict=True):
-        got = loop_thread.run(expanded(req), timeout=120)
+        got = expanded_prompt(loop_thread, hpd_engine, req)
         assert got == main_x + layout[:fp] + [v.branch_start]
         assert n_prompt == len(got)
         assert cached >= (len(got) - 1) // BLOCK * BLOCK  # every full block of the prefix (the image's too)
@@ -127,8 +87,8 @@ def test_each_branch_prompt_expands_to_the_layout_prompt_plus_the_prefix_and_hit
 def test_both_families_give_the_same_page_for_the_same_truth(tiny_hpd_dir, hpd_engine, tiny_model_dir, cpu_engine,
                                                               loop_thread):
     truth = truth_page()
-    _, a, _ = _parse(loop_thread, tiny_model_dir, cpu_engine, truth, name="padoc.png")
-    _, b, _ = _parse(loop_thread, tiny_hpd_dir, hpd_engine, truth, name="hpd.png")
+    _, a, _ = parse_one(loop_thread, tiny_model_dir, cpu_engine, truth, name="padoc.png")
+    _, b, _ = parse_one(loop_thread, tiny_hpd_dir, hpd_engine, truth, name="hpd.png")
     assert a.status == b.status == "ok"
     assert to_markdown(a.page) == to_markdown(b.page)
     for ra, rb in zip(a.page.regions, b.page.regions, strict=True):
