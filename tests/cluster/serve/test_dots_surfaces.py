@@ -100,13 +100,8 @@ def test_bench_serve_runs_the_dots_checkpoint_in_both_modes(tiny_dots_dir, bench
 @pytest.fixture(scope="module")
 def dots_svc(tmp_path_factory, tiny_dots_dir):
     """`padoc-ray serve --model <tiny dots> --replay examples/ground_truth.json` on 127.0.0.1 (no token)."""
-    s = Service(str(tmp_path_factory.mktemp("dots-serve")), tiny_dots_dir, GT, None, "--max-pages", "5")
-    try:
-        s.wait_ready()
+    with Service.running(str(tmp_path_factory.mktemp("dots-serve")), tiny_dots_dir, GT, None, "--max-pages", "5") as s:
         yield s
-    finally:
-        s.stop()
-        s.kill_all()
 
 
 def test_serve_parses_with_the_dots_checkpoint_in_both_modes_and_each_page_equals_its_truth(dots_svc,

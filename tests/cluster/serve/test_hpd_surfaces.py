@@ -166,13 +166,8 @@ def test_reannotate_with_the_hpd_checkpoint_as_a_parser_beside_the_padoc_one(ray
 @pytest.fixture(scope="module")
 def hpd_svc(tmp_path_factory, tiny_hpd_dir):
     """`padoc-ray serve --model <tiny hpd> --replay examples/ground_truth.json` on 127.0.0.1 (no token)."""
-    s = Service(str(tmp_path_factory.mktemp("hpd-serve")), tiny_hpd_dir, GT, None, "--max-pages", "5")
-    try:
-        s.wait_ready()
+    with Service.running(str(tmp_path_factory.mktemp("hpd-serve")), tiny_hpd_dir, GT, None, "--max-pages", "5") as s:
         yield s
-    finally:
-        s.stop()
-        s.kill_all()
 
 
 @pytest.mark.engine

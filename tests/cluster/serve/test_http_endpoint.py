@@ -9,6 +9,7 @@ overload). Their output goes to files; each is stopped with SIGTERM and must lea
 from __future__ import annotations
 
 import base64
+import contextlib
 import concurrent.futures as cf
 import http.client
 import io
@@ -75,6 +76,18 @@ class Service:
                "--job-store", self.job_store, *extra]
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=self.err, env=env, start_new_session=True)
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, tmp, model: str, gt: str, token: str | None, *extra: str, **kw):
+        """A started service, ready; stopped, its whole session killed, at the end."""
+        s = cls(tmp, model, gt, token, *extra, **kw)
+        try:
+            s.wait_ready()
+            yield s
+        finally:
+            s.stop()
+            s.kill_all()
 
     def wait_ready(self, timeout=600) -> None:
         end = time.monotonic() + timeout
