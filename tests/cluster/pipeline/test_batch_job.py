@@ -211,10 +211,16 @@ def test_batch_flags_each_show_their_effect(ray_cluster, tiny_model_dir, tmp_pat
     assert cfg["pages"] == [1, 2, 3] and cfg["max_pages_per_doc"] == 2 and cfg["host"]["scheduler"]["deadline_s"] == 12
 
 
-def test_reannotate_compares_modes_with_the_corpus_and_resumes(ray_cluster, tmp_path, tiny_model_dir):
-    """Re-annotation over the example corpus, fork and sequential, teacher-forced by the annotations
-    themselves: both parses agree with the corpus and with each other; a page whose source is gone
-    gets a reason; a rerun parses nothing again and reproduces the agreement table."""
+def test_reannotate_compares_modes_and_families_with_the_corpus_and_resumes(ray_cluster, tmp_path, tiny_model_dir,
+                                                                            tiny_hpd_dir, tiny_dots_dir):
+    """Re-annotation over the example corpus with every kind of prediction set in one run: the padoc
+    checkpoint in fork and sequential mode, a folder of earlier predictions (``again``), and the hpd and
+    dots checkpoints as parsers beside it (``--compare NAME=<checkpoint>``: a batch job each, on the
+    module's `ray start` cluster), all teacher-forced by the annotations themselves: every set agrees
+    with the corpus and with every other; a page whose source is gone gets a reason; each family's
+    rows have the padoc family's schema; a rerun parses nothing again and reproduces the agreement table."""
+    from padoc_ray.output import rows as page_rows_schema
+
     gt = json.load(open(os.path.join(EXAMPLES, "ground_truth.json")))
     extra = json.loads(json.dumps(gt[0]))
     extra["page_info"].update(source_pdf="gone.pdf", image_path="gone_page0.png")
@@ -223,9 +229,15 @@ def test_reannotate_compares_modes_with_the_corpus_and_resumes(ray_cluster, tmp_
     cmd = [sys.executable, "-m", "padoc_ray.cli", "reannotate", "--gt", str(tmp_path / "gt.json"), "--source", EXAMPLES,
            "--output", str(out), "--model", tiny_model_dir, "--address", ray_cluster["gcs"],
            "--replay", os.path.join(EXAMPLES, "ground_truth.json"), "--modes", "fork,sequential",
-           "--compare", f"again={out / 'predictions' / 'fork'}"]
+           "--compare", f"again={out / 'predictions' / 'fork'}", "--compare", f"hpd={tiny_hpd_dir}",
+           "--compare", f"dots={tiny_dots_dir}"]
     run = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
+    sets = ("fork", "sequential", "again", "hpd", "dots")
+    summary = json.load(open(out / "reannotate_summary.json"))
+    got = summary["prediction_sets"]
+    assert tuple(got) == sets and got["hpd"]["model"] == tiny_hpd_dir and got["dots"]["model"] == tiny_dots_dir
+    assert got["fork"]["model"] == tiny_model_dir and got["dots"]["path"] == str(out / "predictions" / "dots")
     table = pq.read_table(out / "agreement" / "agreement.parquet").to_pylist()
     page_rows = [r for r in table if r["kind"] == "page"]
     assert len(page_rows) == len(gt) + 1
@@ -233,22 +245,34 @@ def test_reannotate_compares_modes_with_the_corpus_and_resumes(ray_cluster, tmp_
     for r in page_rows:
         by_status.setdefault(r["status"], []).append(r)
     assert len(by_status["ok"]) == len(gt) and len(by_status["source_missing"]) == 1
+    names = ("gt", *sets)
+    want_pairs = {(a, b) for i, a in enumerate(names) for b in names[i + 1:]} | {("gt", "consensus")}
     for r in by_status["ok"]:
         pairs = {(c["ref"], c["hyp"]): c for c in table if c["kind"] == "pair" and c["image_path"] == r["image_path"]}
-        assert set(pairs) == {("gt", "fork"), ("gt", "sequential"), ("gt", "again"), ("fork", "sequential"),
-                              ("fork", "again"), ("sequential", "again"), ("gt", "consensus")}
-        assert dict(r["prediction_status"]) == {"fork": "ok", "sequential": "ok", "again": "ok"}
-        for c in pairs.values():  # teacher-forced: same regions and contents up to 1/1000 box quantization
-            assert c["layout_iou"] > 0.95 and c["content_edit"] == 0.0 and c["agree"], (r["image_path"], c)
+        assert set(pairs) == want_pairs
+        assert dict(r["prediction_status"]) == dict.fromkeys(sets, "ok")
+        for (a, b), c in pairs.items():  # teacher-forced: the same regions and contents in every set
+            assert c["content_edit"] == 0.0 and c["agree"], (r["image_path"], c)
             assert c["matched"] == c["ref_regions"] == c["hyp_regions"] > 0
-        assert r["unanimous"] and r["consensus"] and r["coverage"] == 1.0 and r["difficulty"] < 0.02
-    summary = json.load(open(out / "reannotate_summary.json"))
+            if not {a, b} & {"hpd", "dots"}:  # one box quantization (1/1000 of the page); the families' differ
+                assert c["layout_iou"] > 0.95, (r["image_path"], c)
+        assert r["unanimous"] and r["consensus"] and r["coverage"] == 1.0
     assert summary["pages_compared"] == summary["consensus_pages"] == summary["unanimous_pages"] == len(gt)
+    assert set(summary["pairs"]) == {f"{a}~{b}" for a, b in want_pairs}
     assert len(json.load(open(out / "consensus" / "consensus.json"))) == len(gt)
-    assert summary["runs"]["fork"]["page_status"] == {"ok": 5} and summary["runs"]["sequential"]["all_inputs_accounted"]
+    for name in ("fork", "hpd", "dots"):
+        assert summary["runs"][name]["page_status"] == {"ok": 5} and summary["runs"][name]["all_inputs_accounted"]
+    assert summary["runs"]["sequential"]["all_inputs_accounted"] and "again" not in summary["runs"]
+    for name, model in (("hpd", tiny_hpd_dir), ("dots", tiny_dots_dir)):  # each family's batch job rows
+        t = pq.read_table(out / "predictions" / name / "pages")
+        assert set(page_rows_schema.PAGE_SCHEMA.names) <= set(t.schema.names), name  # the padoc family's schema
+        family_rows = t.to_pylist()
+        assert len(family_rows) == 5 and {x["model_id"] for x in family_rows} == {os.path.basename(model)}
+        assert all(x["status"] == "ok" and x["valid"] and x["mode"] == "fork" and x["n_branches"] > 0
+                   for x in family_rows), name
     again = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
     assert again.returncode == 0, again.stderr[-4000:]
-    assert again.stdout.count("0 to do") == 2  # both prediction sets were complete
+    assert again.stdout.count("0 to do") == 4  # the four prediction sets it parses were complete
     table2 = pq.read_table(out / "agreement" / "agreement.parquet").to_pylist()
     strip = lambda rows: [{k: v for k, v in r.items() if k != "run_id"} for r in rows]  # noqa: E731
     assert strip(table2) == strip(table)

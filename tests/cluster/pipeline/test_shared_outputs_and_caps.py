@@ -1,7 +1,8 @@
 """Outputs shared by several runs (one run at a time per output, leftovers of killed runs, an
 output inside its input), and inputs that must not exhaust the job (page, frame and size caps,
 manifests naming what they may not), through the real batch job: Ray Data on a local cluster with
-token authentication, the no-op engine (no vLLM: these tests are about what reaches the engine
+token authentication (in process, or this worker's `ray start` cluster for runs of the CLI; an S3 output's
+runs start their own, whose workers get the S3 settings of the run's environment), the no-op engine (no vLLM: these tests are about what reaches the engine
 and what lands in pages/, not about generation)."""
 
 from __future__ import annotations
@@ -172,7 +173,8 @@ def parse(*args, timeout=600):
 
 
 @pytest.mark.slow
-def test_a_second_run_refuses_a_live_output_and_a_dead_runs_lock_is_recovered(tiny_model_dir, tmp_path):
+def test_a_second_run_refuses_a_live_output_and_a_dead_runs_lock_is_recovered(ray_cluster, tiny_model_dir, tmp_path):
+    """The runs are drivers on this worker's `ray start` cluster (a local Ray each would cost its start)."""
     inp, out = tmp_path / "in", tmp_path / "out"
     inp.mkdir()
     for i in range(3):
@@ -182,7 +184,7 @@ def test_a_second_run_refuses_a_live_output_and_a_dead_runs_lock_is_recovered(ti
     try:
         assert holder.stdout.readline().strip() == "held"
         args = ["--input", str(inp), "--output", str(out), "--model", tiny_model_dir, "--engine", "noop",
-                "--address", "local"]
+                "--address", ray_cluster["gcs"]]
         second = parse(*args)
         assert second.returncode == 2, second.stderr[-3000:]
         assert "in use by run live-run-1" in second.stderr and "--wait-lock" in second.stderr
@@ -205,9 +207,10 @@ def test_a_second_run_refuses_a_live_output_and_a_dead_runs_lock_is_recovered(ti
 
 
 @pytest.mark.slow
-def test_two_concurrent_runs_on_one_output_write_every_row_once(tiny_model_dir, tmp_path):
+def test_two_concurrent_runs_on_one_output_write_every_row_once(ray_cluster, tiny_model_dir, tmp_path):
     """Two runs started on one output while a third holds it: both wait; when the holder dies, one
-    runs and the other, after it, finds nothing to do."""
+    runs and the other, after it, finds nothing to do. The runs are drivers on this worker's `ray start`
+    cluster."""
     inp, out = tmp_path / "in", tmp_path / "out"
     inp.mkdir()
     for i in range(4):
@@ -219,7 +222,7 @@ def test_two_concurrent_runs_on_one_output_write_every_row_once(tiny_model_dir, 
         assert holder.stdout.readline().strip() == "held"
         os.remove(out / "pages" / "half.parquet")
         args = ["--input", str(inp), "--output", str(out), "--model", tiny_model_dir, "--engine", "noop",
-                "--address", "local", "--wait-lock", "600", "--rows-per-file", "2"]
+                "--address", ray_cluster["gcs"], "--wait-lock", "600", "--rows-per-file", "2"]
         logs = [tmp_path / f"run{i}.out" for i in range(2)]
         for log in logs:
             with open(log, "w") as f:
@@ -234,7 +237,7 @@ def test_two_concurrent_runs_on_one_output_write_every_row_once(tiny_model_dir, 
         holder.wait(timeout=30)
         assert [p.wait(timeout=900) for p in procs] == [0, 0], [log.read_text()[-2000:] for log in logs]
     finally:
-        for p in (*procs, holder):  # each run with its own local Ray cluster: its whole session
+        for p in (*procs, holder):  # each run in a session of its own: it and what it started
             stop_session(p)
         holder.stdout.close()
     todo = sorted(int(log.read_text().split(" to do")[0].rsplit(" ", 1)[-1]) for log in logs)

@@ -1,14 +1,15 @@
 """The tiny dots.ocr checkpoint (family dots: fork through grounding branches, and sequential as dots' own
-single request) through every user-facing surface: the batch job (`padoc-ray demo`), `bench serve` in
-both modes (and `bench replay`'s summary of that run), and the Serve endpoint over HTTP in both modes.
-Teacher-forced with the examples' truth, so every page must equal its truth; a dots box is in pixels of
-the image the page was parsed from, so the truth is quantized at that size.
+single request) through the surfaces beside the batch job: `bench serve` in both modes (and `bench
+replay`'s summary of that run), and the Serve endpoint over HTTP in both modes. Teacher-forced with the
+examples' truth, so every page must equal its truth; a dots box is in pixels of the image the page was
+parsed from, so the truth is quantized at that size.
 
-Three engine starts in all, one after another: the demo (its own local Ray, an engine actor), the bench
-(an engine in its process) and one `padoc-ray serve` (its own local Ray and session, stopped with
-SIGTERM) for the module's last tests, so that it runs beside none of the commands. `doctor` on dots
-is in tests/engine/protocol/test_dots_on_vllm.py; `reannotate --compare dots=<checkpoint>` costs two
-engines more and is left to the hpd surfaces (the same code path: a ``--compare`` checkpoint folder)."""
+Two engine starts, one after another: the bench (an engine in its process) and one `padoc-ray serve` (its
+own local Ray and session, stopped with SIGTERM) for the module's last tests, so that it runs beside
+none of the commands. The batch job with the dots checkpoint (`reannotate --compare dots=<checkpoint>`:
+Ray Data, an engine actor, rows of the padoc family's schema) is in tests/cluster/pipeline/test_batch_job.py,
+one run beside the padoc modes and the hpd checkpoint; `doctor` on dots is in
+tests/engine/protocol/test_dots_on_vllm.py."""
 
 from __future__ import annotations
 
@@ -39,28 +40,6 @@ def _truth(model_dir: str, name: str, page: int, size: tuple[int, int]):
     from padoc_ray.tokenizer import load_model_protocol
 
     return quantized(load_truth(GT)[(name, page)], load_model_protocol(model_dir).vocab, size)
-
-
-# ---- the batch job ---------------------------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_demo_runs_the_batch_job_on_the_examples_with_the_dots_checkpoint(tiny_dots_dir, tmp_path):
-    """``demo --model``: Ray Data and an engine actor over examples/, replayed: every page ok, valid and
-    equal to its truth, in rows of the same schema as the padoc family's."""
-    from padoc_ray.output import rows
-    from padoc_ray.output.reader import read_rows
-
-    out = tmp_path / "out"
-    rc, stdout, stderr = cli_logged(tmp_path, "demo", "demo", "--model", tiny_dots_dir, "--output", str(out),
-                                    timeout=900)
-    assert rc == 0, (stdout[-2000:], stderr[-3000:])
-    table = read_rows(str(out))
-    assert set(rows.PAGE_SCHEMA.names) <= set(table.schema.names)
-    page_rows = [x for x in table.to_pylist() if x["page_index"] >= 0]
-    assert len(page_rows) == 5 and all(x["status"] == "ok" and x["valid"] for x in page_rows), \
-        [(x["source_uri"], x["page_index"], x["status"], x["error_message"]) for x in page_rows]
-    assert all(x["n_branches"] > 0 and x["mode"] == "fork" for x in page_rows)
-    lines = [ln.split() for ln in stdout.splitlines() if ln.split()[:1] and ln.split()[0].endswith(".pdf")]
-    assert len(lines) == 5 and all(ln[-1] == "yes" for ln in lines), stdout[-3000:]  # every page equals its truth
 
 
 # ---- bench serve (and bench replay's summary of the run) -------------------------------------------------------------

@@ -1,12 +1,12 @@
 """The tiny HPD-Parsing checkpoint (family hpd: fork only) through every surface beside the batch job:
-the Serve endpoint over HTTP, `bench replay` and `bench serve`, and `reannotate` with the hpd checkpoint
-as a parser beside the padoc one. Teacher-forced (--replay) with the examples' truth, so every page must
+the Serve endpoint over HTTP, `bench replay` and `bench serve`. Teacher-forced (--replay) with the examples' truth, so every page must
 equal its truth; a request for the mode hpd lacks (sequential) is the client's error (422
 ``unsupported_mode``), never a 500, and the benchmarks run fork alone, saying why.
 
-The checks without an engine come first; the bench and reannotate commands run as the CLI runs them
-(an engine each; reannotate on the module's `ray start` cluster, which costs less than the local Ray it
-would start itself); one `padoc-ray serve` (its own local Ray and session, stopped with SIGTERM) serves
+The batch job with the hpd checkpoint (`reannotate --compare hpd=<checkpoint>`, rows of the padoc family's
+schema) is in tests/cluster/pipeline/test_batch_job.py, one run beside the padoc modes and the dots
+checkpoint. The checks without an engine come first; the bench commands run as the CLI runs them (an
+engine each); one `padoc-ray serve` (its own local Ray and session, stopped with SIGTERM) serves
 the module's last tests, so that it runs beside none of the commands."""
 
 from __future__ import annotations
@@ -123,43 +123,6 @@ def test_bench_serve_runs_the_hpd_checkpoint_and_says_why_fork_only(tiny_hpd_dir
     md = (out / "report.md").read_text()
     assert "Mode sequential not run: mode sequential has no meaning for an HPD-Parsing checkpoint" in md
     assert "| valid pages/s | fork |" in md and md in stdout
-
-
-# ---- reannotate ----------------------------------------------------------------------------------------------------
-@pytest.mark.engine
-@pytest.mark.slow
-def test_reannotate_with_the_hpd_checkpoint_as_a_parser_beside_the_padoc_one(ray_cluster, tiny_model_dir, tiny_hpd_dir,
-                                                                            tmp_path):
-    """`--compare hpd=<checkpoint>`: the sources are parsed with it (fork) beside `--modes fork` with the
-    padoc `--model`; both teacher-forced, so both sets, the truth and the consensus agree on every page."""
-    out = tmp_path / "rean"
-    rc, stdout, stderr = cli_logged(
-        tmp_path, "rean", "reannotate", "--source", EXAMPLES, "--gt", GT, "--output", str(out), "--model",
-        tiny_model_dir, "--replay", GT, "--modes", "fork", "--compare", f"hpd={tiny_hpd_dir}",
-        "--address", ray_cluster["gcs"], timeout=900)
-    assert rc == 0, stderr[-4000:]
-    summary = json.load(open(out / "reannotate_summary.json"))
-    sets = summary["prediction_sets"]
-    assert set(sets) == {"fork", "hpd"} and sets["hpd"]["model"] == tiny_hpd_dir
-    assert sets["fork"]["model"] == tiny_model_dir and sets["hpd"]["path"] == str(out / "predictions" / "hpd")
-    for name in ("fork", "hpd"):
-        assert summary["runs"][name]["page_status"] == {"ok": 5} and summary["runs"][name]["all_inputs_accounted"]
-    assert set(summary["pairs"]) == {"fork~hpd", "gt~fork", "gt~hpd", "gt~consensus"}
-    assert summary["pages_compared"] == summary["consensus_pages"] == summary["unanimous_pages"] == 5
-    import pyarrow.parquet as pq
-
-    table = pq.read_table(out / "agreement" / "agreement.parquet").to_pylist()
-    pages = [r for r in table if r["kind"] == "page"]
-    assert len(pages) == 5 and all(dict(r["prediction_status"]) == {"fork": "ok", "hpd": "ok"} for r in pages)
-    pairs = [r for r in table if r["kind"] == "pair" and "hpd" in (r["ref"], r["hyp"])]
-    assert len(pairs) == 10 and all(r["agree"] and r["content_edit"] == 0.0 for r in pairs)
-    hpd_table = pq.read_table(out / "predictions" / "hpd" / "pages")  # the batch job's rows, with the hpd checkpoint
-    from padoc_ray.output import rows
-
-    assert set(rows.PAGE_SCHEMA.names) <= set(hpd_table.schema.names)  # the same row schema as the padoc family's
-    hpd_rows = hpd_table.to_pylist()
-    assert len(hpd_rows) == 5 and {r["model_id"] for r in hpd_rows} == {os.path.basename(tiny_hpd_dir)}
-    assert all(r["status"] == "ok" and r["valid"] for r in hpd_rows)
 
 
 # ---- Serve ---------------------------------------------------------------------------------------------------------

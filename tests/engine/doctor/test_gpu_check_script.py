@@ -1,5 +1,5 @@
-"""``cluster/gpu_check.sh`` end to end on this CPU: its V1 leg is real here (doctor, the tiny model,
-teacher-forced parse-page with and without --constrain-layout, bench replay at C=4 and 16), and
+"""``cluster/gpu_check.sh`` end to end on this CPU (both legs nightly; make test checks its usage errors):
+its V1 leg is real here (doctor, the tiny model, teacher-forced parse-page with and without --constrain-layout, bench replay at C=4 and 16), and
 its verdict says what each step did. Its Model Runner V2 leg needs a GPU (the script's default).
 The benchmark runs without warm-up pages (--warmup 0): here only its wiring is checked, and the
 four untimed pages cost about 30 s of the test."""
@@ -64,6 +64,9 @@ def test_a_warmup_that_is_no_whole_number_is_a_usage_error(tmp_path):
     assert not (tmp_path / "x").exists()  # refused before any step ran
 
 
+@pytest.mark.nightly  # make test-nightly (about 2 minutes): make test runs its commands on their own with the dots
+# checkpoint (doctor: tests/engine/protocol/test_dots_on_vllm.py; the batch job: reannotate in
+# tests/cluster/pipeline/test_batch_job.py; bench serve in both modes: tests/cluster/serve/test_dots_surfaces.py)
 def test_the_model_leg_parses_the_examples_without_replay_and_benchmarks_fork_and_dots_own_request(
         tmp_path, tiny_dots_dir):
     """``--model DIR`` (what a GPU owner runs with real weights; here the tiny dots.ocr-format checkpoint, whose
