@@ -67,7 +67,7 @@ def test_an_engine_crash_restarts_the_actor_and_every_page_lands_once(ray_cluste
     (every page still completes). Each page is forced to its first 4 regions (4 branches, one more than
     --max-live-branches): the test is about the actors, and a full page's decoding only made each
     actor's share longer. (An actor process killed from outside: the no-op run below.)"""
-    n = 4  # 20 pages
+    n = 2  # 10 pages, 50 requests (a page's layout stream and its 4 branches)
     example_copies(tmp_path / "in", n)
     gt = gt_for_copies(tmp_path / "gt.json", n, regions=4)
     out, marker = tmp_path / "out", tmp_path / "engine_died"
@@ -99,7 +99,7 @@ def test_an_engine_crash_restarts_the_actor_and_every_page_lands_once(ray_cluste
     assert said in text or logged(ray_cluster, said)
     assert logged(ray_cluster, "test fault: SIGKILL of vLLM engine core process")  # a real crash, not a raise
     rows = read_pages(str(out))
-    assert len(rows) == 20 and len(set(keys(rows))) == 20  # every page exactly once
+    assert len(rows) == 5 * n and len(set(keys(rows))) == 5 * n  # every page exactly once
     assert all(r["status"] == "ok" for r in rows)
     crash_time = datetime.fromtimestamp(os.path.getmtime(marker), timezone.utc)  # written as the fault fires
     assert sum(r["processed_at"] > crash_time for r in rows) >= 1  # parsed after the crash, by the new actor
@@ -159,8 +159,10 @@ def test_poison_documents_cost_their_own_rows(tmp_path, tiny_model_dir):
     """One raster task holds good files, a file whose renderer crashes on every page, one whose
     renderer hangs on its second page, one that hangs while opening, one whose second page fails to
     render (an unexpected error: render_failed) and one only qpdf can repair.
-    The job completes: every good page is written once by the real engine, each poison file is
-    accounted for with its code, and a rerun has nothing to do and starts no Ray."""
+    The job completes: every good page reaches the engine and is written once, each poison file is
+    accounted for with its code, and a rerun has nothing to do and starts no Ray. On the no-op engine
+    (an empty layout for every page it is given): the renderer, not the engine, is under test. Its own
+    local Ray: the render faults are set in the environment of the run, which its raster workers inherit."""
     from tests.helpers.pdf_factory import text_pdf, xref_broken_pdf
 
     src = tmp_path / "in"
@@ -172,21 +174,9 @@ def test_poison_documents_cost_their_own_rows(tmp_path, tiny_model_dir):
     (src / "hang.pdf").write_bytes(ex("report.pdf") + b"\n% hang\n")
     (src / "hangopen.pdf").write_bytes(ex("memo.pdf") + b"\n% hang while opening\n")
     (src / "failing.pdf").write_bytes(ex("paper.pdf") + b"\n% render error on page 1\n")
-    (src / "repaired.pdf").write_bytes(xref_broken_pdf(text_pdf(2)))  # its pages are forced like memo's
-    gt = json.load(open(os.path.join(EXAMPLES, "ground_truth.json")))
-    extra = []
-    for p in gt:  # the poison files' good pages are teacher-forced like the originals they copy
-        for copy, orig, page_no in (("hang.pdf", "report.pdf", None), ("repaired.pdf", "memo.pdf", 0),
-                                    ("repaired.pdf", "memo.pdf", 1), ("failing.pdf", "paper.pdf", None)):
-            if p["page_info"]["source_pdf"] == orig:
-                q = json.loads(json.dumps(p))
-                q["page_info"]["source_pdf"] = copy
-                if page_no is not None:
-                    q["page_info"]["page_no"] = page_no
-                extra.append(q)
-    (tmp_path / "gt.json").write_text(json.dumps(gt + extra))
+    (src / "repaired.pdf").write_bytes(xref_broken_pdf(text_pdf(2)))
     out = tmp_path / "out"
-    args = ["--input", str(src), "--output", str(out), "--model", tiny_model_dir, "--replay", str(tmp_path / "gt.json"),
+    args = ["--input", str(src), "--output", str(out), "--model", tiny_model_dir, "--engine", "noop",
             "--raster-docs-per-task", "8", "--render-timeout", "3"]
     faults = {"crash.pdf": "crash", "hang.pdf": "hang@1", "hangopen.pdf": "hang@open", "failing.pdf": "fail@1"}
     env = _env(PADOC_RAY_RENDER_FAULTS=json.dumps(faults))
@@ -202,7 +192,8 @@ def test_poison_documents_cost_their_own_rows(tmp_path, tiny_model_dir):
         ("repaired.pdf", 0): "ok", ("repaired.pdf", 1): "ok", ("failing.pdf", 0): "ok",
         ("failing.pdf", 1): "render_failed"}
     assert got[("repaired.pdf", 0)]["repaired"] is True and got[("memo.pdf", 0)]["repaired"] is False
-    assert got[("repaired.pdf", 0)]["markdown"] == got[("memo.pdf", 0)]["markdown"]
+    ok = [r for r in rows if r["status"] == "ok"]  # each went through the engine stage: the no-op engine's layout
+    assert all(r["output_tokens"] == 1 and r["regions"] == [] and r["image_width"] > 0 for r in ok)
     assert "SIGSEGV" in got[("crash.pdf", 0)]["error_message"]
     docs = {os.path.basename(r["source_uri"]): r for r in pq.read_table(out / "documents").to_pylist()}
     assert {k: (d["status"], d["error_code"]) for k, d in docs.items()} == {
