@@ -1,7 +1,7 @@
 """The tiny HPD-Parsing checkpoint (family hpd: fork only) through every surface beside the batch job:
-the Serve endpoint over HTTP, `bench replay` and `bench serve`. Teacher-forced (--replay) with the examples' truth, so every page must
-equal its truth; a request for the mode hpd lacks (sequential) is the client's error (422
-``unsupported_mode``), never a 500, and the benchmarks run fork alone, saying why.
+the Serve endpoint over HTTP, `bench replay` and `bench serve`. Teacher-forced (--replay) with the
+examples' truth, so every page must equal its truth; a request for the mode hpd lacks (sequential) is
+the client's error (422 ``unsupported_mode``), never a 500, and the benchmarks run fork alone, saying why.
 
 The batch job with the hpd checkpoint (`reannotate --compare hpd=<checkpoint>`, rows of the padoc family's
 schema) is in tests/cluster/pipeline/test_batch_job.py, one run beside the padoc modes and the dots
