@@ -61,17 +61,25 @@ tcmalloc:
 	-@[ -e $(TCMALLOC) ] || ! command -v apt-get >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4; }
 
+# The tests start a few hundred Python processes (CLI runs, Ray workers, Serve replicas) that import this
+# package: compiled once here, they read its bytecode instead of compiling it each (PYTHONDONTWRITEBYTECODE,
+# set on some machines, stops them from writing it).
+BYTECODE := $(VPY) -m compileall -q padoc_ray jobs tests
+
 test: install browser tcmalloc
+	$(BYTECODE) >/dev/null
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 	  -m "not nightly" $(PYTEST_ARGS)
 
 # The long end-to-end checks whose parts make test covers elsewhere (cluster/gpu_check.sh's V1 leg, the
 # data loop, ...): marked nightly, left out of make test, run here (each file on a worker of its own).
 test-nightly: install
+	$(BYTECODE) >/dev/null
 	$(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m nightly $(PYTEST_ARGS)
 
 # The fast tiers (docs/testing.md): a test there that starts Ray or an engine fails (tests/helpers/tiers.py).
 test-fast: install
+	$(BYTECODE) >/dev/null
 	$(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests/unit tests/contracts $(PYTEST_ARGS)
 
 check-gpu-profile:

@@ -10,14 +10,113 @@ the page image as the family sends it (:meth:`ModelProtocol.prepare_image`).
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import json
+import logging
+import os
+import tempfile
 from functools import lru_cache
 from typing import Any, Sequence
 
 from padoc_ray.protocol import ProtocolError, Vocab
 from padoc_ray.protocol.family import DOTS, HPD, branch_shape, check_mode, modes, recognize
 
+logger = logging.getLogger(__name__)
+
 #: families whose checkpoints carry their config class as Python (hpd: InternVL's; dots: configuration_dots.py)
 REMOTE_CODE_FAMILIES = (HPD, DOTS)
+
+#: where the tokenizer class each checkpoint resolved to is remembered (default ``~/.cache/padoc-ray/tokenizer-classes``)
+TOKENIZER_CACHE_ENV = "PADOC_RAY_TOKENIZER_CACHE"
+#: the files whose bytes decide which class ``AutoTokenizer`` picks (with the folder's file names)
+_RESOLUTION_FILES = ("config.json", "tokenizer_config.json")
+
+
+def _class_cache_dir() -> str:
+    return os.environ.get(TOKENIZER_CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "padoc-ray",
+                                                                "tokenizer-classes")
+
+
+def _resolution_key(model_dir: str, trust_remote_code: bool) -> str | None:
+    """What ``AutoTokenizer``'s choice of class depends on: the versions of transformers and tokenizers,
+    ``trust_remote_code``, the checkpoint's config files (their bytes) and its file names. None when a
+    file cannot be read (then nothing is remembered)."""
+    try:
+        import tokenizers
+        import transformers  # the package's lazy top level: no torch until a class is used
+    except ImportError:
+        return None
+    h = hashlib.sha256(json.dumps([transformers.__version__, tokenizers.__version__, bool(trust_remote_code),
+                                   sorted(os.listdir(model_dir))]).encode())
+    for name in _RESOLUTION_FILES:
+        path = os.path.join(model_dir, name)
+        try:
+            with open(path, "rb") as f:
+                h.update(name.encode() + b"\0" + f.read() + b"\0")
+        except FileNotFoundError:
+            h.update(name.encode() + b"\0-\0")
+        except OSError:
+            return None
+    return h.hexdigest()
+
+
+def _remembered_class(key: str):
+    """The tokenizer class remembered under ``key``: a class of transformers itself (never the checkpoint's
+    own code, nor anything a cache entry could name outside transformers' tokenizers), or None."""
+    try:
+        with open(os.path.join(_class_cache_dir(), key + ".json"), encoding="utf-8") as f:
+            entry = json.load(f)
+        module, name = entry["module"], entry["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not (isinstance(module, str) and isinstance(name, str) and module.startswith("transformers.")):
+        return None
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, PreTrainedTokenizerBase) else None
+
+
+def _remember_class(key: str, cls: type) -> None:
+    """Write ``key -> cls`` (atomically); a cache folder that cannot be written is skipped, said in the debug log."""
+    if not cls.__module__.startswith("transformers."):  # a checkpoint's own tokenizer code: resolved each time
+        return
+    folder = _class_cache_dir()
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"module": cls.__module__, "name": cls.__name__}, f)
+        os.replace(tmp, os.path.join(folder, key + ".json"))
+    except OSError as e:
+        logger.debug("tokenizer class not remembered in %s: %s", folder, e)
+
+
+def load_hf_tokenizer(model_dir: str, *, trust_remote_code: bool = False):
+    """The checkpoint's Hugging Face tokenizer, as ``AutoTokenizer.from_pretrained`` gives it.
+
+    ``AutoTokenizer`` reads the checkpoint's model config to choose the class, and that imports torch
+    (transformers' config module imports its generation code): about 4 CPU-seconds in a process that
+    runs no model, such as a Serve ingress replica or a no-op engine actor. So the class it chose is
+    remembered (:data:`TOKENIZER_CACHE_ENV`), keyed on everything the choice depends on
+    (:func:`_resolution_key`), and a later load of the same checkpoint calls that class's
+    ``from_pretrained`` as ``AutoTokenizer`` does, without torch. Only transformers' own classes are
+    remembered; a checkpoint's own tokenizer code goes through ``AutoTokenizer`` every time."""
+    key = _resolution_key(model_dir, trust_remote_code) if os.path.isdir(model_dir) else None
+    cls = _remembered_class(key) if key else None
+    if cls is not None:
+        # what AutoTokenizer passes on for a local folder: its marker, and the revision a folder keeps (None)
+        return cls.from_pretrained(model_dir, _from_auto=True, revision=None)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    if key:
+        _remember_class(key, type(tok))
+    return tok
 
 
 class HFTextTokenizer:
@@ -29,9 +128,7 @@ class HFTextTokenizer:
     def from_pretrained(cls, model_dir: str, *, trust_remote_code: bool = False) -> "HFTextTokenizer":
         """``trust_remote_code``: the checkpoint's config is its own Python (hpd: InternVL's), which
         transformers would otherwise ask about on the terminal."""
-        from transformers import AutoTokenizer
-
-        return cls(AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code))
+        return cls(load_hf_tokenizer(model_dir, trust_remote_code=trust_remote_code))
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))

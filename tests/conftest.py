@@ -262,7 +262,8 @@ def ray_start_cluster():
            f"--temp-dir={tmp}", *(f"--{k}={v}" for k, v in ports.items())]
     log = os.path.join(tmp, "ray_start.log")
     with open(log, "w") as f:  # output to a file: a pipe nobody reads can block the child
-        starter = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env(**{CLUSTER_ENV: tmp}),
+        starter = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                   env=_env(**{CLUSTER_ENV: tmp}, **S3_TEST_CREDENTIALS),
                                    start_new_session=True)  # every process of this cluster stays in this session
     started = False
     try:
@@ -466,13 +467,19 @@ def stop_process_group(pgid: int, grace_s: float = 10.0) -> None:
         pass
 
 
+#: the test S3 server's (moto's) credentials: also in the environment of the worker's `ray start` cluster, so
+#: a run on that cluster reads and writes the test server as a cluster's own credentials would let it
+S3_TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}
+
+
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """An S3-compatible server (moto) on loopback, with test credentials in the environment."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port), "-H", "127.0.0.1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    creds = dict(S3_TEST_CREDENTIALS)
     endpoint = f"http://127.0.0.1:{port}"
     import boto3
 

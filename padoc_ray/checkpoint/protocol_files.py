@@ -105,14 +105,22 @@ def save_tokenizer_files(out: str, tok, spec: ProtocolSpec | None) -> None:
         spec.save(out)
 
 
+def refuse_existing(out: str, force: bool) -> None:
+    """FileExistsError when ``out`` is a non-empty folder or not a folder, unless ``force``. Cheap: a
+    command checks it before it imports what building a checkpoint takes."""
+    if force:
+        return
+    if os.path.isdir(out) and os.listdir(out):
+        raise FileExistsError(f"{out} is not empty; pass --force to overwrite it")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise FileExistsError(f"{out} exists and is not a directory; pass --force to overwrite it")
+
+
 def prepare_out(out: str, force: bool) -> None:
     """Refuse a non-empty ``out`` unless ``force`` (then empty it); create it."""
+    refuse_existing(out, force)
     if os.path.isdir(out) and os.listdir(out):
-        if not force:
-            raise FileExistsError(f"{out} is not empty; pass --force to overwrite it")
         shutil.rmtree(out)
     elif os.path.exists(out) and not os.path.isdir(out):
-        if not force:
-            raise FileExistsError(f"{out} exists and is not a directory; pass --force to overwrite it")
         os.remove(out)
     os.makedirs(out, exist_ok=True)

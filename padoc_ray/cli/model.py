@@ -11,6 +11,12 @@ from padoc_ray.cli.common import add_command, die
 def cmd_build_tiny_model(args) -> int:
     import time
 
+    from padoc_ray.checkpoint.protocol_files import refuse_existing
+
+    try:
+        refuse_existing(args.out, args.force)  # before torch and transformers load (seconds)
+    except FileExistsError as e:
+        die(str(e))
     if args.family in ("hpd", "dots"):
         return _build_tiny_remote_code(args)
     from padoc_ray.checkpoint.tiny import TinyModelConfig, build_tiny_model

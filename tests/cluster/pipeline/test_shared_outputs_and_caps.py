@@ -460,8 +460,9 @@ def test_a_storage_error_while_reading_pages_is_retried_and_never_deletes(tmp_pa
 
 # ---- resume and leftover clean-up on S3 ----------------------------------------------------------------------
 @pytest.mark.slow
-def test_resume_and_leftover_cleanup_on_an_s3_output(s3, tiny_model_dir, tmp_path, monkeypatch):
-    """`padoc-ray parse` on an s3:// output (no-op engine, its own local Ray): a rerun parses only
+def test_resume_and_leftover_cleanup_on_an_s3_output(s3, ray_cluster, tiny_model_dir, tmp_path, monkeypatch):
+    """`padoc-ray parse` on an s3:// output (no-op engine, on the worker's `ray start` cluster, whose processes
+    have the S3 server's credentials as a cluster's own would be): a rerun parses only
     what is missing; the driver removes a torn file an earlier run left under pages/ at once, keeps
     a young unreadable file of unknown origin, and removes it once it is older than --leftover-grace."""
     for k, v in s3["env"].items():
@@ -473,8 +474,8 @@ def test_resume_and_leftover_cleanup_on_an_s3_output(s3, tiny_model_dir, tmp_pat
     (inp / "a.pdf").write_bytes(text_pdf(2))
     storage = StorageConfig(endpoint=s3["endpoint"])
     out = "s3://resume-out/run"
-    args = ["--input", str(inp), "--output", out, "--model", tiny_model_dir, "--engine", "noop", "--address", "local",
-            "--s3-endpoint", s3["endpoint"]]
+    args = ["--input", str(inp), "--output", out, "--model", tiny_model_dir, "--engine", "noop",
+            "--address", ray_cluster["gcs"], "--s3-endpoint", s3["endpoint"]]
 
     def listing():
         return sorted(o["Key"] for o in c.list_objects_v2(Bucket="resume-out", Prefix="run/pages/").get("Contents", []))
