@@ -117,8 +117,11 @@ def two_nodes():
     head_cmd = [os.path.join(BIN, "ray"), "start", "--head", *common, f"--port={port}", "--dashboard-host=127.0.0.1",
                 f"--dashboard-port={dash}", f"--temp-dir={tmp / 'ray'}", f"--resources={json.dumps(HEAD_RESOURCES)}",
                 *_ports("ray-client-server-port", *node_ports)]
+    # the worker node's own temp dir, as a separate machine has: with the head's, both nodes' runtime-env
+    # agents unpack a job's working_dir into one folder, and the second unpacking (rmtree, then extract)
+    # pulled the driver's own modules from under it (ModuleNotFoundError mid-import, 2 runs of 10)
     worker_cmd = [os.path.join(BIN, "ray"), "start", f"--address=127.0.0.1:{port}", *common,
-                  f"--resources={json.dumps(WORKER_RESOURCES)}", *_ports(*node_ports)]
+                  f"--temp-dir={tmp / 'ray-w'}", f"--resources={json.dumps(WORKER_RESOURCES)}", *_ports(*node_ports)]
     # each node's processes (raylet, workers, engine actors) copy s3:// models into that node's own cache
     head = _launch(head_cmd, _env(PADOC_RAY_MODEL_CACHE=str(head_cache), **FAST_NODE_DEATH), str(tmp / "head.log"))
     nodes = {"head": head.pid}
