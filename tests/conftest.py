@@ -4,7 +4,8 @@
 The suite is the proof of what README.md and docs/ claim, so a real component it needs and cannot find
 (vLLM, the shared OmniDocBench demo data in ``../shared``) fails the test that needs it; nothing is
 skipped for lack of it. Tests touch only what they start: their own Ray clusters (never ``ray
-stop``), their own ports, their own model cache (``PADOC_RAY_MODEL_CACHE``), and environment
+stop``), their own ports, their own model and tokenizer-class caches (``PADOC_RAY_MODEL_CACHE``,
+``PADOC_RAY_TOKENIZER_CACHE``), and environment
 changes go through ``monkeypatch`` (or a ``MonkeyPatch`` context in wider-scoped fixtures)."""
 
 from __future__ import annotations
@@ -68,6 +69,19 @@ def own_model_cache(tmp_path_factory):
     root = tmp_path_factory.mktemp("model-cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(MODEL_CACHE_ENV, str(root))
+        yield root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_tokenizer_cache(tmp_path_factory):
+    """The tokenizer classes the run's checkpoints resolve to are remembered in a folder of this session
+    (never ~/.cache/padoc-ray/tokenizer-classes): each worker's first load of a checkpoint goes through
+    AutoTokenizer, later ones (Ray workers, Serve replicas, CLI runs) read the class from here."""
+    from padoc_ray.tokenizer import TOKENIZER_CACHE_ENV
+
+    root = tmp_path_factory.mktemp("tokenizer-classes")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(TOKENIZER_CACHE_ENV, str(root))
         yield root
 
 
