@@ -47,8 +47,12 @@ def _resolution_key(model_dir: str, trust_remote_code: bool) -> str | None:
         import transformers  # the package's lazy top level: no torch until a class is used
     except ImportError:
         return None
+    try:
+        names = sorted(os.listdir(model_dir))
+    except OSError:
+        return None
     h = hashlib.sha256(json.dumps([transformers.__version__, tokenizers.__version__, bool(trust_remote_code),
-                                   sorted(os.listdir(model_dir))]).encode())
+                                   names]).encode())
     for name in _RESOLUTION_FILES:
         path = os.path.join(model_dir, name)
         try:
