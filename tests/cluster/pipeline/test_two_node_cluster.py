@@ -119,7 +119,7 @@ def two_nodes():
                 *_ports("ray-client-server-port", *node_ports)]
     # the worker node's own temp dir, as a separate machine has: with the head's, both nodes' runtime-env
     # agents unpack a job's working_dir into one folder, and the second unpacking (rmtree, then extract)
-    # pulled the driver's own modules from under it (ModuleNotFoundError mid-import, 2 runs of 10)
+    # pulled the driver's own modules from under it (ModuleNotFoundError mid-import, two full runs in a row)
     worker_cmd = [os.path.join(BIN, "ray"), "start", f"--address=127.0.0.1:{port}", *common,
                   f"--temp-dir={tmp / 'ray-w'}", f"--resources={json.dumps(WORKER_RESOURCES)}", *_ports(*node_ports)]
     # each node's processes (raylet, workers, engine actors) copy s3:// models into that node's own cache
