@@ -40,8 +40,8 @@ def _class_cache_dir() -> str:
 
 def _resolution_key(model_dir: str, trust_remote_code: bool) -> str | None:
     """What ``AutoTokenizer``'s choice of class depends on: the versions of transformers and tokenizers,
-    ``trust_remote_code``, the checkpoint's config files (their bytes) and its file names. None when a
-    file cannot be read (then nothing is remembered)."""
+    ``trust_remote_code``, the checkpoint's config files (their bytes) and its file names. None when the
+    folder cannot be listed (no folder) or a file cannot be read (then nothing is remembered)."""
     try:
         import tokenizers
         import transformers  # the package's lazy top level: no torch until a class is used
@@ -110,7 +110,7 @@ def load_hf_tokenizer(model_dir: str, *, trust_remote_code: bool = False):
     (:func:`_resolution_key`), and a later load of the same checkpoint calls that class's
     ``from_pretrained`` as ``AutoTokenizer`` does, without torch. Only transformers' own classes are
     remembered; a checkpoint's own tokenizer code goes through ``AutoTokenizer`` every time."""
-    key = _resolution_key(model_dir, trust_remote_code) if os.path.isdir(model_dir) else None
+    key = _resolution_key(model_dir, trust_remote_code)  # None for what is no folder (a hub id: AutoTokenizer)
     cls = _remembered_class(key) if key else None
     if cls is not None:
         # what AutoTokenizer passes on for a local folder: its marker, and the revision a folder keeps (None)
