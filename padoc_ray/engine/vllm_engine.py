@@ -266,6 +266,10 @@ class VllmEngine:
     ``if __name__ == "__main__":`` guard). Create it inside the event loop that will drive it."""
 
     def __init__(self, cfg: EngineConfig):
+        with memory.paused_gc():  # vLLM's import and the engine's start: 1.7-2 CPU-s less (see memory)
+            self._start(cfg)
+
+    def _start(self, cfg: EngineConfig) -> None:
         if "VLLM_CPU_KVCACHE_SPACE" in os.environ and cfg.kv_cache_memory_bytes is not None:
             # it silently wins over kv_cache_memory_bytes; one budget only
             os.environ.pop("VLLM_CPU_KVCACHE_SPACE")

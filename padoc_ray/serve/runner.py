@@ -88,16 +88,19 @@ class DocumentRunner:
     ``pools``: the :class:`~padoc_ray.serve.documents.RenderPool` of each class (interactive and job
     documents render in separate renderer processes, so jobs never hold the renderers a one-page
     request needs). ``max_waiting``: interactive pages that may wait for a slot before a new request
-    is refused (503 ``overloaded``)."""
+    is refused (503 ``overloaded``). A page that finds every engine replica busy waits ``busy_backoff_s``,
+    then twice as long each time, at most ``busy_backoff_max_s``; a replica that failed is tried once
+    more after ``retry_wait_s``."""
 
     def __init__(self, cfg, engine: EngineClient, pools: dict[int, Any], gate: FairGate, *, max_waiting: int,
-                 busy_backoff_s: float = 0.5, retry_wait_s: float = 1.0):
+                 busy_backoff_s: float = 0.5, busy_backoff_max_s: float = 5.0, retry_wait_s: float = 1.0):
         self.cfg, self.engine, self.pools, self.gate = cfg, engine, pools, gate
         self.max_waiting = max_waiting
         #: interactive pages admitted (their document opened) and not finished: at most the gate's slots
         #: plus max_waiting, so that a burst of requests is refused at once instead of queueing long
         self.reserved = 0
-        self.busy_backoff_s, self.retry_wait_s = busy_backoff_s, retry_wait_s
+        self.busy_backoff_s, self.busy_backoff_max_s = busy_backoff_s, busy_backoff_max_s
+        self.retry_wait_s = retry_wait_s
         #: how pages are rendered: the service's settings, with text layers only where its drafts use them
         self._render = cfg.render.with_text_layer(cfg.host.scheduler.text_layer)
 
@@ -126,7 +129,7 @@ class DocumentRunner:
                 return await self._stream(rp, opt, sent)
             except EngineBusy:  # another ingress replica filled it: wait, do not fail the page
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, self.busy_backoff_max_s)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the replica failed (died, restarting)

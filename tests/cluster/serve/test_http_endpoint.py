@@ -110,6 +110,11 @@ class Service:
         out = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True, text=True, check=True).stdout
         return [line for line in out.splitlines() if line.split()[1] == str(self.proc.pid)]
 
+    def terminate(self) -> None:
+        """SIGTERM only (``stop`` waits for the exit): several services shut down side by side."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -182,6 +187,8 @@ def services(tmp_path_factory, tiny_model_dir, long_doc, s3):
         tight.wait_ready()
         yield {"svc": svc, "tight": tight}
     finally:
+        for s in (svc, tight):
+            s.terminate()
         for s in (svc, tight):
             s.stop()
             s.kill_all()

@@ -141,7 +141,7 @@ def harness(tiny_model_dir):
 
     def make(engine, capacity: int = 4, max_waiting: int = 64) -> DocumentRunner:
         return DocumentRunner(cfg, engine, pools, FairGate(capacity), max_waiting=max_waiting, busy_backoff_s=0.01,
-                              retry_wait_s=0.01)
+                              busy_backoff_max_s=0.04, retry_wait_s=0.01)
 
     yield cfg, make
     for p in pools.values():
@@ -171,6 +171,7 @@ def test_pages_wait_for_a_busy_engine_instead_of_failing_overloaded(harness):
     assert count == 12 and [r["page_index"] for r in rows] == list(range(12))
     assert {r["status"] for r in rows} == {status.OK}  # none `overloaded`
     assert engine.most <= 2  # never more pages at the engine than the gate's capacity
+    assert engine.busy == 0  # every one of the 25 busy answers was waited out
 
 
 def test_a_burst_is_refused_at_admission_and_every_admitted_page_finishes(harness):
