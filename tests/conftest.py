@@ -246,8 +246,16 @@ def local_ray():
                 ray.shutdown()
 
 
+#: for every Ray cluster the tests start (ray start, and the local ones commands start): Ray's log monitor
+#: looks for new log files once a second instead of every 0.1 s. Below 1000 files it globs the session's log
+#: folder on every 0.1 s poll (ray/_private/log_monitor.py: should_update_filenames), which cost a worker's
+#: long-lived cluster about 20 CPU-s over a run; lines of files it already follows still go out every 0.1 s
+#: (a new worker's first output may wait up to a second).
+RAY_LOG_MONITOR_ENV = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0", "LOG_NAME_UPDATE_INTERVAL_S": "1"}
+
+
 def _env(**extra) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **ray_auth_env(), **extra)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **ray_auth_env(), **RAY_LOG_MONITOR_ENV, **extra)
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")  # as with an activated venv: `python` is this one
     # this checkout's code, also in Ray workers (an installed copy elsewhere must not shadow it)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
