@@ -220,25 +220,42 @@ def recs_of(out, mode: str, c: int) -> list[dict]:
             if r["mode"] == mode and r["concurrency"] == c]
 
 
-@pytest.mark.engine
-@pytest.mark.slow
-def test_no_replay_lets_the_model_generate_freely(tiny_model_dir, tmp_path):
-    """`--no-replay` (a real checkpoint's run): the same command and report, but no page is teacher-forced,
-    so the random tiny model reproduces none of its truth (forced runs equal it: the test above)."""
-    import subprocess
-    import sys
+def test_no_replay_lets_the_model_generate_freely(cpu_engine, tiny_model_dir, loop_thread, tmp_path):
+    """`--no-replay` (a real checkpoint's run): the same report, but no page is teacher-forced, so the random
+    tiny model reproduces none of its truth (forced runs equal it: the test above). The command line as
+    `bench serve` parses it, run on the session's engine (the command itself, engine start and all: the hpd
+    and dots checkpoints' bench runs in tests/cluster/serve/, and `bench replay` in test_commands)."""
+    import dataclasses
+
+    from padoc_ray.bench.serving.run import DirectTarget, bench_truth, load_page_sets, run_bench
+    from padoc_ray.cli import build_parser
+    from padoc_ray.cli.bench import config_from_args
+    from padoc_ray.host import PageHost
 
     demo = require_demo_data()
     with open(os.path.join(demo, "OmniDocBench_demo.json")) as f:
         pages = json.load(f)[:2]
     (tmp_path / "gt.json").write_text(json.dumps(pages))
     out = tmp_path / "bench"
-    proc = subprocess.run(
-        [sys.executable, "-m", "padoc_ray.cli", "bench", "serve", "--gt", str(tmp_path / "gt.json"),
-         "--images", os.path.join(demo, "images"), "--model", tiny_model_dir, "--concurrency", "2", "--modes", "fork",
-         "--warmup", "0", "--max-tokens", "48", "--max-branches", "4", "--no-replay", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = build_parser().parse_args(
+        ["bench", "serve", "--gt", str(tmp_path / "gt.json"), "--images", os.path.join(demo, "images"),
+         "--model", tiny_model_dir, "--concurrency", "2", "--modes", "fork", "--warmup", "0", "--max-tokens", "48",
+         "--max-branches", "4", "--no-replay", "--out", str(out)])
+    cmd = config_from_args(args)
+    cfg = cmd.bench
+    assert cfg.replay is False and cfg.modes == ("fork",) and cfg.concurrency == (2,)
+    host_cfg = dataclasses.replace(cmd.host, pages_in_flight=max(cfg.concurrency))  # as `bench serve` does
+    assert (host_cfg.scheduler.max_tokens, host_cfg.scheduler.max_branches) == (48, 4)
+    bench_pages, sets = load_page_sets(list(zip(cmd.gt, cmd.images)), cfg.pages)
+
+    async def go():
+        host = await PageHost(tiny_model_dir, host_cfg, truth=bench_truth(bench_pages) if cfg.replay else None,
+                              engine=cpu_engine).start()
+        return await run_bench(DirectTarget(host), bench_pages, cfg, str(out),
+                               header={"config": {"model": tiny_model_dir},
+                                       "pages": {"requested": cfg.pages, "used": len(bench_pages), "sets": sets}})
+
+    loop_thread.run(go(), timeout=600)
     report = json.loads((out / "report.json").read_text())
     assert report["config"]["replay"] is False
     (row,) = report["rows"]
