@@ -373,10 +373,12 @@ def _header(model: str, pages: Sequence[BenchPage], sets: list[dict], cfg: Serve
             "pages": {"requested": cfg.pages or used, "used": used, "sets": sets, "names": [p.name for p in pages]}}
 
 
-async def _run_direct(model: str, pages, cfg, host_cfg, out_dir, header, log) -> dict:
+async def _run_direct(model: str, pages, cfg, host_cfg, out_dir, header, log, engine=None) -> dict:
+    """The direct target's run on a PageHost of this process; ``engine``: a running engine for the host to
+    share (left running afterwards), None: the host starts its own."""
     from padoc_ray.host import PageHost
 
-    host = await PageHost(model, host_cfg, truth=bench_truth(pages) if cfg.replay else None).start()
+    host = await PageHost(model, host_cfg, truth=bench_truth(pages) if cfg.replay else None, engine=engine).start()
     try:
         ec = getattr(host.engine, "cfg", None)
         if ec is not None:

@@ -16,6 +16,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -49,7 +50,7 @@ def _long_pdf_and_truth(tmp) -> tuple[str, str]:
     fork steps and 690 tokens each in full, 40 steps and 50 tokens cut to two regions)."""
     path = os.path.join(tmp, "long.pdf")
     _long_copy(path)
-    _long_copy(os.path.join(tmp, "job.pdf"))
+    shutil.copyfile(path, os.path.join(tmp, "job.pdf"))
     with open(GT) as f:
         gt = json.load(f)
     report = [g for g in gt if g["page_info"]["source_pdf"] == "report.pdf"]

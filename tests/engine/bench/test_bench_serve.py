@@ -227,10 +227,11 @@ def test_no_replay_lets_the_model_generate_freely(cpu_engine, tiny_model_dir, lo
     and dots checkpoints' bench runs in tests/cluster/serve/, and `bench replay` in test_commands)."""
     import dataclasses
 
-    from padoc_ray.bench.serving.run import DirectTarget, bench_truth, load_page_sets, run_bench
+    from padoc_ray.bench.serving.run import _header, _run_direct, load_page_sets
     from padoc_ray.cli import build_parser
     from padoc_ray.cli.bench import config_from_args
-    from padoc_ray.host import PageHost
+
+    from tests.engine.scheduler.test_run_page_on_vllm import Recording
 
     demo = require_demo_data()
     with open(os.path.join(demo, "OmniDocBench_demo.json")) as f:
@@ -248,14 +249,14 @@ def test_no_replay_lets_the_model_generate_freely(cpu_engine, tiny_model_dir, lo
     assert (host_cfg.scheduler.max_tokens, host_cfg.scheduler.max_branches) == (48, 4)
     bench_pages, sets = load_page_sets(list(zip(cmd.gt, cmd.images)), cfg.pages)
 
-    async def go():
-        host = await PageHost(tiny_model_dir, host_cfg, truth=bench_truth(bench_pages) if cfg.replay else None,
-                              engine=cpu_engine).start()
-        return await run_bench(DirectTarget(host), bench_pages, cfg, str(out),
-                               header={"config": {"model": tiny_model_dir},
-                                       "pages": {"requested": cfg.pages, "used": len(bench_pages), "sets": sets}})
+    header = _header(tiny_model_dir, bench_pages, sets, cfg, host_cfg)
+    engine = Recording(cpu_engine)  # the session's engine, every request it is given recorded
+
+    async def go():  # bench serve's direct run (`run`), on the session's engine instead of one of its own
+        return await _run_direct(tiny_model_dir, bench_pages, cfg, host_cfg, str(out), header, print, engine=engine)
 
     loop_thread.run(go(), timeout=600)
+    assert engine.requests and not any(r.forced_tokens for r in engine.requests)  # nothing teacher-forced
     report = json.loads((out / "report.json").read_text())
     assert report["config"]["replay"] is False
     (row,) = report["rows"]
