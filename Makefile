@@ -21,12 +21,17 @@ $(VPY):
 
 # CPU profile. PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break imports next to
 # torch+cpu: remove them, then let padoc_ray.compat decide whether the torchvision stand-in is needed.
+# Bytecode: pip compiles the 32,000 modules it installs one by one (about 55 s); here they are compiled
+# once the set is final, on every core (about 30 s on 2). A few files in the wheels are for newer Pythons
+# (torch's py312_intrinsics.py) and do not compile: compileall then exits 1, where pip says nothing.
+SITE = $$($(VPY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 $(STAMP): pyproject.toml | $(VPY)
-	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(VPY) -m pip install -e '.[cpu,dev]'
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(VPY) -m pip install --no-compile -e '.[cpu,dev]'
 	-$(VPY) -m pip uninstall -y -q torchaudio torchcodec
 	PADOC_RAY_DISABLE_TORCHVISION_SHIM=1 $(VPY) -c 'import torchvision.transforms.v2' >/dev/null 2>&1 \
 	  || $(VPY) -m pip uninstall -y -q torchvision || true
 	$(VPY) -m padoc_ray.compat.torchvision_fallback install
+	$(VPY) -m compileall -q -j 0 "$(SITE)" >/dev/null || true
 	touch $(STAMP)
 
 install: $(STAMP)

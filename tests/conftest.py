@@ -218,32 +218,35 @@ def ray_auth_env() -> dict:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": ray_token_path()}
 
 
-def use_ray_token_in_process(mp: pytest.MonkeyPatch) -> None:
-    """Before an in-process ``ray.init(address="local")``: the new cluster keeps token auth on, with
-    the tests' token. RAY_AUTH_MODE is left unset so that ray.init turns token mode on itself (it
-    then refreshes its cached configuration; a mode set after ``import ray`` would not be seen).
-    ``mp`` undoes the changes when the test (or the fixture's context) ends."""
-    mp.delenv("RAY_AUTH_MODE", raising=False)
-    mp.delenv("RAY_AUTH_TOKEN", raising=False)
-    mp.setenv("RAY_AUTH_TOKEN_PATH", ray_token_path())
-
-
 @pytest.fixture(scope="module")
-def local_ray():
-    """One in-process local Ray cluster for a module (``address="local"``: never a cluster someone
-    else started), token authentication on with the tests' token; shut down at the module's end."""
+def ray_driver(ray_cluster):
+    """This process as a Ray driver of the worker's `ray start` cluster (:func:`ray_cluster`, lent to the
+    module), token authentication on with the tests' token, for the module's in-process runs; disconnected
+    at the module's end (then ``ray_cluster`` checks that nothing of the module is left on it). Joining
+    costs a connection, where a cluster of the module's own cost about 6 CPU-s to start and stop."""
     import ray
 
+    from padoc_ray.ray_init import init_ray
+
+    from ray._raylet import Config
+
+    started = not ray.is_initialized()
     with pytest.MonkeyPatch.context() as mp:
-        use_ray_token_in_process(mp)
-        started = not ray.is_initialized()
+        # ray.init with an explicit address takes the mode from RAY_AUTH_MODE as Ray read it at import
+        # (it turns token mode on by itself only for a cluster it starts or finds): set, then re-read
+        # (what Ray does itself when it turns the mode on: authentication_token_setup._enable_token_auth)
+        for k, v in ray_auth_env().items():
+            mp.setenv(k, v)
+        mp.delenv("RAY_AUTH_TOKEN", raising=False)
+        Config.initialize("")
         if started:
-            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+            init_ray(ray_cluster["gcs"], filter_noise=False)
         try:
             yield ray
         finally:
             if started:
                 ray.shutdown()
+    Config.initialize("")  # this process's environment as it was
 
 
 #: for every Ray cluster the tests start (ray start, and the local ones commands start): Ray's log monitor

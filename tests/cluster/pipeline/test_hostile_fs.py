@@ -247,7 +247,7 @@ def _run(inp, out, **kw):
     return run_batch(cfg, log=lambda _m: None)
 
 
-def test_a_run_reads_nothing_outside_its_folder_and_ends(local_ray, tiny_model_dir, tmp_path):
+def test_a_run_reads_nothing_outside_its_folder_and_ends(ray_driver, tiny_model_dir, tmp_path):
     inp, out, outside = _tree(tmp_path)
     os.symlink("../outside/private.pdf", inp / "link.pdf")
     os.symlink("../out", inp / "to_out")  # the output, reached through the input: never an input
@@ -272,7 +272,7 @@ def test_a_run_reads_nothing_outside_its_folder_and_ends(local_ray, tiny_model_d
     assert summary["all_inputs_accounted"]
 
 
-def test_a_file_replaced_between_runs_is_parsed_again_in_full(local_ray, tiny_model_dir, tmp_path):
+def test_a_file_replaced_between_runs_is_parsed_again_in_full(ray_driver, tiny_model_dir, tmp_path):
     """Run 1 parses the first pages only; the files are then replaced by other PDFs; the rerun must
     not keep old pages beside new ones: every current row is of the new bytes, and the summary says so."""
     from padoc_ray.output.reader import pages_by_source, read_rows
@@ -308,7 +308,7 @@ def test_a_file_replaced_between_runs_is_parsed_again_in_full(local_ray, tiny_mo
     assert third["inputs_changed"] == 0 and third["inputs_already_complete"] == 3
 
 
-def test_a_complete_input_replaced_between_runs_is_read_and_parsed_again(local_ray, tiny_model_dir, tmp_path):
+def test_a_complete_input_replaced_between_runs_is_read_and_parsed_again(ray_driver, tiny_model_dir, tmp_path):
     """The review's repro: report.pdf was parsed in full, then replaced by a different file; the rerun said
     "1 already complete, 0 to do" and documents.parquet kept the old doc_id. Rows now carry the size and
     time the listing saw: the rerun reads it again and its doc_id decides. A file that was not a PDF and
@@ -372,7 +372,7 @@ def _swap_after_listing(monkeypatch, swap) -> None:
     monkeypatch.setattr(job, "list_inputs", list_then_swap)
 
 
-def test_a_file_swapped_for_a_fifo_after_the_listing_does_not_hang_the_run(local_ray, tiny_model_dir, tmp_path,
+def test_a_file_swapped_for_a_fifo_after_the_listing_does_not_hang_the_run(ray_driver, tiny_model_dir, tmp_path,
                                                                            monkeypatch):
     """The listing sees a regular file; before any raster task reads it, it becomes a FIFO that nobody
     writes to (today's reads would wait forever): the run ends, with that file's own row."""
@@ -403,7 +403,7 @@ def test_a_file_swapped_for_a_link_is_not_read_where_the_link_points(tmp_path):
     assert read_bytes(str(inp / "b.pdf")) == (tmp_path / "secret.pdf").read_bytes()  # followed when asked
 
 
-def test_a_file_swapped_for_a_link_after_the_listing_is_refused_in_a_run(local_ray, tiny_model_dir, tmp_path,
+def test_a_file_swapped_for_a_link_after_the_listing_is_refused_in_a_run(ray_driver, tiny_model_dir, tmp_path,
                                                                         monkeypatch):
     """The review's repro as a run: once the run has its plan, in/b.pdf (2 pages) becomes a link to
     outside/secret.pdf (30 pages). The documents table said "b.pdf ok, 30 pages" (the secret's); now b.pdf
@@ -453,7 +453,7 @@ def test_a_folder_on_the_path_swapped_for_a_link_is_not_followed_either(tmp_path
     assert read_bytes(str(inp / "alias" / "c.pdf"), follow_links=True, root=str(inp)) == text_pdf(1)
 
 
-def test_a_folder_swapped_for_a_link_after_the_listing_is_refused_in_a_run(local_ray, tiny_model_dir, tmp_path,
+def test_a_folder_swapped_for_a_link_after_the_listing_is_refused_in_a_run(ray_driver, tiny_model_dir, tmp_path,
                                                                           monkeypatch):
     """The same as a run: once the run has its plan, in/sub/ (b.pdf, 2 pages) becomes a link to outside/
     (b.pdf, 30 pages). b.pdf gets the listing's code for a link and nothing of outside/ is written."""

@@ -49,7 +49,7 @@ def documents(out) -> dict[str, dict]:
 
 # ---- one input must not exhaust the job -----------------------------------------------------------------------
 @pytest.mark.slow
-def test_caps_refuse_bombs_with_their_codes_and_a_raised_cap_retries(local_ray, tiny_model_dir, tmp_path):
+def test_caps_refuse_bombs_with_their_codes_and_a_raised_cap_retries(ray_driver, tiny_model_dir, tmp_path):
     inp, out = tmp_path / "in", tmp_path / "out"
     inp.mkdir()
     (inp / "good.pdf").write_bytes(text_pdf(2))
@@ -88,7 +88,7 @@ def test_caps_refuse_bombs_with_their_codes_and_a_raised_cap_retries(local_ray, 
 
 # ---- manifests, normalized URIs, retried reads ---------------------------------------------------------------
 @pytest.mark.slow
-def test_manifest_lines_outside_get_rows_and_failed_reads_are_retried(local_ray, tiny_model_dir, tmp_path):
+def test_manifest_lines_outside_get_rows_and_failed_reads_are_retried(ray_driver, tiny_model_dir, tmp_path):
     inp, out = tmp_path / "in", tmp_path / "out"
     inp.mkdir()
     (inp / "a.pdf").write_bytes(text_pdf(1))
@@ -127,7 +127,7 @@ def test_manifest_lines_outside_get_rows_and_failed_reads_are_retried(local_ray,
 
 # ---- outputs several runs share ------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_the_driver_removes_only_leftovers_of_runs_that_are_over(local_ray, tiny_model_dir, tmp_path):
+def test_the_driver_removes_only_leftovers_of_runs_that_are_over(ray_driver, tiny_model_dir, tmp_path):
     inp, out = tmp_path / "in", tmp_path / "out"
     inp.mkdir()
     (inp / "a.pdf").write_bytes(text_pdf(1))

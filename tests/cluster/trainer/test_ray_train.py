@@ -1,5 +1,5 @@
-"""The trainer on Ray: a 2-worker Ray Train run (FSDP2 on gloo, on conftest's ``local_ray``: a local
-Ray cluster of this module's own) with checkpoint, resume and gradients compared with a single
+"""The trainer on Ray: a 2-worker Ray Train run (FSDP2 on gloo, from this process as a driver of the
+worker's `ray start` cluster: conftest's ``ray_driver``) with checkpoint, resume and gradients compared with a single
 process, and the Ray job entry point jobs/train.py (a child process) with the `train` command's flags.
 The trainer in one process: tests/unit/trainer/test_trainer.py."""
 
@@ -47,11 +47,11 @@ def _corpus(root, n: int = 4) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def ray_cpu(local_ray):
-    """conftest's local_ray: a local cluster of this module's own (address="local"), token auth on."""
+def ray_cpu(ray_driver):
+    """conftest's ray_driver: this process joined to the worker's `ray start` cluster, token auth on."""
     import ray.train  # noqa: F401
 
-    return local_ray
+    return ray_driver
 
 
 @pytest.mark.slow

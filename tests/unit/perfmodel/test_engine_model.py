@@ -584,7 +584,7 @@ def test_drafts_move_accepted_branch_tokens_from_decoding_into_the_prefill():
 def test_the_command_models_text_layer_drafts_beside_the_plain_run(tmp_path, tiny_model_dir):
     out = tmp_path / "model"
     assert _model("--workload", "paper384", "--gpu", "H200", "--model-config", "qwen3-vl-2b", "--concurrency", "64",
-                  "--gpu-hour-usd", "1.5", "--accepted-fraction", "0.6", "--model", tiny_model_dir,
+                  "--gpu-hour-usd", "1.5", "--accepted-fraction", "0.6", "--pages", "64", "--model", tiny_model_dir,
                   "--out", str(out)) == 0
     report = json.loads((out / "report.json").read_text())
     plain = {(r["mode"], r["concurrency"]): r for r in report["rows"]}
