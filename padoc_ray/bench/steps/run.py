@@ -231,7 +231,10 @@ def run(model: str, image_path: str, cfg: StepsConfig, *, engine_overrides: dict
 
         from . import series as ss
 
+        t = time.perf_counter()
         engine = VllmEngine(ecfg)
+        log(f"engine up in {time.perf_counter() - t:.0f} s; decoding {cfg.tokens} tokens a request at batch sizes "
+            f"{', '.join(map(str, cfg.batches))}, then the series {', '.join(cfg.series) or '(none)'}")
         try:
             probes = [await speed_probe(engine, proto, image, tokens=cfg.tokens)]
             rows = await measure(engine, proto.prompt_ids("fork"), suffix, image, forced, cfg, log)

@@ -169,8 +169,14 @@ def test_sigterm_stops_a_command_and_shuts_its_engine_down(tiny_model_dir, tmp_p
             kids = psutil.Process(proc.pid).children(recursive=True)
             cores = [k for k in kids if "EngineCore" in " ".join(k.cmdline() or [k.name()])]
         assert cores, f"no engine core started: exit {proc.poll()}, {(tmp_path / 'stderr.txt').read_text()[-2000:]}"
-        while time.monotonic() < deadline and cores[0].cpu_times().user < 8:  # up and decoding
-            time.sleep(0.5)
+        # up (the command says so once its engine is built), then decoding: the core, idle once started, has
+        # worked a CPU-second since (the first request alone decodes 4,000 tokens)
+        while time.monotonic() < deadline and "engine up in" not in (tmp_path / "stderr.txt").read_text():
+            time.sleep(0.2)
+        up = cores[0].cpu_times()
+        while time.monotonic() < deadline and sum(cores[0].cpu_times()[:2]) < sum(up[:2]) + 1:
+            time.sleep(0.2)
+        assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()[-2000:]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM
         _, alive = psutil.wait_procs(cores, timeout=30)
