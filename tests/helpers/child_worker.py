@@ -30,8 +30,16 @@ def child_env(tmp: Path, **extra: str) -> dict:
     return env
 
 
+#: the children ask stock vLLM for logprobs, whose rank count vLLM wraps in torch.compile (inductor: dynamo's
+#: trace and a C++ build on first use, about 2-4 CPU-s a child on this machine, more where nothing is cached
+#: yet); these tests are about the checkpoint in stock vLLM, not that helper: it runs eagerly, as the model does
+NO_TORCH_COMPILE = {"TORCH_COMPILE_DISABLE": "1"}
+
+
 def run_worker(module_file: str, fn: str, model_dir: str, tmp: Path, timeout: int, **env: str) -> dict:
-    """Run ``fn(model_dir)`` of the test module at ``module_file`` in a child interpreter; its JSON result."""
+    """Run ``fn(model_dir)`` of the test module at ``module_file`` in a child interpreter (with
+    :data:`NO_TORCH_COMPILE`); its JSON result."""
+    env = {**NO_TORCH_COMPILE, **env}
     module = Path(module_file).stem
     code = (f"import json, sys; sys.path.insert(1, sys.argv[2]); import {module} as t; "
             f"print({_MARK!r} + json.dumps(t.{fn}(sys.argv[1])))")
