@@ -161,16 +161,25 @@ def scoped_env(name: str, value: str | None):
             os.environ[name] = old
 
 
+#: a folder whose ``sitecustomize`` the engine processes that vLLM spawns run first (see its docstring)
+SPAWN_BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spawn_boot")
+#: the variable that names the process whose spawned children it applies to (its value in spawn_boot)
+SPAWN_BOOT_PARENT = "PADOC_RAY_SPAWN_BOOT_PARENT"
+
+
 @contextlib.contextmanager
 def _spawn_env(cfg: EngineConfig):
     """OMP_NUM_THREADS, ONEDNN_PRIMITIVE_CACHE_CAPACITY and LD_PRELOAD (``cfg.allocator``) for the
-    engine processes spawned inside the block (a spawned process reads them when it starts). Yields
-    the LD_PRELOAD they get (None: this process's, unchanged)."""
+    engine processes spawned inside the block (a spawned process reads them when it starts), and the
+    start-up folder (:data:`SPAWN_BOOT`: the collector paused while they import vLLM). Yields the
+    LD_PRELOAD they get (None: this process's, unchanged)."""
     cache = None if cfg.onednn_primitive_cache is None else str(cfg.onednn_primitive_cache)
     preload = _preload(cfg.allocator)
+    path = os.pathsep.join(p for p in (SPAWN_BOOT, os.environ.get("PYTHONPATH")) if p)
     with scoped_env("OMP_NUM_THREADS", None if cfg.cpu_threads is None else str(cfg.cpu_threads)), \
             scoped_env("ONEDNN_PRIMITIVE_CACHE_CAPACITY", cache), \
-            scoped_env("LD_PRELOAD", preload):
+            scoped_env("LD_PRELOAD", preload), \
+            scoped_env("PYTHONPATH", path), scoped_env(SPAWN_BOOT_PARENT, str(os.getpid())):
         yield preload
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -87,3 +90,61 @@ def test_a_host_builds_its_protocol_and_engine_with_the_collector_off(monkeypatc
     asyncio.run(host.start())
     assert states == {"protocol": False, "engine": False}
     assert host.started and isinstance(host.engine, Engine) and gc.isenabled()
+
+
+# ---- the engine processes vLLM spawns (padoc_ray/engine/spawn_boot) -----------------------------------------------
+def _spawned_report(cfg) -> dict:
+    """What a process spawned (multiprocessing's spawn, as vLLM starts its engine core) inside ``_spawn_env`` saw."""
+    import multiprocessing
+
+    from padoc_ray.engine.vllm_engine import _spawn_env
+
+    from tests.helpers import spawn_probe
+
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    with _spawn_env(cfg):
+        p = ctx.Process(target=spawn_probe.report, args=(q,))
+        p.start()
+    try:
+        return q.get(timeout=120)
+    finally:
+        p.join(30)
+
+
+def test_an_engine_process_imports_its_target_with_the_collector_off_and_runs_it_with_it_on(monkeypatch):
+    """The spawned process imports its target's module (for the engine core: vLLM) with the collector off and
+    runs the target with it on; PYTHONPATH, sys.path and the environment carry nothing of the start-up folder by
+    then (what it starts in turn is unchanged), and this process's environment is as before."""
+    from padoc_ray.engine.config import cpu_engine_config
+    from padoc_ray.engine.vllm_engine import SPAWN_BOOT_PARENT
+
+    monkeypatch.setenv("PYTHONPATH", "/nonexistent-kept")
+    before = dict(os.environ)
+    got = _spawned_report(cpu_engine_config("unused"))
+    assert got == {"imported_with_gc": False, "gc_at_target": True, "pythonpath": "/nonexistent-kept",
+                   "parent_var": None, "boot_on_sys_path": False}
+    assert dict(os.environ) == before and SPAWN_BOOT_PARENT not in os.environ
+
+
+def _python(code: str, env: dict) -> str:
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def test_only_a_direct_child_of_the_process_that_set_it_up_is_changed_and_the_environments_own_still_runs(tmp_path):
+    """A process whose parent is not the one named (a grandchild, say) keeps its collector; one that is, but is no
+    multiprocessing child (vLLM's model inspection subprocess), runs with it off until it exits; both drop the
+    folder and the variable, and an environment's own ``sitecustomize`` still runs after this one."""
+    from padoc_ray.engine.vllm_engine import SPAWN_BOOT, SPAWN_BOOT_PARENT
+
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import builtins\nbuiltins.ENVIRONMENTS_OWN_SITECUSTOMIZE = True\n")
+    code = ("import builtins, gc, os, sys; print(gc.isenabled(), os.environ.get('PYTHONPATH'), "
+            f"os.environ.get({SPAWN_BOOT_PARENT!r}), {SPAWN_BOOT!r} in sys.path, "
+            "getattr(builtins, 'ENVIRONMENTS_OWN_SITECUSTOMIZE', False))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((SPAWN_BOOT, str(own)))}
+    assert _python(code, {**env, SPAWN_BOOT_PARENT: "1"}) == f"True {own} None False True"
+    assert _python(code, {**env, SPAWN_BOOT_PARENT: str(os.getpid())}) == f"False {own} None False True"

@@ -1,0 +1,17 @@
+"""What a process that multiprocessing spawned saw while it prepared (imported this module, the
+target's own) and when its target ran: tests/unit/engine/test_startup_gc.py."""
+
+import gc
+import os
+import sys
+
+#: the collector's state while the spawned process imported its target's module
+IMPORTED_WITH_GC = gc.isenabled()
+
+
+def report(queue) -> None:
+    from padoc_ray.engine.vllm_engine import SPAWN_BOOT, SPAWN_BOOT_PARENT
+
+    queue.put({"imported_with_gc": IMPORTED_WITH_GC, "gc_at_target": gc.isenabled(),
+               "pythonpath": os.environ.get("PYTHONPATH"), "parent_var": os.environ.get(SPAWN_BOOT_PARENT),
+               "boot_on_sys_path": any(os.path.abspath(p or ".") == SPAWN_BOOT for p in sys.path)})
