@@ -1,15 +1,13 @@
 """The tiny dots.ocr checkpoint (family dots: fork through grounding branches, and sequential as dots' own
-single request) through the surfaces beside the batch job: `bench serve` in both modes (and `bench
-replay`'s summary of that run), and the Serve endpoint over HTTP in both modes. Teacher-forced with the
-examples' truth, so every page must equal its truth; a dots box is in pixels of the image the page was
-parsed from, so the truth is quantized at that size.
+single request) through the Serve endpoint over HTTP in both modes. Teacher-forced with the examples'
+truth, so every page must equal its truth; a dots box is in pixels of the image the page was parsed from,
+so the truth is quantized at that size.
 
-Two engine starts, one after another: the bench (an engine in its process) and one `padoc-ray serve` (its
-own local Ray and session, stopped with SIGTERM) for the module's last tests, so that it runs beside
-none of the commands. The batch job with the dots checkpoint (`reannotate --compare dots=<checkpoint>`:
-Ray Data, an engine actor, rows of the padoc family's schema) is in tests/cluster/pipeline/test_batch_job.py,
-one run beside the padoc modes and the hpd checkpoint; `doctor` on dots is in
-tests/engine/protocol/test_dots_on_vllm.py."""
+One `padoc-ray serve` (its own local Ray and session, stopped with SIGTERM). The batch job with the dots
+checkpoint (`reannotate --compare dots=<checkpoint>`: Ray Data, an engine actor, rows of the padoc family's
+schema) is in tests/cluster/pipeline/test_batch_job.py, one run beside the padoc modes and the hpd checkpoint;
+`bench serve` in both modes (and `bench replay`'s summary of that run), `parse-page` and `doctor` on dots are
+in tests/engine/protocol/test_dots_on_vllm.py."""
 
 from __future__ import annotations
 
@@ -19,10 +17,8 @@ import os
 import pytest
 import requests
 
-from tests.cluster.serve import test_hpd_surfaces
 from tests.cluster.serve.test_http_endpoint import Service
 from tests.conftest import ROOT
-from tests.engine.cli.test_demo_and_bench_commands import cli_logged
 
 pytestmark = pytest.mark.engine
 
@@ -30,7 +26,6 @@ EXAMPLES = os.path.join(ROOT, "examples")
 GT = os.path.join(EXAMPLES, "ground_truth.json")
 #: what a region is, as opposed to how it was decoded (tokens, drafts, attempts differ by mode)
 REGION = ("order", "category", "bbox", "content", "content_format")
-bench_pages = test_hpd_surfaces.bench_pages  # memo.pdf's and paper.pdf's 3 pages as 400 px images, with their truth
 
 
 def _truth(model_dir: str, name: str, page: int, size: tuple[int, int]):
@@ -40,39 +35,6 @@ def _truth(model_dir: str, name: str, page: int, size: tuple[int, int]):
     from padoc_ray.tokenizer import load_model_protocol
 
     return quantized(load_truth(GT)[(name, page)], load_model_protocol(model_dir).vocab, size)
-
-
-# ---- bench serve (and bench replay's summary of the run) -------------------------------------------------------------
-@pytest.mark.slow
-def test_bench_serve_runs_the_dots_checkpoint_in_both_modes(tiny_dots_dir, bench_pages, tmp_path):
-    """Unlike hpd, dots has sequential (its own single request): the benchmark runs both modes on the
-    three pages and every page equals its truth in both; `bench replay`'s summary (the same run, shaped
-    as that command writes it) pairs the modes on every page."""
-    from padoc_ray.perfmodel.table3 import format_table, legacy_summary
-
-    gt, images = bench_pages
-    out = tmp_path / "bench"
-    rc, stdout, stderr = cli_logged(tmp_path, "serve", "bench", "serve", "--gt", gt, "--images", images, "--model",
-                                    tiny_dots_dir, "--modes", "fork,sequential", "--concurrency", "2", "--warmup",
-                                    "0", "--out", str(out))
-    assert rc == 0, stderr[-4000:]
-    report = json.loads((out / "report.json").read_text())
-    assert report["config"]["modes"] == ["fork", "sequential"] and not report["config"].get("modes_skipped")
-    assert [(r["mode"], r["concurrency"], r["pages"], r["valid_pages"], r["statuses"]) for r in report["rows"]] == \
-        [("fork", 2, 3, 3, {"ok": 3}), ("sequential", 2, 3, 3, {"ok": 3})]
-    recs = [json.loads(ln) for ln in (out / "pages.jsonl").read_text().splitlines()]
-    assert sorted(r["mode"] for r in recs) == ["fork"] * 3 + ["sequential"] * 3
-    assert all(r["status"] == "ok" and r["valid"] and r["equals_truth"] for r in recs)
-    assert all((r["n_branches"] > 0) == (r["mode"] == "fork") for r in recs)
-    md = (out / "report.md").read_text()
-    assert "not run" not in md and "| valid pages/s | sequential |" in md and md in stdout
-
-    summary = legacy_summary(report)
-    block = summary["concurrency"]["2"]
-    assert summary["modes"] == ["fork", "sequential"] and summary["pages"] == 3
-    assert block["fork"]["valid_pages"] == block["sequential"]["valid_pages"] == 3
-    assert block["paired"]["paired_pages"] == 3 and block["paired"]["median_speedup"] > 0
-    assert "| 2 | fork |" in format_table(summary) and "| 2 | sequential |" in format_table(summary)
 
 
 # ---- Serve -----------------------------------------------------------------------------------------------------------

@@ -1,13 +1,13 @@
-"""The tiny HPD-Parsing checkpoint (family hpd: fork only) through every surface beside the batch job:
-the Serve endpoint over HTTP, `bench replay` and `bench serve`. Teacher-forced (--replay) with the
+"""The tiny HPD-Parsing checkpoint (family hpd: fork only) through the Serve endpoint over HTTP, and what
+`serve`, `bench replay`, `bench serve` and `reannotate` refuse for it. Teacher-forced (--replay) with the
 examples' truth, so every page must equal its truth; a request for the mode hpd lacks (sequential) is
 the client's error (422 ``unsupported_mode``), never a 500, and the benchmarks run fork alone, saying why.
 
 The batch job with the hpd checkpoint (`reannotate --compare hpd=<checkpoint>`, rows of the padoc family's
 schema) is in tests/cluster/pipeline/test_batch_job.py, one run beside the padoc modes and the dots
-checkpoint. The checks without an engine come first; the bench commands run as the CLI runs them (an
-engine each); one `padoc-ray serve` (its own local Ray and session, stopped with SIGTERM) serves
-the module's last tests, so that it runs beside none of the commands."""
+checkpoint; `bench serve` and `parse-page` on it in tests/engine/protocol/test_hpd_on_vllm.py. The checks
+without an engine come first; one `padoc-ray serve` (its own local Ray and session, stopped with SIGTERM)
+serves the module's last tests."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ import pytest
 import requests
 
 from tests.conftest import ROOT, _env
-from tests.engine.cli.test_demo_and_bench_commands import cli_logged
 from tests.cluster.serve.test_http_endpoint import LEAKS, Service
 
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -83,46 +82,6 @@ def test_the_commands_refuse_what_hpd_cannot_do_before_starting_anything(tiny_hp
                     tiny_hpd_dir, "--modes", "fork,sequential", "--compare", f"padoc=model:{tiny_model_dir}")
     assert code == 2 and "prediction set sequential" in err and "HPD-Parsing" in err, err[-2000:]
     assert not (tmp_path / "r" / "predictions").exists()
-
-
-# ---- bench replay and bench serve ----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def bench_pages(tmp_path_factory):
-    """memo.pdf's and paper.pdf's pages as images (400 px), with their truth: 3 pages."""
-    from padoc_ray.inputs import load_pages
-    from padoc_ray.pdf import RenderConfig
-
-    tmp = tmp_path_factory.mktemp("hpd-bench")
-    images = tmp / "images"
-    images.mkdir()
-    for it in load_pages([os.path.join(EXAMPLES, f) for f in ("memo.pdf", "paper.pdf")],
-                         render=RenderConfig(longest_side=400)):
-        it.page.image.save(images / f"{os.path.splitext(it.source)[0]}_page{it.page_index}.png")
-    gt = [p for p in json.load(open(GT)) if p["page_info"]["source_pdf"] in ("memo.pdf", "paper.pdf")]
-    (tmp / "gt.json").write_text(json.dumps(gt))
-    return str(tmp / "gt.json"), str(images)
-
-
-@pytest.mark.engine
-@pytest.mark.slow
-def test_bench_serve_runs_the_hpd_checkpoint_and_says_why_fork_only(tiny_hpd_dir, bench_pages, tmp_path):
-    gt, images = bench_pages
-    out = tmp_path / "bench"
-    rc, stdout, stderr = cli_logged(tmp_path, "serve", "bench", "serve", "--gt", gt, "--images", images, "--model",
-                                    tiny_hpd_dir, "--concurrency", "2", "--warmup", "1", "--out", str(out))
-    assert rc == 0, stderr[-4000:]
-    assert "sequential left out" in stderr and "HPD-Parsing" in stderr  # the default fork,sequential: why not both
-    report = json.loads((out / "report.json").read_text())
-    assert report["config"]["modes"] == ["fork"] and set(report["config"]["modes_skipped"]) == {"sequential"}
-    assert "HPD-Parsing" in report["config"]["modes_skipped"]["sequential"]
-    (row,) = report["rows"]
-    assert (row["mode"], row["concurrency"], row["pages"], row["valid_pages"]) == ("fork", 2, 3, 3)
-    assert row["statuses"] == {"ok": 3} and row["valid_pages_per_s"] > 0
-    recs = [json.loads(ln) for ln in (out / "pages.jsonl").read_text().splitlines()]
-    assert len(recs) == 3 and all(r["equals_truth"] for r in recs)
-    md = (out / "report.md").read_text()
-    assert "Mode sequential not run: mode sequential has no meaning for an HPD-Parsing checkpoint" in md
-    assert "| valid pages/s | fork |" in md and md in stdout
 
 
 # ---- Serve ---------------------------------------------------------------------------------------------------------

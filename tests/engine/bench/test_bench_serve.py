@@ -223,8 +223,9 @@ def recs_of(out, mode: str, c: int) -> list[dict]:
 def test_no_replay_lets_the_model_generate_freely(cpu_engine, tiny_model_dir, loop_thread, tmp_path):
     """`--no-replay` (a real checkpoint's run): the same report, but no page is teacher-forced, so the random
     tiny model reproduces none of its truth (forced runs equal it: the test above). The command line as
-    `bench serve` parses it, run on the session's engine (the command itself, engine start and all: the hpd
-    and dots checkpoints' bench runs in tests/cluster/serve/, and `bench replay` in test_commands)."""
+    `bench serve` parses it, run on the session's engine (the command itself, in process on an engine of its
+    module: the hpd and dots checkpoints' bench runs in tests/engine/protocol/; over HTTP, a service and its
+    engine started by the command: tests/cluster/bench/test_bench_end_to_end.py)."""
     import dataclasses
 
     from padoc_ray.bench.serving.run import _header, _run_direct, load_page_sets

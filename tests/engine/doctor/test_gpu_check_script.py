@@ -66,7 +66,7 @@ def test_a_warmup_that_is_no_whole_number_is_a_usage_error(tmp_path):
 
 @pytest.mark.nightly  # make test-nightly (about 2 minutes): make test runs its commands on their own with the dots
 # checkpoint (doctor: tests/engine/protocol/test_dots_on_vllm.py; the batch job: reannotate in
-# tests/cluster/pipeline/test_batch_job.py; bench serve in both modes: tests/cluster/serve/test_dots_surfaces.py)
+# tests/cluster/pipeline/test_batch_job.py; bench serve in both modes: tests/engine/protocol/test_dots_on_vllm.py)
 def test_the_model_leg_parses_the_examples_without_replay_and_benchmarks_fork_and_dots_own_request(
         tmp_path, tiny_dots_dir):
     """``--model DIR`` (what a GPU owner runs with real weights; here the tiny dots.ocr-format checkpoint, whose

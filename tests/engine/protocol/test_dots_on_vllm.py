@@ -2,7 +2,8 @@
 teacher-forced page through grounding branches equals its truth and the same truth through dots' own
 single request (``--mode sequential``); each grounding prompt is, as vLLM expands it, the page's
 grounding prompt with its region's box, and reads the image-and-prompt prefix from the cache; a free
-run (no replay) ends with a status; parse-page and doctor take the checkpoint."""
+run (no replay) ends with a status; parse-page, bench serve (both in this process, on this module's engine)
+and doctor take the checkpoint."""
 
 from __future__ import annotations
 
@@ -17,11 +18,15 @@ from padoc_ray.protocol import Box, Page, Region, quantized
 from padoc_ray.protocol.dots import box_text, layout_cells
 
 from tests.conftest import ROOT
+from tests.engine.protocol import test_hpd_on_vllm
+from tests.engine.protocol.test_hpd_on_vllm import on_family_engine
+from tests.engine.scheduler.test_run_page_on_vllm import Recording
 from tests.helpers.family_engine import expanded_prompt, family_engine, parse_one
 
 pytestmark = pytest.mark.engine
 
 CLI = [sys.executable, "-m", "padoc_ray.cli"]
+bench_pages = test_hpd_on_vllm.bench_pages  # memo.pdf's and paper.pdf's 3 pages as 400 px images, with their truth
 BLOCK = 32  # the CPU preset's KV block size
 
 
@@ -114,17 +119,20 @@ def _cli(*args, timeout=600):
 
 
 @pytest.mark.slow
-def test_parse_page_json_with_replay_and_the_text_layers_drafts(tiny_dots_dir):
-    """``parse-page --model <dots>``: a page of a real PDF, rendered smaller than its truth's size (boxes are
-    pixels of the image the model saw), equals its truth; its text layer drafts the grounding branches too
-    (the model checks them; the content is its own). Sequential on the same weights: the tests above, and
-    Serve's (tests/cluster/serve/test_dots_surfaces.py)."""
+def test_parse_page_json_with_replay_and_the_text_layers_drafts(tiny_dots_dir, dots_engine, loop_thread, monkeypatch,
+                                                                capsys):
+    """``parse-page --model <dots>`` (in this process, on this module's engine): a page of a real PDF, rendered smaller than its truth's size (boxes are pixels of the image the model saw),
+    equals its truth; its text layer drafts the grounding branches too (the model checks them; the content is
+    its own). Sequential on the same weights: the tests above, and Serve's (tests/cluster/serve/test_dots_surfaces.py)."""
     gt = os.path.join(ROOT, "examples", "ground_truth.json")
     pdf = os.path.join(ROOT, "examples", "report.pdf")
-    r = _cli("parse-page", pdf, "--model", tiny_dots_dir, "--replay", gt, "--format", "json", "--page", "1",
-             "--longest-side", "800")
-    assert r.returncode == 0, r.stderr[-3000:]
-    obj = json.loads(r.stdout)
+    import padoc_ray.cli.parse
+
+    cli = on_family_engine(monkeypatch, capsys, Recording(dots_engine), loop_thread, padoc_ray.cli.parse)
+    rc, stdout, stderr = cli("parse-page", pdf, "--model", tiny_dots_dir, "--replay", gt, "--format", "json",
+                             "--page", "1", "--longest-side", "800")
+    assert rc == 0, stderr[-3000:]
+    obj = json.loads(stdout)
     assert obj["status"] == "ok" and obj["valid"] and obj["equals_truth"] is True and obj["family"] == "dots"
     assert obj["n_branches"] >= 1 and 0 < obj["cached_tokens"] < obj["prompt_tokens"]
     assert max(obj["image_width"], obj["image_height"]) == 800
@@ -154,3 +162,41 @@ def test_doctor_reports_the_dots_family_and_a_config_naming_another_image_token(
     assert rep["family"] == "dots" and not rep["ok"]
     assert any(f"image_token_id={m['tokens']['<|img|>']}" in p and "<|imgpad|>" in p for p in rep["problems"]), \
         rep["problems"]
+
+
+# ---- bench serve (and bench replay's summary of the run) -------------------------------------------------------------
+@pytest.mark.slow
+def test_bench_serve_runs_the_dots_checkpoint_in_both_modes(tiny_dots_dir, bench_pages, dots_engine, loop_thread,
+                                                            monkeypatch, capsys, tmp_path):
+    """Unlike hpd, dots has sequential (its own single request): the benchmark (in this process, on this
+    module's engine) runs both modes on the three pages and every page equals its truth in both; `bench
+    replay`'s summary (the same run, shaped as that command writes it) pairs the modes on every page."""
+    from padoc_ray.perfmodel.table3 import format_table, legacy_summary
+
+    gt, images = bench_pages
+    out = tmp_path / "bench"
+    import padoc_ray.bench.serving.run
+
+    engine = Recording(dots_engine)
+    cli = on_family_engine(monkeypatch, capsys, engine, loop_thread, padoc_ray.bench.serving.run)
+    rc, stdout, stderr = cli("bench", "serve", "--gt", gt, "--images", images, "--model", tiny_dots_dir, "--modes",
+                             "fork,sequential", "--concurrency", "2", "--warmup", "0", "--out", str(out))
+    assert rc == 0, stderr[-4000:]
+    assert engine.requests  # the pages ran on this engine
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["modes"] == ["fork", "sequential"] and not report["config"].get("modes_skipped")
+    assert [(r["mode"], r["concurrency"], r["pages"], r["valid_pages"], r["statuses"]) for r in report["rows"]] == \
+        [("fork", 2, 3, 3, {"ok": 3}), ("sequential", 2, 3, 3, {"ok": 3})]
+    recs = [json.loads(ln) for ln in (out / "pages.jsonl").read_text().splitlines()]
+    assert sorted(r["mode"] for r in recs) == ["fork"] * 3 + ["sequential"] * 3
+    assert all(r["status"] == "ok" and r["valid"] and r["equals_truth"] for r in recs)
+    assert all((r["n_branches"] > 0) == (r["mode"] == "fork") for r in recs)
+    md = (out / "report.md").read_text()
+    assert "not run" not in md and "| valid pages/s | sequential |" in md and md in stdout
+
+    summary = legacy_summary(report)
+    block = summary["concurrency"]["2"]
+    assert summary["modes"] == ["fork", "sequential"] and summary["pages"] == 3
+    assert block["fork"]["valid_pages"] == block["sequential"]["valid_pages"] == 3
+    assert block["paired"]["paired_pages"] == 3 and block["paired"]["median_speedup"] > 0
+    assert "| 2 | fork |" in format_table(summary) and "| 2 | sequential |" in format_table(summary)

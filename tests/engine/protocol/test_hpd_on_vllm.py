@@ -1,8 +1,9 @@
 """The hpd family on the real CPU vLLM engine (stock vLLM, tiny random HPD-format checkpoint): a
 teacher-forced page through the fork equals its truth, each branch's prompt is, as vLLM expands it,
 the layout prompt + the parent's tokens before <FORK> + <CHILD> and hits the prefix cache on every full
-block, both families give the same page for the same truth, and the CLI's parse-page and doctor take
-the checkpoint (the batch job with it: tests/cluster/serve/test_hpd_surfaces.py's reannotate test)."""
+block, both families give the same page for the same truth, and the CLI's parse-page, bench serve and doctor
+take the checkpoint (parse-page and bench serve in this process, on this module's engine; the Serve endpoint: tests/cluster/serve/test_hpd_surfaces.py; the batch job:
+tests/cluster/pipeline/test_batch_job.py's reannotate test)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ import pytest
 
 from padoc_ray.protocol import Box, Page, Region, hpd_tile_grid, quantized, to_markdown
 
+from tests.engine.scheduler.test_run_page_on_vllm import Recording
 from tests.helpers.family_engine import expanded_prompt, family_engine, parse_one
 
 pytestmark = pytest.mark.engine
 
 from tests.conftest import ROOT  # noqa: E402
 CLI = [sys.executable, "-m", "padoc_ray.cli"]
+EXAMPLES = os.path.join(ROOT, "examples")
+GT = os.path.join(EXAMPLES, "ground_truth.json")
 BLOCK = 32  # the CPU preset's KV block size
 
 
@@ -101,13 +105,39 @@ def _cli(*args, timeout=600):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
+def on_family_engine(monkeypatch, capsys, engine, loop_thread, module):
+    """``padoc-ray ARGS`` in this process on ``engine`` (on_session_engine: the command's own code, but for the
+    engine it would start; that start is tested in tests/engine/cli/ and tests/cluster/checkpoint/): a function
+    of the arguments giving (exit code, stdout, stderr)."""
+    from padoc_ray.cli import main
+
+    from tests.engine.cli.test_help_and_parse_page import on_session_engine
+
+    on_session_engine(monkeypatch, engine, loop_thread, module)
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()  # only the command's own output
+        try:
+            rc = main(list(argv))
+        except SystemExit as e:
+            rc = e.code
+        got = capsys.readouterr()
+        return rc, got.out, got.err
+
+    return run
+
+
 @pytest.mark.slow
-def test_parse_page_json_with_replay_and_sequential_refused(tiny_hpd_dir):
-    gt = os.path.join(ROOT, "examples", "ground_truth.json")
+def test_parse_page_json_with_replay_and_sequential_refused(tiny_hpd_dir, hpd_engine, loop_thread, monkeypatch,
+                                                           capsys):
+    """``parse-page --model <hpd>`` in this process on this module's engine; a sequential request is refused."""
+    import padoc_ray.cli.parse
+
+    cli = on_family_engine(monkeypatch, capsys, Recording(hpd_engine), loop_thread, padoc_ray.cli.parse)
     pdf = os.path.join(ROOT, "examples", "memo.pdf")
-    r = _cli("parse-page", pdf, "--model", tiny_hpd_dir, "--replay", gt, "--format", "json")
-    assert r.returncode == 0, r.stderr[-3000:]
-    obj = json.loads(r.stdout)
+    rc, stdout, stderr = cli("parse-page", pdf, "--model", tiny_hpd_dir, "--replay", GT, "--format", "json")
+    assert rc == 0, stderr[-3000:]
+    obj = json.loads(stdout)
     for key in ("status", "valid", "equals_truth", "regions", "n_branches", "markdown", "spans", "prompt_tokens",
                 "cached_tokens"):
         assert key in obj, key
@@ -115,8 +145,8 @@ def test_parse_page_json_with_replay_and_sequential_refused(tiny_hpd_dir):
     assert obj["n_branches"] >= 1 and 0 < obj["cached_tokens"] < obj["prompt_tokens"]
     for order, start, end in obj["spans"]:
         assert obj["markdown"][start:end].strip()
-    r = _cli("parse-page", pdf, "--model", tiny_hpd_dir, "--mode", "sequential")
-    assert r.returncode == 2 and "no meaning for an HPD-Parsing checkpoint" in r.stderr
+    rc, _, stderr = cli("parse-page", pdf, "--model", tiny_hpd_dir, "--mode", "sequential")
+    assert rc == 2 and "no meaning for an HPD-Parsing checkpoint" in stderr
 
 
 def test_doctor_reports_the_family_on_both_runners_and_its_problems(tiny_hpd_dir, tmp_path):
@@ -172,3 +202,49 @@ def _add_tensor(path, name: str) -> None:
     sd = load_file(str(path))
     sd[name] = torch.zeros(4, 4)
     save_file(sd, str(path), metadata={"format": "pt"})
+
+
+# ---- bench serve ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bench_pages(tmp_path_factory):
+    """memo.pdf's and paper.pdf's pages as images (400 px), with their truth: 3 pages."""
+    from padoc_ray.inputs import load_pages
+    from padoc_ray.pdf import RenderConfig
+
+    tmp = tmp_path_factory.mktemp("hpd-bench")
+    images = tmp / "images"
+    images.mkdir()
+    for it in load_pages([os.path.join(EXAMPLES, f) for f in ("memo.pdf", "paper.pdf")],
+                         render=RenderConfig(longest_side=400)):
+        it.page.image.save(images / f"{os.path.splitext(it.source)[0]}_page{it.page_index}.png")
+    gt = [p for p in json.load(open(GT)) if p["page_info"]["source_pdf"] in ("memo.pdf", "paper.pdf")]
+    (tmp / "gt.json").write_text(json.dumps(gt))
+    return str(tmp / "gt.json"), str(images)
+
+
+@pytest.mark.slow
+def test_bench_serve_runs_the_hpd_checkpoint_and_says_why_fork_only(tiny_hpd_dir, bench_pages, hpd_engine,
+                                                                    loop_thread, monkeypatch, capsys, tmp_path):
+    """`bench serve --model <hpd>` in this process on this module's engine: fork only, and why."""
+    import padoc_ray.bench.serving.run
+
+    gt, images = bench_pages
+    out = tmp_path / "bench"
+    engine = Recording(hpd_engine)
+    cli = on_family_engine(monkeypatch, capsys, engine, loop_thread, padoc_ray.bench.serving.run)
+    rc, stdout, stderr = cli("bench", "serve", "--gt", gt, "--images", images, "--model", tiny_hpd_dir,
+                             "--concurrency", "2", "--warmup", "1", "--out", str(out))
+    assert rc == 0, stderr[-4000:]
+    assert engine.requests  # the pages ran on this engine
+    assert "sequential left out" in stderr and "HPD-Parsing" in stderr  # the default fork,sequential: why not both
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["modes"] == ["fork"] and set(report["config"]["modes_skipped"]) == {"sequential"}
+    assert "HPD-Parsing" in report["config"]["modes_skipped"]["sequential"]
+    (row,) = report["rows"]
+    assert (row["mode"], row["concurrency"], row["pages"], row["valid_pages"]) == ("fork", 2, 3, 3)
+    assert row["statuses"] == {"ok": 3} and row["valid_pages_per_s"] > 0
+    recs = [json.loads(ln) for ln in (out / "pages.jsonl").read_text().splitlines()]
+    assert len(recs) == 3 and all(r["equals_truth"] for r in recs)
+    md = (out / "report.md").read_text()
+    assert "Mode sequential not run: mode sequential has no meaning for an HPD-Parsing checkpoint" in md
+    assert "| valid pages/s | fork |" in md and md in stdout
