@@ -59,16 +59,11 @@ def _cli(*args, timeout=600) -> subprocess.CompletedProcess:
 
 def _main(monkeypatch, capsys, *args) -> tuple[int, str, str]:
     """``padoc-ray ARGS`` in this process: (exit code, stdout, stderr)."""
-    from padoc_ray.cli import main
+    from tests.helpers.cli import run_main
 
     for k in ("VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL"):  # main() sets these defaults for engine processes
         monkeypatch.setenv(k, os.environ.get(k, "unset-by-test"))
-    try:
-        rc = main(list(args))
-    except SystemExit as e:
-        rc = e.code
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+    return run_main(capsys, *args)
 
 
 # ---- the checkpoint -----------------------------------------------------------------------------------

@@ -58,20 +58,11 @@ def on_session_engine(monkeypatch, cpu_engine, loop_thread, *modules) -> None:
 def parse_page(monkeypatch, capsys, cpu_engine, loop_thread):
     """``padoc-ray parse-page ARGS`` in this process on the session's engine: (exit code, stdout, stderr)."""
     import padoc_ray.cli.parse
-    from padoc_ray.cli import main
+
+    from tests.helpers.cli import run_main
 
     on_session_engine(monkeypatch, cpu_engine, loop_thread, padoc_ray.cli.parse)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()  # only the command's own output
-        try:
-            rc = main(["parse-page", *args])
-        except SystemExit as e:
-            rc = e.code
-        got = capsys.readouterr()
-        return rc, got.out, got.err
-
-    return run
+    return lambda *args: run_main(capsys, "parse-page", *args)
 
 
 @pytest.fixture(scope="module")

@@ -109,22 +109,11 @@ def on_family_engine(monkeypatch, capsys, engine, loop_thread, module):
     """``padoc-ray ARGS`` in this process on ``engine`` (on_session_engine: the command's own code, but for the
     engine it would start; that start is tested in tests/engine/cli/ and tests/cluster/checkpoint/): a function
     of the arguments giving (exit code, stdout, stderr)."""
-    from padoc_ray.cli import main
-
     from tests.engine.cli.test_help_and_parse_page import on_session_engine
+    from tests.helpers.cli import run_main
 
     on_session_engine(monkeypatch, engine, loop_thread, module)
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()  # only the command's own output
-        try:
-            rc = main(list(argv))
-        except SystemExit as e:
-            rc = e.code
-        got = capsys.readouterr()
-        return rc, got.out, got.err
-
-    return run
+    return lambda *argv: run_main(capsys, *argv)
 
 
 @pytest.mark.slow
