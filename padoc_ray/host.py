@@ -39,7 +39,7 @@ from typing import Any, AsyncIterator, Mapping
 from padoc_ray import metrics
 from padoc_ray.knobs import knob
 from padoc_ray.engine.interface import EngineDeadError, GenRequest
-from padoc_ray.engine.memory import paused_gc
+from padoc_ray.engine.memory import freeze_startup_heap, paused_gc, thaw_heap
 from padoc_ray.protocol import Page
 from padoc_ray.scheduler import EventSink, PageInput, PageRecord, RegionEvent, SchedulerConfig, replay_input, run_page
 from padoc_ray.scheduler.meter import EngineMeter
@@ -175,6 +175,7 @@ class PageHost:
         self.truth = truth if truth is not None else {}
         self.engine = engine  # tests and benchmarks may hand in an engine they own
         self._own_engine = engine is None
+        self._froze = False  #: start froze the heap (its own engine: a process's start); shutdown thaws it
         self.model_protocol = model_protocol
         self.sem: asyncio.Semaphore | None = None
         self.admission: asyncio.Semaphore | None = None
@@ -206,6 +207,9 @@ class PageHost:
             return self
         with paused_gc():  # the tokenizer's and vLLM's imports: 1.7-2 CPU-s less (padoc_ray.engine.memory)
             self._start()
+        if self._own_engine:  # what its start left lives on: out of each full collection's walk
+            freeze_startup_heap()
+            self._froze = True
         self.started = True
         logger.info("page host pid %d ready (model %s, engine %s)", os.getpid(), self.model_dir, self.cfg.engine)
         return self
@@ -233,6 +237,9 @@ class PageHost:
     def shutdown(self) -> None:
         if self.engine is not None and self._own_engine:
             self.engine.shutdown()
+        if self._froze:
+            thaw_heap()  # the engine's cycles can go now
+            self._froze = False
         self.engine = None
         self.started = False
 

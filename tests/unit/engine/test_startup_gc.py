@@ -92,6 +92,47 @@ def test_a_host_builds_its_protocol_and_engine_with_the_collector_off(monkeypatc
     assert host.started and isinstance(host.engine, Engine) and gc.isenabled()
 
 
+class _Cycle:
+    def __init__(self):
+        self.me = self
+
+
+def test_a_started_host_freezes_what_its_start_left_and_gives_it_back_when_it_shuts_down(monkeypatch):
+    """After PageHost.start (its own engine) the objects alive then (here a cycle the start built and kept) are out of the
+    collector's view, and cyclic garbage from before the start is gone (collected first, not frozen);
+    after shutdown nothing is frozen, so the cycles the engine leaves can be collected."""
+    import weakref
+
+    import padoc_ray.tokenizer as tokenizer
+
+    gc.unfreeze()  # what the suite's workers froze (tests/helpers/worker_gc.py)
+    kept = []
+
+    def protocol(model_dir):
+        kept.append(_Cycle())
+        return P
+
+    monkeypatch.setattr(tokenizer, "ModelProtocol", protocol)
+    garbage = _Cycle()
+    gone = weakref.ref(garbage)
+    del garbage
+    host = PageHost("unused", HostConfig(engine="noop"), truth={})
+    try:
+        asyncio.run(host.start())
+        assert gone() is None  # collected before the freeze
+        assert gc.get_freeze_count() > 0
+        assert not any(o is kept[0] for o in gc.get_objects())  # frozen: no generation holds it
+    finally:
+        host.shutdown()
+    assert gc.get_freeze_count() == 0
+    assert any(o is kept[0] for o in gc.get_objects())
+    # a host handed an engine (tests, benchmarks) leaves the heap to whoever owns the process
+    lent = PageHost("unused", HostConfig(), truth={}, engine=ScriptedEngine(lambda req: [0]), model_protocol=P)
+    asyncio.run(lent.start())
+    assert gc.get_freeze_count() == 0
+    lent.shutdown()
+
+
 # ---- the engine processes vLLM spawns (padoc_ray/engine/spawn_boot) -----------------------------------------------
 def _spawned_report(cfg) -> dict:
     """What a process spawned (multiprocessing's spawn, as vLLM starts its engine core) inside ``_spawn_env`` saw."""

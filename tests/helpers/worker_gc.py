@@ -1,0 +1,40 @@
+"""Python's cyclic garbage collector in the pytest workers (a plugin that tests/conftest.py registers).
+
+A worker accumulates a large heap that lives as long as it does: the modules it imported (torch,
+transformers, vLLM, Ray, pyarrow) and the session's fixtures. With the collector's defaults, every
+full collection walked all of it again: in the unit tier alone the two workers spent 21 of their 108
+CPU-s collecting (44 and 28 full collections of 0.17-0.31 CPU-s each). Here:
+
+* once a test module is over (its module fixtures torn down), one collection, and the survivors leave
+  the collector's view (``gc.freeze``), as an engine host does after its start
+  (:func:`padoc_ray.engine.memory.freeze_startup_heap`), and for the same reason;
+* the first generation is collected every 10,000 net allocations, not 700 (the older ones every 20
+  collections of the one below), so a test that builds large object graphs is not interrupted as
+  often. Nothing in the suite depends on when the collector runs; reference counting frees most
+  objects whatever the thresholds.
+
+The processes the tests start (commands, Ray workers, engines) keep Python's defaults: this is the
+test harness's own process, not the product's.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+#: the workers' collector thresholds (Python's defaults: 700, 10, 10)
+THRESHOLDS = (10_000, 20, 20)
+
+
+def pytest_configure(config) -> None:
+    gc.set_threshold(*THRESHOLDS)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    yield  # the whole test: its teardown (the module's fixtures are finalized when the next test is elsewhere),
+    # and then pytest letting go of the fixture values the test was given
+    if nextitem is None or nextitem.module is not item.module:
+        gc.collect()
+        gc.freeze()
