@@ -84,11 +84,16 @@ def test_table_counts_equal_the_documents_table(page, viewer):
     assert bad.inner_text() == status.NOT_PDF
     shot(page, viewer, "documents")
     # a filter and the file-name search
-    page.click(f'.pd-count[data-status="{status.DOC_PARTIAL}"]')
+    # (both are links to another page: wait for it, not only for the click; reading the rows while the new page
+    # loads found none, once in a loaded suite)
+    with page.expect_navigation():
+        page.click(f'.pd-count[data-status="{status.DOC_PARTIAL}"]')
     assert [r.get_attribute("data-status") for r in page.query_selector_all("tr.pd-doc")] == [status.DOC_PARTIAL]
     page.goto(viewer["url"])
     page.fill("input[name=q]", "EVIL")
-    page.click(".pd-search button")
+    with page.expect_navigation():
+        page.click(".pd-search button")
+    assert "q=EVIL" in page.url
     assert [r.inner_text().split("\t")[0] for r in page.query_selector_all("tr.pd-doc")] == ["evil.pdf"]
 
 

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import stat
+import threading
 import time
 import uuid
 
@@ -413,7 +414,13 @@ def test_cancel_ends_cancelled_in_every_state(tmp_path):
         assert (await b.cancel(orphan["id"], "t"))["status"] == status.JOB_CANCELLED  # nobody runs it
         elsewhere = await _create(a, "t", "elsewhere", pages=3)
         await _until(lambda: a.store.done_pages(elsewhere["id"]) == {0}, "the job elsewhere runs")
+        # a's watcher (every 10 ms, in this same loop) would otherwise see b's cancel marker, stop its run and let
+        # the lease go while b's cancel still awaits its own store calls: b would then end the job itself. a's
+        # store reads no marker until b has answered (once in a loaded suite, and 2 runs in 15 alone)
+        answered, read_marker = threading.Event(), a.store.cancelled
+        a.store.cancelled = lambda job_id: answered.is_set() and read_marker(job_id)
         assert (await b.cancel(elsewhere["id"], "t"))["status"] == status.JOB_CANCELLING  # a's runner sees it
+        answered.set()
         assert await b.cancel(elsewhere["id"], "someone else") is None
         await _until(_status_is(b, elsewhere["id"], "t", status.JOB_CANCELLED), "stopped by its own runner")
         await a.start()
