@@ -175,7 +175,6 @@ class PageHost:
         self.truth = truth if truth is not None else {}
         self.engine = engine  # tests and benchmarks may hand in an engine they own
         self._own_engine = engine is None
-        self._froze = False  #: start froze the heap (its own engine: a process's start); shutdown thaws it
         self.model_protocol = model_protocol
         self.sem: asyncio.Semaphore | None = None
         self.admission: asyncio.Semaphore | None = None
@@ -207,9 +206,8 @@ class PageHost:
             return self
         with paused_gc():  # the tokenizer's and vLLM's imports: 1.7-2 CPU-s less (padoc_ray.engine.memory)
             self._start()
-        if self._own_engine:  # what its start left lives on: out of each full collection's walk
+        if self._own_engine:  # what its start left lives on: out of each full collection's walk (shutdown thaws it)
             freeze_startup_heap()
-            self._froze = True
         self.started = True
         logger.info("page host pid %d ready (model %s, engine %s)", os.getpid(), self.model_dir, self.cfg.engine)
         return self
@@ -237,9 +235,8 @@ class PageHost:
     def shutdown(self) -> None:
         if self.engine is not None and self._own_engine:
             self.engine.shutdown()
-        if self._froze:
-            thaw_heap()  # the engine's cycles can go now
-            self._froze = False
+        if self.started and self._own_engine:  # start froze the heap: the engine's cycles can go now
+            thaw_heap()
         self.engine = None
         self.started = False
 

@@ -62,5 +62,6 @@ def test_a_module_s_end_collects_and_freezes_what_is_left(tmp_path):
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
                           "-p", "tests.helpers.worker_gc", "-c", "/dev/null", "--rootdir", str(tmp_path),
                           str(tmp_path / "test_a_first.py"), str(tmp_path / "test_b_second.py")],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT, env={"PYTHONPATH": ROOT, "PATH": "/usr/bin:/bin"})
+                         capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={"PYTHONPATH": ROOT, "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0 and "3 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]

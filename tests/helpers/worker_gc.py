@@ -23,6 +23,8 @@ import gc
 
 import pytest
 
+from padoc_ray.engine.memory import freeze_startup_heap
+
 #: the workers' collector thresholds (Python's defaults: 700, 10, 10)
 THRESHOLDS = (10_000, 20, 20)
 
@@ -36,5 +38,4 @@ def pytest_runtest_protocol(item, nextitem):
     yield  # the whole test: its teardown (the module's fixtures are finalized when the next test is elsewhere),
     # and then pytest letting go of the fixture values the test was given
     if nextitem is None or nextitem.module is not item.module:
-        gc.collect()
-        gc.freeze()
+        freeze_startup_heap()  # one collection, then the survivors frozen

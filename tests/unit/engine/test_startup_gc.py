@@ -98,8 +98,8 @@ class _Cycle:
 
 
 def test_a_started_host_freezes_what_its_start_left_and_gives_it_back_when_it_shuts_down(monkeypatch):
-    """After PageHost.start (its own engine) the objects alive then (here a cycle the start built and kept) are out of the
-    collector's view, and cyclic garbage from before the start is gone (collected first, not frozen);
+    """After PageHost.start (its own engine) the objects alive then (here a cycle the start built and kept) are
+    out of the collector's view, and cyclic garbage from before the start is gone (collected first, not frozen);
     after shutdown nothing is frozen, so the cycles the engine leaves can be collected."""
     import weakref
 
