@@ -4,13 +4,17 @@
 process and streams a document's pages out of it. A renderer that crashes (pdfium can segfault)
 or outlives a deadline is killed and replaced; only the document being rendered is affected:
 
-* opening (or repairing) a document, and each page, must finish within ``page_timeout_s``; the
-  page that overruns gets ``render_timeout`` and rendering goes on with the next page in a
-  fresh process;
-* the whole document must finish within its time limit: ``page_budget_s`` times its selected
-  pages (at least ``page_timeout_s``), capped by ``doc_timeout_s``; pages not rendered by then get
-  ``render_timeout``. Only the renderer's own time counts: while the caller holds a yielded
-  event (a consumer under backpressure), the document's clock stands still;
+* time is the renderer's own: the CPU time its process uses, not the wall clock, so a renderer
+  that a loaded machine gives a small share of a CPU is not cut for it, and while the caller holds
+  a yielded event (a consumer under backpressure) nothing is charged. A renderer that uses no CPU
+  at all for as long as its page may take is stuck, and that time counts in full;
+* starting a renderer process (Python and pdfium loading) is no document's time: a process that
+  is not ready within ``start_timeout_s`` (wall clock) counts as a crash;
+* opening (or repairing) a document, and each page, may take ``page_timeout_s``; the page that
+  overruns gets ``render_timeout`` and rendering goes on with the next page in a fresh process;
+* the whole document may take its time limit: ``page_budget_s`` times its selected pages (at
+  least ``page_timeout_s``), capped by ``doc_timeout_s``; pages not rendered by then get
+  ``render_timeout``;
 * a page whose renderer crashed is tried ``crash_tries`` times in all, then gets
   ``render_crashed``; after ``max_crashes_per_doc`` crashes the rest of the document gets
   ``render_crashed`` too; a document that cannot even be opened gets one document-level row
@@ -43,7 +47,9 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_ready
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Iterator
+
+import psutil
 
 from padoc_ray.knobs import knob, negate, none_is_zero, zero_is_none
 from padoc_ray.pdf import PdfError, RenderConfig
@@ -55,6 +61,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+_CPU_TICK_S = 0.01  # the kernel counts CPU time in ticks: less than one in a wait is none at all
+_MIN_WAIT_S = 0.01
+
 
 @dataclass(frozen=True, kw_only=True)
 class RendererConfig:
@@ -65,7 +74,8 @@ class RendererConfig:
                          to_field=negate, from_field=negate,
                          help="render inside the raster task's own process: no crash isolation and no time-outs (a "
                               "renderer crash then fails the whole task); for benchmarks")
-    #: opening a document, or rendering one page, takes at most this
+    #: opening a document, or rendering one page, takes at most this (renderer CPU time; a renderer
+    #: that uses none for this long is stuck)
     page_timeout_s: float = knob(120.0, flags=("--render-timeout",), metavar="SECONDS")
     #: all of a document's pages take at most this (None: no limit)
     doc_timeout_s: float | None = knob(600.0, flags=("--doc-timeout",), metavar="SECONDS", to_field=zero_is_none,
@@ -81,13 +91,16 @@ class RendererConfig:
     recycle_after_pages: int = 5000  #: a fresh renderer process after this many pages (bounds leaks)
     #: address-space limit of the renderer process (0: none)
     memory_limit_mb: int = knob(8192, flags=("--render-memory-limit-mb",), metavar="MB")
+    #: a fresh renderer process must say it is ready (Python started, pdfium loaded) within this; the
+    #: start never counts against a document's limits. One that is not ready counts as a crash
+    start_timeout_s: float = 60.0
     #: added to the renderer process's niceness (0: its parent's). The online service renders job
     #: documents at 10, so that on a busy machine the interactive requests' renderers get the CPU first
     nice: int = 0
 
     def __post_init__(self) -> None:
-        if self.page_timeout_s <= 0 or (self.doc_timeout_s is not None and self.doc_timeout_s <= 0) or (
-                self.page_budget_s is not None and self.page_budget_s <= 0):
+        limits = (self.page_timeout_s, self.start_timeout_s, self.doc_timeout_s, self.page_budget_s)
+        if any(x is not None and x <= 0 for x in limits):
             raise ValueError("render time-outs must be > 0")
         if self.crash_tries < 1 or self.max_crashes_per_doc < 1 or self.recycle_after_pages < 1:
             raise ValueError("crash_tries, max_crashes_per_doc and recycle_after_pages must be >= 1")
@@ -104,38 +117,12 @@ class RendererConfig:
         return limit
 
 
-class _WorkClock:
-    """The time a renderer spends on one document: runs while its generator runs, stands still
-    while the generator is suspended at a ``yield`` (its consumer is busy elsewhere). ``clock``
-    reads seconds."""
-
-    def __init__(self, limit_s: float, clock: Callable[[], float] = time.monotonic):
-        self.limit_s = limit_s
-        self.clock = clock
-        self._spent = 0.0
-        self._since: float | None = None
-
-    def resume(self) -> None:
-        self._since = self.clock()
-
-    def pause(self) -> None:
-        if self._since is not None:
-            self._spent += self.clock() - self._since
-            self._since = None
-
-    def spent(self) -> float:
-        return self._spent + (self.clock() - self._since if self._since is not None else 0.0)
-
-    def left(self) -> float:
-        return self.limit_s - self.spent()
-
-
 class _Died(Exception):
     """The renderer process ended (crash, kill)."""
 
 
 class _TimedOut(Exception):
-    """The renderer did not answer before the deadline."""
+    """The renderer did not answer in time (the argument says how: CPU time, or stuck)."""
 
 
 class _Cancelled(Exception):
@@ -146,13 +133,14 @@ class IsolatedRenderer:
     """Renders in a child process with deadlines; see the module doc. Not thread-safe: one per
     thread, and a long-lived thread: the child dies with the thread that started it (its
     PR_SET_PDEATHSIG follows the parent *thread*), so a short-lived thread costs a new process.
-    ``work_clock`` measures a document's renderer time against its limit (tests give a virtual one);
-    how long to wait for the renderer's next answer is real time."""
+    A document's time is its renderer's CPU time (psutil reads it while an answer is waited for)."""
 
-    def __init__(self, cfg: RendererConfig = RendererConfig(), *, work_clock: Callable[[], float] = time.monotonic):
+    def __init__(self, cfg: RendererConfig = RendererConfig()):
         self.cfg = cfg
-        self.work_clock = work_clock
         self._proc: subprocess.Popen | None = None
+        self._ps: psutil.Process | None = None  # the same process, for its CPU time
+        self._cpu_seen = 0.0  # its CPU seconds when last read
+        self._cpu_charged = 0.0  # its CPU seconds charged to documents so far
         self._conn = None
         self._pages = 0  # pages rendered by the current process
         self._owner = os.getpid()  # a forked copy of this object must never talk to our renderer
@@ -181,7 +169,9 @@ class IsolatedRenderer:
             pass
 
     # ---- the child process ----
-    def _start(self) -> None:
+    def _start(self, cancel: threading.Event | None) -> None:
+        """Start a renderer process and wait until it is ready (raises _Died when it is not within
+        ``start_timeout_s``, or ends first; _Cancelled when ``cancel`` is set meanwhile)."""
         from multiprocessing import Pipe
 
         import padoc_ray
@@ -196,6 +186,26 @@ class IsolatedRenderer:
                                       stdout=sys.stderr.fileno() if _has_fileno(sys.stderr) else None, env=env)
         theirs.close()
         self._conn, self._pages = ours, 0
+        timeout = self.cfg.start_timeout_s
+        try:
+            reply = self._answer(time.monotonic() + timeout, cancel)
+        except _TimedOut:
+            self._kill()
+            raise _Died(f"the renderer process was not ready within {timeout:g} s") from None
+        except _Died as e:
+            raise _Died(f"the renderer process {e} before it was ready") from None
+        except _Cancelled:
+            self._kill()
+            raise
+        if reply[0] != "ready":  # the protocol is strictly ordered; anything else is a bug
+            self._kill()
+            raise RuntimeError(f"the renderer process said {reply[0]!r} before it was ready")
+        try:
+            self._ps = psutil.Process(self._proc.pid)
+        except psutil.Error:
+            self._ps = None  # it is gone: the next request finds out
+        self._cpu_seen = 0.0
+        self._cpu_charged = self._cpu()  # its start is not a document's time
 
     def _kill(self) -> None:
         if self._proc is not None:
@@ -206,7 +216,7 @@ class IsolatedRenderer:
                 pass
         if self._conn is not None:
             self._conn.close()
-        self._proc, self._conn = None, None
+        self._proc, self._conn, self._ps = None, None, None
 
     def close(self) -> None:
         """End the renderer process (also at interpreter exit)."""
@@ -222,13 +232,56 @@ class IsolatedRenderer:
 
     def _send(self, msg) -> None:
         if self._proc is None:
-            self._start()
+            raise RuntimeError("no renderer process (it is started when a document is opened)")
         try:
             self._conn.send(msg)
         except OSError as e:  # BrokenPipeError: it died between two documents
             raise _Died(self._death()) from e
 
-    def _recv(self, deadline: float, cancel: threading.Event | None):
+    def _cpu(self) -> float:
+        """The renderer process's CPU seconds (user + system), as last seen when it cannot be read."""
+        if self._ps is not None:
+            try:
+                t = self._ps.cpu_times()
+                self._cpu_seen = max(self._cpu_seen, t.user + t.system)
+            except psutil.Error:
+                pass
+        return self._cpu_seen
+
+    def _recv(self, doc: _DocState, cancel: threading.Event | None):
+        """The renderer's next answer about ``doc``. Its time is the renderer's CPU time since the last
+        answer, charged to the document: the wait ends with _TimedOut once that passes what the page
+        (or what is left of the document) may take, or once the renderer has used no CPU for that long
+        (stuck: the whole budget is charged). Raises _Died or _Cancelled too."""
+        budget = doc.budget()
+        still_at, still_cpu = time.monotonic(), self._cpu()  # when the renderer last used CPU
+        while True:
+            used = still_cpu - self._cpu_charged
+            stuck_in = still_at + budget - time.monotonic()
+            if used >= budget or stuck_in <= 0:
+                doc.spent += budget
+                self._cpu_charged = still_cpu
+                raise _TimedOut("of renderer CPU time" if used >= budget else "stuck: no CPU time used")
+            # one renderer thread cannot use CPU time faster than the wall clock runs
+            wait = max(min(budget - used, stuck_in), _MIN_WAIT_S)
+            try:
+                reply = self._answer(time.monotonic() + wait, cancel)
+            except _TimedOut:
+                cpu = self._cpu()
+                if cpu - still_cpu >= _CPU_TICK_S:
+                    still_at, still_cpu = time.monotonic(), cpu
+                continue
+            except _Died:
+                doc.spent += self._cpu_seen - self._cpu_charged
+                raise
+            cpu = self._cpu()
+            doc.spent += cpu - self._cpu_charged
+            self._cpu_charged = cpu
+            return reply
+
+    def _answer(self, deadline: float, cancel: threading.Event | None):
+        """The process's next message, due by ``deadline`` (monotonic clock; raises _TimedOut, _Died
+        or _Cancelled)."""
         while True:
             wait = deadline - time.monotonic()
             if wait <= 0:
@@ -274,27 +327,13 @@ class IsolatedRenderer:
         the document ends, yielding nothing more."""
         if cancel is not None and cancel.is_set():
             return
-        clock = _WorkClock(self.cfg.doc_limit_s(None), self.work_clock)
-        events = self._render_document(data, name, select, render, encoding, max_frames, clock, cancel)
-        try:
-            while True:
-                clock.resume()
-                try:
-                    ev = next(events)
-                except StopIteration:
-                    return
-                finally:
-                    clock.pause()
-                yield ev
-        finally:
-            events.close()
+        yield from self._render_document(data, name, select, render, encoding, max_frames, cancel)
 
     def _render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig, encoding: str,
-                         max_frames: int | None, clock: _WorkClock,
-                         cancel: threading.Event | None) -> Iterator[Event]:
+                         max_frames: int | None, cancel: threading.Event | None) -> Iterator[Event]:
         """Open the document, then stream its pages; a crash, a page's time-out or a recycle ends a
         pass in one renderer process, and the next pass reopens the document in a fresh one."""
-        doc = _DocState(self.cfg, clock)
+        doc = _DocState(self.cfg)
         clean = False
         try:
             while True:
@@ -323,15 +362,17 @@ class IsolatedRenderer:
         say why), None to try again (the renderer crashed, and the document may be tried again)."""
         cfg = self.cfg
         try:
+            if self._proc is None:  # a fresh process (its start is no document's time)
+                self._start(cancel)
             self._send(("open", data, name, max_frames))
-            reply = self._recv(doc.deadline(), cancel)
+            reply = self._recv(doc, cancel)
         except (_Died, _TimedOut) as e:
             self._kill()
             self.restarts += 1
             if isinstance(e, _TimedOut):
                 code = RENDER_TIMEOUT
                 msg = doc.late() if doc.doc_bound else (
-                    f"opening the document took longer than {cfg.page_timeout_s:g} s (renderer killed)")
+                    f"opening the document took longer than {cfg.page_timeout_s:g} s ({e}; renderer killed)")
             else:
                 doc.crashes += 1
                 if doc.crashes < (cfg.crash_tries if doc.todo is None else cfg.max_crashes_per_doc):
@@ -355,7 +396,7 @@ class IsolatedRenderer:
                 self._send(("close",))
                 yield DocFailed(e.code, e.message, count)
                 return False
-            doc.clock.limit_s = cfg.doc_limit_s(len(doc.todo))
+            doc.limit_s = cfg.doc_limit_s(len(doc.todo))
         return True
 
     def _stream(self, doc: _DocState, name: str, render: RenderConfig, encoding: str,
@@ -369,8 +410,8 @@ class IsolatedRenderer:
                 if not sent:
                     self._send(("render", list(doc.todo), render, encoding))
                     sent = True
-                reply = self._recv(doc.deadline(), cancel)
-            except _TimedOut:
+                reply = self._recv(doc, cancel)
+            except _TimedOut as e:
                 self._kill()
                 self.restarts += 1
                 i = doc.todo.popleft()
@@ -380,7 +421,7 @@ class IsolatedRenderer:
                     yield from doc.rest(RENDER_TIMEOUT, f"not rendered: {late}")
                     return True
                 yield PageFailed(i, RENDER_TIMEOUT, f"page {i}: rendering took longer than "
-                                                    f"{cfg.page_timeout_s:g} s (renderer killed)")
+                                                    f"{cfg.page_timeout_s:g} s ({e}; renderer killed)")
                 break
             except _Died as e:
                 if (yield from self._crashed(doc, name, e)):
@@ -428,18 +469,20 @@ class _DocState:
     """One document's progress across the renderer processes it takes: the pages still to do
     (None until it is opened), its crashes, and the tries of each page that crashed one."""
 
-    def __init__(self, cfg: RendererConfig, clock: _WorkClock):
-        self.cfg, self.clock = cfg, clock
+    def __init__(self, cfg: RendererConfig):
+        self.cfg = cfg
+        self.limit_s = cfg.doc_limit_s(None)  # its renderer time (the page count sets it once known)
+        self.spent = 0.0  # renderer time charged to it
         self.todo: deque[int] | None = None
         self.crashes = 0
         self.tries: dict[int, int] = {}
         self.doc_bound = False  # whether the last deadline was the document's, not the page's
 
-    def deadline(self) -> float:
-        """When the renderer's next answer is due: the page's time-out, or what the document has left."""
-        left = self.clock.left()
+    def budget(self) -> float:
+        """The renderer time the next answer may take: the page's time-out, or what the document has left."""
+        left = self.limit_s - self.spent
         self.doc_bound = left <= self.cfg.page_timeout_s
-        return time.monotonic() + min(self.cfg.page_timeout_s, left)
+        return max(min(self.cfg.page_timeout_s, left), 0.0)
 
     def rest(self, code: str, message: str) -> Iterator[PageFailed]:
         """Every page still to do, failed with ``code``."""
@@ -447,7 +490,7 @@ class _DocState:
             yield PageFailed(self.todo.popleft(), code, message)
 
     def late(self) -> str:
-        return (f"the document's rendering time limit ({self.clock.limit_s:g} s of renderer time: doc_timeout_s, "
+        return (f"the document's rendering time limit ({self.limit_s:g} s of renderer time: doc_timeout_s, "
                 f"or page_budget_s per selected page) passed")
 
 

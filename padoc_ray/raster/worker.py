@@ -1,7 +1,8 @@
 """The renderer process: opens and renders documents for :class:`~padoc_ray.raster.renderer.IsolatedRenderer`.
 
-Started as ``python -m padoc_ray.raster.worker FD PARENT_PID [MEMORY_MB]``; FD is its end of a
-``multiprocessing`` connection. It does one thing at a time, in order:
+Started as ``python -m padoc_ray.raster.worker FD PARENT_PID [MEMORY_MB [NICE]]``; FD is its end of
+a ``multiprocessing`` connection. Once it has loaded pdfium it says ``("ready",)``, then does one
+thing at a time, in order:
 
     parent -> ("open", data, name, max_frames) child -> ("opened", page_count, repaired)
                                                         | ("doc_error", code, message, count)
@@ -16,9 +17,13 @@ notices the closed connection or its deadline, kills it and starts another. The 
 its parent (PR_SET_PDEATHSIG on Linux), and exits when the connection closes.
 
 Test-only fault injection: ``PADOC_RAY_RENDER_FAULTS`` holds a JSON object mapping a document
-name (the basename of its URI) to ``crash`` or ``hang``, optionally ``@open`` or ``@N`` (page
-index N; default: every page), e.g. ``{"bad.pdf": "crash@2", "slow.pdf": "hang@open"}``; ``fail``
-raises an unexpected exception there instead (what an unforeseen pdfium error does).
+name (the basename of its URI) to an action, optionally ``@open`` or ``@N`` (page index N;
+default: every page), e.g. ``{"bad.pdf": "crash@2", "slow.pdf": "hang@open"}``. ``crash``: SIGSEGV;
+``hang``: sleep forever (no CPU: stuck); ``spin``: a busy loop forever (CPU); ``fail``: an
+unexpected exception (what an unforeseen pdfium error does); ``crawl``: 3 s of wall time with
+little CPU in it, then go on (what a renderer starved by a loaded machine looks like).
+``PADOC_RAY_RENDER_START_DELAY`` (seconds) holds the process back that long before it says it is
+ready: a slow start (a loaded machine), which must never count against a document.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import time
 from padoc_ray.status import RENDER_FAILED
 
 FAULTS_ENV = "PADOC_RAY_RENDER_FAULTS"
+START_DELAY_ENV = "PADOC_RAY_RENDER_START_DELAY"
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -77,6 +83,15 @@ def _inject(fault: tuple[str, str] | None, where: str) -> None:
     elif fault[0] == "hang":
         while True:
             time.sleep(3600)
+    elif fault[0] == "spin":
+        while True:
+            pass
+    elif fault[0] == "crawl":
+        for _ in range(30):
+            time.sleep(0.1)
+            t = time.process_time() + 0.01
+            while time.process_time() < t:
+                pass
     elif fault[0] == "fail":
         raise RuntimeError(f"injected failure at {where}")
 
@@ -106,6 +121,11 @@ def serve(conn) -> None:
     faults = _faults()
     buffer = ReusedBitmapBuffer()  # every page renders into one buffer, encoded before the next
     doc, fault = None, None
+    time.sleep(float(os.environ.get(START_DELAY_ENV) or 0))
+    try:
+        conn.send(("ready",))  # started: a document's clock starts with its first request, not before
+    except OSError:
+        return
     while True:
         try:
             msg = conn.recv()

@@ -16,7 +16,7 @@ import pytest
 from padoc_ray.pdf import RenderConfig
 from padoc_ray.raster import (ENCODINGS, DocFailed, InProcessRenderer, IsolatedRenderer, Opened, PageFailed,
                               PageRendered, RendererConfig, decode_image, encode_image)
-from padoc_ray.raster.worker import FAULTS_ENV
+from padoc_ray.raster.worker import FAULTS_ENV, START_DELAY_ENV
 
 from tests.conftest import ROOT
 from tests.helpers.pdf_factory import image_only_pdf, png_page, text_pdf, xref_broken_pdf
@@ -52,28 +52,18 @@ def faults(monkeypatch):
 
 
 def _recorded_waits(r: IsolatedRenderer) -> list[float]:
-    """Every wait ``r`` gives its renderer process for an answer (seconds from the moment it starts to
-    wait to the deadline it waits for), as the renderer computed it: its own limits, not a clock of the
-    test's. A hanging renderer is waited for exactly that long, then killed."""
+    """The renderer time ``r`` gives each answer of its renderer process (the page's limit, or what is
+    left of the document's), as the renderer computed it: its own limits, not a clock of the test's.
+    A hanging renderer is waited for exactly that long, then killed."""
     waits: list[float] = []
     recv = r._recv
 
-    def recording(deadline, cancel):
-        waits.append(deadline - time.monotonic())
-        return recv(deadline, cancel)
+    def recording(doc, cancel):
+        waits.append(doc.budget())
+        return recv(doc, cancel)
 
     r._recv = recording
     return waits
-
-
-def _warm(r: IsolatedRenderer) -> None:
-    """Start ``r``'s renderer process under the default limits (a loaded machine takes seconds to start a
-    Python): the test's tight limits then apply to rendering, not to that start."""
-    cfg, r.cfg = r.cfg, RendererConfig()
-    try:
-        assert _summary(_events(r, text_pdf(1), "warm.pdf")) == [("opened", 1), (0, "ok")]
-    finally:
-        r.cfg = cfg
 
 
 @pytest.fixture
@@ -242,11 +232,10 @@ def test_a_hanging_page_times_out_and_the_rest_renders(faults):
     faults({"slow.pdf": "hang@1"})
     r = IsolatedRenderer(RendererConfig(page_timeout_s=1.5))
     try:
-        _warm(r)
         waits = _recorded_waits(r)
         ev = _events(r, text_pdf(4), "slow.pdf")
         assert _summary(ev) == [("opened", 4), (0, "ok"), (1, "render_timeout"), (2, "ok"), (3, "ok")]
-        assert "longer than 1.5 s" in ev[2].message
+        assert "longer than 1.5 s (stuck: no CPU time used" in ev[2].message
         # the hanging page was waited for its 1.5 s (no wait was longer), then its renderer killed once
         assert waits and max(waits) <= 1.5 and r.restarts == 1, (waits, r.restarts)
     finally:
@@ -266,7 +255,6 @@ def test_the_document_deadline_covers_every_page_left(faults):
     faults({"slow.pdf": "hang@2"})
     r = IsolatedRenderer(RendererConfig(page_timeout_s=60, doc_timeout_s=1.5))
     try:
-        _warm(r)
         waits = _recorded_waits(r)
         ev = _events(r, text_pdf(5), "slow.pdf")
         assert _summary(ev) == [("opened", 5), (0, "ok"), (1, "ok"), (2, "render_timeout"), (3, "render_timeout"),
@@ -277,6 +265,45 @@ def test_the_document_deadline_covers_every_page_left(faults):
         assert waits and max(waits) <= 1.5 and r.restarts == 1, (waits, r.restarts)
     finally:
         r.close()
+
+
+def test_a_slow_renderer_start_costs_no_document_its_time(faults, monkeypatch):
+    """A fresh renderer process that takes 2.5 s to be ready (a loaded machine starting a Python) does
+    not eat a document's limits of 1 s a page and 1.5 s in all: the first document, and the one after
+    a hang killed the renderer (its pages go on in a fresh, as slow, process), render; only the hanging
+    page times out."""
+    monkeypatch.setenv(START_DELAY_ENV, "2.5")
+    faults({"slow.pdf": "hang@1"})
+    r = IsolatedRenderer(RendererConfig(page_timeout_s=1.0, doc_timeout_s=1.5))
+    try:
+        waits = _recorded_waits(r)
+        assert _summary(_events(r, text_pdf(2), "first.pdf")) == [("opened", 2), (0, "ok"), (1, "ok")]
+        ev = _events(r, text_pdf(3), "slow.pdf")
+        assert _summary(ev) == [("opened", 3), (0, "ok"), (1, "render_timeout"), (2, "ok")]
+        assert "longer than 1 s" in ev[2].message and r.restarts == 1
+        assert waits and max(waits) <= 1.0, waits  # the start was not waited for on a document's limit
+    finally:
+        r.close()
+
+
+def test_a_renderer_that_is_not_ready_in_time_counts_as_a_crash(monkeypatch):
+    """A renderer process that does not say it is ready within start_timeout_s is killed and counted
+    as a crash: the document gets its row (render_crashed, saying why) after crash_tries starts, and a
+    renderer that starts in time renders the next document."""
+    monkeypatch.setenv(START_DELAY_ENV, "30")
+    r = IsolatedRenderer(RendererConfig(start_timeout_s=0.5))
+    try:
+        t = time.monotonic()
+        ev = _events(r, text_pdf(2), "a.pdf")
+        assert _summary(ev) == [("doc", "render_crashed")] and time.monotonic() - t < 20
+        assert "not ready within 0.5 s" in ev[0].message and "2 time(s)" in ev[0].message
+        monkeypatch.delenv(START_DELAY_ENV)
+        r.cfg = RendererConfig()
+        assert _summary(_events(r, text_pdf(2), "b.pdf")) == [("opened", 2), (0, "ok"), (1, "ok")]
+    finally:
+        r.close()
+    with pytest.raises(ValueError):
+        RendererConfig(start_timeout_s=0)
 
 
 def test_a_consumer_that_stops_early_leaves_a_usable_renderer():
@@ -299,6 +326,7 @@ os.environ[{FAULTS_ENV!r}] = json.dumps({{"slow.pdf": "hang@open"}})
 from padoc_ray.raster import IsolatedRenderer, RendererConfig
 from tests.helpers.pdf_factory import text_pdf
 r = IsolatedRenderer(RendererConfig(page_timeout_s=600))
+r._start(None)
 r._send(("open", text_pdf(1), "slow.pdf", None))
 print(r._proc.pid, flush=True)
 import time; time.sleep(600)
@@ -345,39 +373,23 @@ def test_bench_raster_reports_the_contract_keys(tmp_path):
 
 
 # ---- issue 27: time limits that count the renderer's time, pages that cost minutes, safeguards ----------
-class VirtualClock:
-    """Seconds that pass only when the test says so."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_document_clock_stands_still_while_the_consumer_waits(faults):
-    """Backpressure, on a virtual work clock: the consumer holds every event 0.25 s, three times the
-    document limit of 2 s in all; only the renderer's own time counts, so every page is ok, however long
-    the machine takes to render them (no rendering moves this clock; each answer of the running renderer
-    is waited for 2 s of real time). A page that never answers (hang@6) still gets render_timeout once
-    the document's 2 s are waited for, with the pages after it."""
+    """Backpressure: the consumer holds every event 0.1 s, 2.4 s of wall time for 24 pages against a
+    document limit of 2 s; only the renderer's own (CPU) time counts, so every page is ok. A page that
+    never answers (hang@6, a renderer that uses no CPU) still gets render_timeout once the document's
+    2 s have passed, with the pages after it."""
     faults({"slow.pdf": "hang@6"})
-    clock = VirtualClock()
-    r = IsolatedRenderer(RendererConfig(page_timeout_s=60), work_clock=clock)
+    r = IsolatedRenderer(RendererConfig(page_timeout_s=60, doc_timeout_s=2.0))
     try:
-        # the process is started, under the default limits: its start counts against a document, and how
-        # long an answer is waited for is real time (a loaded machine takes seconds to start a Python)
-        assert _summary(_events(r, text_pdf(1), "warm.pdf")) == [("opened", 1), (0, "ok")]
-        r.cfg = RendererConfig(page_timeout_s=60, doc_timeout_s=2.0)  # the same process from here on
         for name, n in (("fine.pdf", 24), ("slow.pdf", 8)):
             got = []
-            t = clock()
+            t = time.monotonic()
             for ev in r.render_document(text_pdf(n), name, ALL, RENDER, "zstd"):
                 got.append(ev)
                 if name == "fine.pdf":
-                    clock.now += 0.25  # the consumer holds the event
+                    time.sleep(0.1)  # the consumer holds the event
             if name == "fine.pdf":
-                assert clock() - t > 3 * 2.0
+                assert time.monotonic() - t > 2.0
                 assert _summary(got) == [("opened", 24)] + [(i, "ok") for i in range(24)]
                 assert r.restarts == 0  # the warm renderer rendered them all
             else:
@@ -386,6 +398,23 @@ def test_the_document_clock_stands_still_while_the_consumer_waits(faults):
                 assert "2 s of renderer time" in got[7].message
                 # page 6 was cut by the document's limit, not by its own 60 s; page 7 was never sent
                 assert "renderer killed" in got[7].message and got[8].message.startswith("not rendered")
+    finally:
+        r.close()
+
+
+def test_a_starved_renderer_is_not_cut_and_a_spinning_one_is(faults):
+    """A page's limit is renderer CPU time, not the wall clock. crawl@0 takes 3 s of wall time with
+    little CPU in it (a renderer a loaded machine starves): with a 1 s page limit, it renders. spin@1
+    uses the CPU without end: it is cut once it has used 1 s of CPU time, and rendering goes on."""
+    faults({"starved.pdf": "crawl@0", "spin.pdf": "spin@1"})
+    r = IsolatedRenderer(RendererConfig(page_timeout_s=1.0, doc_timeout_s=600))
+    try:
+        t = time.monotonic()
+        assert _summary(_events(r, text_pdf(2), "starved.pdf")) == [("opened", 2), (0, "ok"), (1, "ok")]
+        assert time.monotonic() - t >= 3.0 and r.restarts == 0
+        ev = _events(r, text_pdf(3), "spin.pdf")
+        assert _summary(ev) == [("opened", 3), (0, "ok"), (1, "render_timeout"), (2, "ok")]
+        assert "longer than 1 s (of renderer CPU time" in ev[2].message and r.restarts == 1
     finally:
         r.close()
 
@@ -399,7 +428,6 @@ def test_a_document_gets_renderer_time_in_proportion_to_its_pages(faults):
     assert cfg.doc_limit_s(10_000) == 600 and RendererConfig(page_budget_s=None).doc_limit_s(3) == 600
     r = IsolatedRenderer(cfg)
     try:
-        _warm(r)
         waits = _recorded_waits(r)
         ev = _events(r, text_pdf(4), "slow.pdf")
         assert _summary(ev) == [("opened", 4)] + [(i, "render_timeout") for i in range(4)]
