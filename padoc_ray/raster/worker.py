@@ -20,10 +20,10 @@ Test-only fault injection: ``PADOC_RAY_RENDER_FAULTS`` holds a JSON object mappi
 name (the basename of its URI) to an action, optionally ``@open`` or ``@N`` (page index N;
 default: every page), e.g. ``{"bad.pdf": "crash@2", "slow.pdf": "hang@open"}``. ``crash``: SIGSEGV;
 ``hang``: sleep forever (no CPU: stuck); ``spin``: a busy loop forever (CPU); ``fail``: an
-unexpected exception (what an unforeseen pdfium error does); ``crawl``: 3 s of wall time with
-little CPU in it, then go on (what a renderer starved by a loaded machine looks like).
-``PADOC_RAY_RENDER_START_DELAY`` (seconds) holds the process back that long before it says it is
-ready: a slow start (a loaded machine), which must never count against a document.
+unexpected exception (what an unforeseen pdfium error does); ``crawl``: 1.5 s of wall time
+with about 0.15 s of CPU in it, then go on (what a renderer starved by a loaded machine looks like).
+``PADOC_RAY_RENDER_START_DELAY`` (seconds) makes the process's start that much CPU time heavier
+before it says it is ready: a slow start, which must never count against a document.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _inject(fault: tuple[str, str] | None, where: str) -> None:
         while True:
             pass
     elif fault[0] == "crawl":
-        for _ in range(30):
+        for _ in range(15):
             time.sleep(0.1)
             t = time.process_time() + 0.01
             while time.process_time() < t:
@@ -121,7 +121,9 @@ def serve(conn) -> None:
     faults = _faults()
     buffer = ReusedBitmapBuffer()  # every page renders into one buffer, encoded before the next
     doc, fault = None, None
-    time.sleep(float(os.environ.get(START_DELAY_ENV) or 0))
+    heavier = time.process_time() + float(os.environ.get(START_DELAY_ENV) or 0)
+    while time.process_time() < heavier:  # a test's slow start (START_DELAY_ENV)
+        pass
     try:
         conn.send(("ready",))  # started: a document's clock starts with its first request, not before
     except OSError:
