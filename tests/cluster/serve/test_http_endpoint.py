@@ -373,6 +373,7 @@ def test_the_page_view_shows_an_uploaded_document_in_a_browser(svc, tmp_path):
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
         pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.set_default_timeout(300_000)  # each upload is parsed on the engine: a bound on a hang, not a timing
         sent, dialogs, errors = [], [], []
         pg.on("request", lambda r: sent.append(r.url))
         pg.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
@@ -701,9 +702,14 @@ def _job(svc, path, name=None, **params):
 
 def _wait_job(svc, job_id, until, timeout=300):
     end = time.monotonic() + timeout
+    st = None
     while time.monotonic() < end:
-        st = requests.get(f"{svc.url}/v1/jobs/{job_id}", headers=svc.headers, timeout=30).json()
-        if until(st):
+        try:  # a poll may find no ingress replica for a while (one was killed): ask again
+            r = requests.get(f"{svc.url}/v1/jobs/{job_id}", headers=svc.headers, timeout=30)
+            st = r.json() if r.status_code == 200 else f"{r.status_code}: {r.text[:300]}"
+        except (requests.RequestException, ValueError) as e:
+            st = repr(e)
+        if isinstance(st, dict) and until(st):
             return st
         time.sleep(0.2)
     raise AssertionError(f"job {job_id} stuck: {st}")
