@@ -6,8 +6,8 @@ or outlives a deadline is killed and replaced; only the document being rendered 
 
 * time is the renderer's own: the CPU time its process uses, not the wall clock, so a renderer
   that a loaded machine gives a small share of a CPU is not cut for it, and while the caller holds
-  a yielded event (a consumer under backpressure) nothing is charged. A renderer that uses no CPU
-  at all for as long as its page may take is stuck, and that time counts in full;
+  a yielded event (a consumer under backpressure) nothing is charged. A renderer that neither runs
+  nor waits for a CPU for as long as its page may take is stuck, and that time counts in full;
 * starting a renderer process (Python and pdfium loading) is no document's time: a process that
   is not ready within ``start_timeout_s`` (wall clock) counts as a crash;
 * opening (or repairing) a document, and each page, may take ``page_timeout_s``; the page that
@@ -75,7 +75,7 @@ class RendererConfig:
                          help="render inside the raster task's own process: no crash isolation and no time-outs (a "
                               "renderer crash then fails the whole task); for benchmarks")
     #: opening a document, or rendering one page, takes at most this (renderer CPU time; a renderer
-    #: that uses none for this long is stuck)
+    #: that neither runs nor waits for a CPU for this long is stuck)
     page_timeout_s: float = knob(120.0, flags=("--render-timeout",), metavar="SECONDS")
     #: all of a document's pages take at most this (None: no limit)
     doc_timeout_s: float | None = knob(600.0, flags=("--doc-timeout",), metavar="SECONDS", to_field=zero_is_none,
@@ -248,28 +248,41 @@ class IsolatedRenderer:
                 pass
         return self._cpu_seen
 
+    def _busy(self) -> float:
+        """The renderer's CPU seconds plus the seconds it spent runnable, waiting for a CPU (Linux's
+        /proc/PID/schedstat): a renderer that a loaded machine starves is not stuck, one that grows
+        neither is. Where the wait cannot be read, CPU seconds alone."""
+        busy = self._cpu()
+        if self._proc is not None:
+            try:
+                with open(f"/proc/{self._proc.pid}/schedstat") as f:
+                    busy += int(f.read().split()[1]) / 1e9
+            except (OSError, ValueError, IndexError):
+                pass
+        return busy
+
     def _recv(self, doc: _DocState, cancel: threading.Event | None):
         """The renderer's next answer about ``doc``. Its time is the renderer's CPU time since the last
         answer, charged to the document: the wait ends with _TimedOut once that passes what the page
-        (or what is left of the document) may take, or once the renderer has used no CPU for that long
-        (stuck: the whole budget is charged). Raises _Died or _Cancelled too."""
+        (or what is left of the document) may take, or once the renderer has neither run nor waited for a
+        CPU for that long (stuck: the whole budget is charged). Raises _Died or _Cancelled too."""
         budget = doc.budget()
-        still_at, still_cpu = time.monotonic(), self._cpu()  # when the renderer last used CPU
+        still_at, still = time.monotonic(), self._busy()  # when the renderer last ran or waited to run
         while True:
-            used = still_cpu - self._cpu_charged
+            used = self._cpu_seen - self._cpu_charged
             stuck_in = still_at + budget - time.monotonic()
             if used >= budget or stuck_in <= 0:
                 doc.spent += budget
-                self._cpu_charged = still_cpu
+                self._cpu_charged = self._cpu_seen
                 raise _TimedOut("of renderer CPU time" if used >= budget else "stuck: no CPU time used")
             # one renderer thread cannot use CPU time faster than the wall clock runs
             wait = max(min(budget - used, stuck_in), _MIN_WAIT_S)
             try:
                 reply = self._answer(time.monotonic() + wait, cancel)
             except _TimedOut:
-                cpu = self._cpu()
-                if cpu - still_cpu >= _CPU_TICK_S:
-                    still_at, still_cpu = time.monotonic(), cpu
+                busy = self._busy()
+                if busy - still >= _CPU_TICK_S:
+                    still_at, still = time.monotonic(), busy
                 continue
             except _Died:
                 doc.spent += self._cpu_seen - self._cpu_charged

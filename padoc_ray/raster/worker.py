@@ -21,7 +21,8 @@ name (the basename of its URI) to an action, optionally ``@open`` or ``@N`` (pag
 default: every page), e.g. ``{"bad.pdf": "crash@2", "slow.pdf": "hang@open"}``. ``crash``: SIGSEGV;
 ``hang``: sleep forever (no CPU: stuck); ``spin``: a busy loop forever (CPU); ``fail``: an
 unexpected exception (what an unforeseen pdfium error does); ``crawl``: 1.5 s of wall time
-with about 0.15 s of CPU in it, then go on (what a renderer starved by a loaded machine looks like).
+with about 0.15 s of CPU in it, then go on (what a renderer starved by a loaded machine looks like);
+``burn``: 0.02 s of CPU time, then go on (a page's own work).
 ``PADOC_RAY_RENDER_START_DELAY`` (seconds) makes the process's start that much CPU time heavier
 before it says it is ready: a slow start, which must never count against a document.
 """
@@ -92,6 +93,10 @@ def _inject(fault: tuple[str, str] | None, where: str) -> None:
             t = time.process_time() + 0.01
             while time.process_time() < t:
                 pass
+    elif fault[0] == "burn":
+        t = time.process_time() + 0.02
+        while time.process_time() < t:
+            pass
     elif fault[0] == "fail":
         raise RuntimeError(f"injected failure at {where}")
 

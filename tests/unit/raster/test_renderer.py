@@ -267,6 +267,32 @@ def test_the_document_deadline_covers_every_page_left(faults):
         r.close()
 
 
+def test_a_renderer_waiting_for_a_cpu_is_not_stuck(faults):
+    """Starved for real: the renderer runs at niceness 19 on CPU 0 beside two busy loops there (well under
+    1% of that CPU), so each 0.5 s of its page's limit gives it less than the 10 ms of CPU time that the
+    stuck rule looks for. It waits to run the whole time, though (its run-queue wait grows): it is
+    starved, not stuck, and its page (0.02 s of CPU, ``burn``) renders, in more than its 0.5 s of wall time."""
+    faults({"starved.pdf": "burn@0"})
+    r = IsolatedRenderer(RendererConfig(page_timeout_s=0.5, doc_timeout_s=600, nice=19))
+    hogs = []
+    try:
+        assert _summary(_events(r, text_pdf(1), "warm.pdf")) == [("opened", 1), (0, "ok")]
+        os.sched_setaffinity(r.pid, {0})
+        spin = "import os; os.sched_setaffinity(0, {0}); exec('while True: pass')"
+        hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+        time.sleep(0.3)  # the loops are running on CPU 0
+        waited = lambda: int(open(f"/proc/{r.pid}/schedstat").read().split()[1]) / 1e9  # noqa: E731
+        w, t = waited(), time.monotonic()
+        ev = _events(r, text_pdf(1), "starved.pdf")
+        assert time.monotonic() - t > 0.5 and waited() - w > 0.5  # starved: longer than its limit, waiting to run
+        assert _summary(ev) == [("opened", 1), (0, "ok")], [getattr(e, "message", "") for e in ev]
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+        r.close()
+
+
 def test_a_slow_renderer_start_costs_no_document_its_time(faults, monkeypatch):
     """A fresh renderer process whose start takes 1.2 s of CPU time (Python and pdfium loading on a
     slow machine) does not eat a document's limits of 0.5 s a page and 0.8 s in all: the first document, and the one after
