@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_CPU_TICK_S = 0.01  # the kernel counts CPU time in ticks: less than one in a wait is none at all
+_CPU_TICK_S = 0.01  # the kernel counts CPU time in ticks: less than one tick of running or waiting to run is none
 _MIN_WAIT_S = 0.01
 
 
@@ -274,7 +274,8 @@ class IsolatedRenderer:
             if used >= budget or stuck_in <= 0:
                 doc.spent += budget
                 self._cpu_charged = self._cpu_seen
-                raise _TimedOut("of renderer CPU time" if used >= budget else "stuck: no CPU time used")
+                raise _TimedOut("of renderer CPU time" if used >= budget
+                                else "stuck: neither running nor waiting for a CPU")
             # one renderer thread cannot use CPU time faster than the wall clock runs
             wait = max(min(budget - used, stuck_in), _MIN_WAIT_S)
             try:
@@ -334,18 +335,13 @@ class IsolatedRenderer:
         """Open ``data`` and render the pages ``select(page_count)`` names, yielding :class:`Opened`
         then one event per page (in order), or a single :class:`DocFailed` (after :class:`Opened`
         when ``select`` refused the document). ``max_frames`` caps the frames of a page image.
-        The document's time limit counts the time spent in here only, not the time the caller
-        holds an event before asking for the next. Once ``cancel`` is set (and :meth:`interrupt`
-        called, when this thread is waiting for the renderer), the renderer process is killed and
-        the document ends, yielding nothing more."""
+        The document's time limit counts its renderer's CPU time, not the time the caller holds an
+        event before asking for the next. A crash, a page's time-out or a recycle ends a pass in one
+        renderer process, and the next pass reopens the document in a fresh one. Once ``cancel`` is
+        set (and :meth:`interrupt` called, when this thread is waiting for the renderer), the renderer
+        process is killed and the document ends, yielding nothing more."""
         if cancel is not None and cancel.is_set():
             return
-        yield from self._render_document(data, name, select, render, encoding, max_frames, cancel)
-
-    def _render_document(self, data: bytes, name: str, select: Selector, render: RenderConfig, encoding: str,
-                         max_frames: int | None, cancel: threading.Event | None) -> Iterator[Event]:
-        """Open the document, then stream its pages; a crash, a page's time-out or a recycle ends a
-        pass in one renderer process, and the next pass reopens the document in a fresh one."""
         doc = _DocState(self.cfg)
         clean = False
         try:

@@ -76,6 +76,13 @@ def _faults() -> dict[str, tuple[str, str]]:
     return out
 
 
+def _burn(cpu_s: float) -> None:
+    """Use ``cpu_s`` seconds of this process's CPU time (a test's fault or slow start)."""
+    end = time.process_time() + cpu_s
+    while time.process_time() < end:
+        pass
+
+
 def _inject(fault: tuple[str, str] | None, where: str) -> None:
     if fault is None or fault[1] not in ("*", where) or (fault[1] == "*" and where == "open"):
         return
@@ -90,13 +97,9 @@ def _inject(fault: tuple[str, str] | None, where: str) -> None:
     elif fault[0] == "crawl":
         for _ in range(15):
             time.sleep(0.1)
-            t = time.process_time() + 0.01
-            while time.process_time() < t:
-                pass
+            _burn(0.01)
     elif fault[0] == "burn":
-        t = time.process_time() + 0.02
-        while time.process_time() < t:
-            pass
+        _burn(0.02)
     elif fault[0] == "fail":
         raise RuntimeError(f"injected failure at {where}")
 
@@ -126,9 +129,7 @@ def serve(conn) -> None:
     faults = _faults()
     buffer = ReusedBitmapBuffer()  # every page renders into one buffer, encoded before the next
     doc, fault = None, None
-    heavier = time.process_time() + float(os.environ.get(START_DELAY_ENV) or 0)
-    while time.process_time() < heavier:  # a test's slow start (START_DELAY_ENV)
-        pass
+    _burn(float(os.environ.get(START_DELAY_ENV) or 0))  # a test's slow start
     try:
         conn.send(("ready",))  # started: a document's clock starts with its first request, not before
     except OSError:
