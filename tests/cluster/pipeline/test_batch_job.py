@@ -214,11 +214,14 @@ def test_batch_flags_each_show_their_effect(ray_cluster, tiny_model_dir, tmp_pat
 def test_reannotate_compares_modes_and_families_with_the_corpus_and_resumes(ray_cluster, tmp_path, tiny_model_dir,
                                                                             tiny_hpd_dir, tiny_dots_dir):
     """Re-annotation over the example corpus with every kind of prediction set in one run: the padoc
-    checkpoint in fork and sequential mode, a folder of earlier predictions (``again``), and the hpd and
+    checkpoint (its default mode, fork), a folder of earlier predictions (``again``), and the hpd and
     dots checkpoints as parsers beside it (``--compare NAME=<checkpoint>``: a batch job each, on the
     module's `ray start` cluster), all teacher-forced by the annotations themselves: every set agrees
     with the corpus and with every other; a page whose source is gone gets a reason; each family's
-    rows have the padoc family's schema; a rerun parses nothing again and reproduces the agreement table."""
+    rows have the padoc family's schema; a rerun parses nothing again and reproduces the agreement table.
+    (``--modes fork,sequential``, a batch run per mode, each in its mode: test_reannotate_exit_codes in
+    tests/cluster/pipeline/test_shared_outputs_and_caps.py; a sequential batch job on this engine:
+    test_batch_flags_each_show_their_effect above.)"""
     from padoc_ray.output import rows as page_rows_schema
 
     gt = json.load(open(os.path.join(EXAMPLES, "ground_truth.json")))
@@ -228,12 +231,12 @@ def test_reannotate_compares_modes_and_families_with_the_corpus_and_resumes(ray_
     out = tmp_path / "rean"
     cmd = [sys.executable, "-m", "padoc_ray.cli", "reannotate", "--gt", str(tmp_path / "gt.json"), "--source", EXAMPLES,
            "--output", str(out), "--model", tiny_model_dir, "--address", ray_cluster["gcs"],
-           "--replay", os.path.join(EXAMPLES, "ground_truth.json"), "--modes", "fork,sequential",
+           "--replay", os.path.join(EXAMPLES, "ground_truth.json"),
            "--compare", f"again={out / 'predictions' / 'fork'}", "--compare", f"hpd={tiny_hpd_dir}",
            "--compare", f"dots={tiny_dots_dir}"]
     run = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
-    sets = ("fork", "sequential", "again", "hpd", "dots")
+    sets = ("fork", "again", "hpd", "dots")
     summary = json.load(open(out / "reannotate_summary.json"))
     got = summary["prediction_sets"]
     assert tuple(got) == sets and got["hpd"]["model"] == tiny_hpd_dir and got["dots"]["model"] == tiny_dots_dir
@@ -264,7 +267,7 @@ def test_reannotate_compares_modes_and_families_with_the_corpus_and_resumes(ray_
     assert len(json.load(open(out / "consensus" / "consensus.json"))) == len(gt)
     for name in ("fork", "hpd", "dots"):
         assert summary["runs"][name]["page_status"] == {"ok": 5} and summary["runs"][name]["all_inputs_accounted"]
-    assert summary["runs"]["sequential"]["all_inputs_accounted"] and "again" not in summary["runs"]
+    assert "again" not in summary["runs"]
     for name, model in (("hpd", tiny_hpd_dir), ("dots", tiny_dots_dir)):  # each family's batch job rows
         t = pq.read_table(out / "predictions" / name / "pages")
         assert set(page_rows_schema.PAGE_SCHEMA.names) <= set(t.schema.names), name  # the padoc family's schema
@@ -274,7 +277,7 @@ def test_reannotate_compares_modes_and_families_with_the_corpus_and_resumes(ray_
                    for x in family_rows), name
     again = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
     assert again.returncode == 0, again.stderr[-4000:]
-    assert again.stdout.count("0 to do") == 4  # the four prediction sets it parses were complete
+    assert again.stdout.count("0 to do") == 3  # the three prediction sets it parses were complete
     table2 = pq.read_table(out / "agreement" / "agreement.parquet").to_pylist()
     strip = lambda rows: [{k: v for k, v in r.items() if k != "run_id"} for r in rows]  # noqa: E731
     assert strip(table2) == strip(table)

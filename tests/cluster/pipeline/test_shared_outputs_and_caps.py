@@ -551,10 +551,15 @@ def test_reannotate_exit_codes(tmp_path, monkeypatch, capsys):
     parser = build_parser()
     gt = os.path.join(EXAMPLES_DIR, "ground_truth.json")
     base = ["reannotate", "--gt", gt, "--source", EXAMPLES_DIR, "--model", str(tmp_path), "--engine", "noop"]
-    # 1: a prediction set with inputs not accounted for
-    assert reannotate_from_args(parser.parse_args([*base, "--output", str(tmp_path / "r1")])) == 1
+    # 1: prediction sets with inputs not accounted for; one batch run per mode, each in its own folder
+    assert reannotate_from_args(parser.parse_args([*base, "--output", str(tmp_path / "r1"),
+                                                   "--modes", "fork,sequential"])) == 1
     runs = json.load(open(tmp_path / "r1" / "reannotate_summary.json"))["runs"]
-    assert runs["fork"]["all_inputs_accounted"] is False
+    assert list(runs) == ["fork", "sequential"]
+    for mode, run in runs.items():  # each set's run parsed in its mode, into its own output
+        assert run["mode"] == mode and run["all_inputs_accounted"] is False
+        summary = json.load(open(tmp_path / "r1" / "predictions" / mode / "summary.json"))
+        assert summary["config"]["host"]["mode"] == mode and summary["unaccounted"], (mode, summary)
     # 2: bad arguments, and a ground truth that is not there
     for extra, msg in ((["--modes", "fork,fork"], "distinct"), (["--modes", "greedy"], "fork or sequential"),
                        (["--compare", "gt=" + str(tmp_path)], "clash")):

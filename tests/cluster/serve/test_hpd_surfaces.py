@@ -4,7 +4,7 @@ examples' truth, so every page must equal its truth; a request for the mode hpd 
 the client's error (422 ``unsupported_mode``), never a 500, and the benchmarks run fork alone, saying why.
 
 The batch job with the hpd checkpoint (`reannotate --compare hpd=<checkpoint>`, rows of the padoc family's
-schema) is in tests/cluster/pipeline/test_batch_job.py, one run beside the padoc modes and the dots
+schema) is in tests/cluster/pipeline/test_batch_job.py, one run beside the padoc checkpoint and the dots
 checkpoint; `bench serve` and `parse-page` on it in tests/engine/protocol/test_hpd_on_vllm.py. The checks
 without an engine come first; one `padoc-ray serve` (its own local Ray and session, stopped with SIGTERM)
 serves the module's last tests."""
