@@ -224,14 +224,19 @@ def test_reannotate_compares_modes_and_families_with_the_corpus_and_resumes(ray_
     test_batch_flags_each_show_their_effect above.)"""
     from padoc_ray.output import rows as page_rows_schema
 
+    # the corpus: the examples' pages, each cut to its first 4 regions (agreement needs regions, not whole pages,
+    # and each set's batch job decodes what the annotations say), and a page whose source is gone
     gt = json.load(open(os.path.join(EXAMPLES, "ground_truth.json")))
+    for p in gt:
+        p["layout_dets"] = p["layout_dets"][:4]
+    (tmp_path / "replay.json").write_text(json.dumps(gt))
     extra = json.loads(json.dumps(gt[0]))
     extra["page_info"].update(source_pdf="gone.pdf", image_path="gone_page0.png")
     (tmp_path / "gt.json").write_text(json.dumps([*gt, extra]))
     out = tmp_path / "rean"
     cmd = [sys.executable, "-m", "padoc_ray.cli", "reannotate", "--gt", str(tmp_path / "gt.json"), "--source", EXAMPLES,
            "--output", str(out), "--model", tiny_model_dir, "--address", ray_cluster["gcs"],
-           "--replay", os.path.join(EXAMPLES, "ground_truth.json"),
+           "--replay", str(tmp_path / "replay.json"),
            "--compare", f"again={out / 'predictions' / 'fork'}", "--compare", f"hpd={tiny_hpd_dir}",
            "--compare", f"dots={tiny_dots_dir}"]
     run = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
@@ -256,7 +261,7 @@ def test_reannotate_compares_modes_and_families_with_the_corpus_and_resumes(ray_
         assert dict(r["prediction_status"]) == dict.fromkeys(sets, "ok")
         for (a, b), c in pairs.items():  # teacher-forced: the same regions and contents in every set
             assert c["content_edit"] == 0.0 and c["agree"], (r["image_path"], c)
-            assert c["matched"] == c["ref_regions"] == c["hyp_regions"] > 0
+            assert c["matched"] == c["ref_regions"] == c["hyp_regions"] == 4
             if not {a, b} & {"hpd", "dots"}:  # one box quantization (1/1000 of the page); the families' differ
                 assert c["layout_iou"] > 0.95, (r["image_path"], c)
         # difficulty: the mean over the comparisons of ((1 - layout IoU) + content edit) / 2; content edits are 0,
