@@ -13,8 +13,6 @@ tests/unit/checkpoint/test_tiny_dots_build.py.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,9 +20,8 @@ import pytest
 
 ROOT = str(Path(__file__).resolve().parents[3])  # (not from .conftest: a child interpreter imports this module alone)
 
-from tests.helpers.child_worker import child_env, digest, run_worker  # noqa: E402  (importable in the child too)
+from tests.helpers.child_worker import digest, run_worker  # noqa: E402  (importable in the child too)
 
-BIN = os.path.dirname(sys.executable)
 #: a letter page at 150 dpi (sent as ModelProtocol prepares it), and a landscape page sent as it is
 PAGE_SIZE, RAW_SIZE = (1275, 1650), (1400, 990)
 #: vLLM's KV block in these tests: only full blocks are shared from the prefix cache
@@ -185,21 +182,19 @@ def test_grounding_prompts_of_a_page_share_its_cached_image_prefix(engine_result
 # --------------------------------------------------------------------------- CLI
 
 
-def _cli(*args: str, tmp: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([os.path.join(BIN, "padoc-ray"), *args], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT, env=child_env(tmp))
+def test_cli_builds_the_dots_family(tmp_path, tiny_dots_dir, capsys):
+    """`padoc-ray build-tiny-model --family dots` (in this process: the command's code, its output and exit codes)."""
+    from tests.helpers.cli import run_main
 
-
-def test_cli_builds_the_dots_family(tmp_path, tiny_dots_dir):
     out = tmp_path / "dots"
-    p = _cli("build-tiny-model", str(out), "--family", "dots", tmp=tmp_path)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith(f"built tiny dots.ocr-format (DotsOCRForCausalLM) checkpoint in {out} (")
+    rc, stdout, stderr = run_main(capsys, "build-tiny-model", str(out), "--family", "dots")
+    assert rc == 0, stderr
+    assert stdout.startswith(f"built tiny dots.ocr-format (DotsOCRForCausalLM) checkpoint in {out} (")
     for name in os.listdir(tiny_dots_dir):  # seed 0, the default
         assert digest(str(out), name) == digest(tiny_dots_dir, name), name
-    p = _cli("build-tiny-model", str(out), "--family", "dots", tmp=tmp_path)
-    assert p.returncode == 2 and "--force" in p.stderr
+    rc, _, stderr = run_main(capsys, "build-tiny-model", str(out), "--family", "dots")
+    assert rc == 2 and "--force" in stderr
     for flag in ("--base", "--tie-word-embeddings"):
-        p = _cli("build-tiny-model", str(tmp_path / "refused"), "--family", "dots", flag, tmp=tmp_path)
-        assert p.returncode == 2 and f"{flag} applies to --family padoc only" in p.stderr, p.stderr
+        rc, _, stderr = run_main(capsys, "build-tiny-model", str(tmp_path / "refused"), "--family", "dots", flag)
+        assert rc == 2 and f"{flag} applies to --family padoc only" in stderr, stderr
         assert not (tmp_path / "refused").exists()

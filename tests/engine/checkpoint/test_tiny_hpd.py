@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,9 +20,8 @@ from padoc_ray.protocol.hpd import DEFAULT_CATEGORY_MAP, SYSTEM_LINE, TASK_TEXT,
 
 ROOT = str(Path(__file__).resolve().parents[3])  # (not from .conftest: a child interpreter imports this module alone)
 
-from tests.helpers.child_worker import child_env, digest, run_worker  # noqa: E402  (importable in the child too)
+from tests.helpers.child_worker import digest, run_worker  # noqa: E402  (importable in the child too)
 
-BIN = os.path.dirname(sys.executable)
 #: the page the engine test sends: 448x640 is HPD's 2x3 grid, pre-resized to 2*448 x 3*448 with
 #: max_dynamic_patch 6, so stock vLLM cuts 6 tiles + a thumbnail (7 * 256 image tokens)
 PAGE_SIZE, SENT_SIZE, MM_KWARGS, N_TILES = (448, 640), (896, 1344), {"max_dynamic_patch": 6}, 7
@@ -224,21 +221,19 @@ def test_greedy_decoding_is_deterministic_and_sees_the_image(engine_results):
 # --------------------------------------------------------------------------- CLI
 
 
-def _cli(*args: str, tmp: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([os.path.join(BIN, "padoc-ray"), *args], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT, env=child_env(tmp))
+def test_cli_builds_the_hpd_family(tmp_path, hpd_dir, capsys):
+    """`padoc-ray build-tiny-model --family hpd` (in this process: the command's code, its output and exit codes)."""
+    from tests.helpers.cli import run_main
 
-
-def test_cli_builds_the_hpd_family(tmp_path, hpd_dir):
     out = tmp_path / "hpd"
-    p = _cli("build-tiny-model", str(out), "--family", "hpd", tmp=tmp_path)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith(f"built tiny HPD-Parsing-format (InternVL) checkpoint in {out} (")
+    rc, stdout, stderr = run_main(capsys, "build-tiny-model", str(out), "--family", "hpd")
+    assert rc == 0, stderr
+    assert stdout.startswith(f"built tiny HPD-Parsing-format (InternVL) checkpoint in {out} (")
     assert digest(str(out), "model.safetensors") == digest(hpd_dir, "model.safetensors")  # seed 0, the default
     assert not (out / "padoc_protocol.json").exists()
-    p = _cli("build-tiny-model", str(out), "--family", "hpd", tmp=tmp_path)
-    assert p.returncode == 2 and "--force" in p.stderr
+    rc, _, stderr = run_main(capsys, "build-tiny-model", str(out), "--family", "hpd")
+    assert rc == 2 and "--force" in stderr
     for flag in ("--base", "--tie-word-embeddings"):
-        p = _cli("build-tiny-model", str(tmp_path / "refused"), "--family", "hpd", flag, tmp=tmp_path)
-        assert p.returncode == 2 and f"{flag} applies to --family padoc only" in p.stderr, p.stderr
+        rc, _, stderr = run_main(capsys, "build-tiny-model", str(tmp_path / "refused"), "--family", "hpd", flag)
+        assert rc == 2 and f"{flag} applies to --family padoc only" in stderr, stderr
         assert not (tmp_path / "refused").exists()

@@ -2,16 +2,15 @@
 teacher-forced page through the fork equals its truth, each branch's prompt is, as vLLM expands it,
 the layout prompt + the parent's tokens before <FORK> + <CHILD> and hits the prefix cache on every full
 block, both families give the same page for the same truth, and the CLI's parse-page, bench serve and doctor
-take the checkpoint (parse-page and bench serve in this process, on this module's engine; the Serve endpoint: tests/cluster/serve/test_hpd_surfaces.py; the batch job:
-tests/cluster/pipeline/test_batch_job.py's reannotate test)."""
+take the checkpoint (all three in this process: parse-page and bench serve on this module's engine; the Serve
+endpoint: tests/cluster/serve/test_hpd_surfaces.py; the batch job: tests/cluster/pipeline/test_batch_job.py's
+reannotate test)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -23,7 +22,6 @@ from tests.helpers.family_engine import expanded_prompt, family_engine, parse_on
 pytestmark = pytest.mark.engine
 
 from tests.conftest import ROOT  # noqa: E402
-CLI = [sys.executable, "-m", "padoc_ray.cli"]
 EXAMPLES = os.path.join(ROOT, "examples")
 GT = os.path.join(EXAMPLES, "ground_truth.json")
 BLOCK = 32  # the CPU preset's KV block size
@@ -100,11 +98,6 @@ def test_both_families_give_the_same_page_for_the_same_truth(tiny_hpd_dir, hpd_e
         assert all(abs(x - y) <= 1e-3 + 1e-9 for x, y in zip(ra.box.as_tuple(), rb.box.as_tuple()))
 
 
-def _cli(*args, timeout=600):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
-
-
 def on_family_engine(monkeypatch, capsys, engine, loop_thread, module):
     """``padoc-ray ARGS`` in this process on ``engine`` (on_session_engine: the command's own code, but for the
     engine it would start; that start is tested in tests/engine/cli/ and tests/cluster/checkpoint/): a function
@@ -138,8 +131,12 @@ def test_parse_page_json_with_replay_and_sequential_refused(tiny_hpd_dir, hpd_en
     assert rc == 2 and "no meaning for an HPD-Parsing checkpoint" in stderr
 
 
-def test_doctor_reports_the_family_on_both_runners_and_its_problems(tiny_hpd_dir, tmp_path):
+def test_doctor_reports_the_family_on_both_runners_and_its_problems(tiny_hpd_dir, tmp_path, capsys):
+    """`doctor --model` (in process; no engine start: doctor's own start check is tests/engine/doctor/'s) on
+    both runners, and on a broken copy, whose problems it names with exit code 1."""
     from padoc_ray.doctor import DoctorConfig, diagnose
+
+    from tests.helpers.cli import run_main
 
     for runner in ("v1", "v2"):
         rep = diagnose(DoctorConfig(model=tiny_hpd_dir, runner=runner))
@@ -155,9 +152,9 @@ def test_doctor_reports_the_family_on_both_runners_and_its_problems(tiny_hpd_dir
         p = bad / name
         if p.exists():
             p.write_text(p.read_text().replace("<FORK>", "<FROK>"))
-    r = _cli("doctor", "--model", str(bad), "--json", str(tmp_path / "d.json"))
+    rc, _, _ = run_main(capsys, "doctor", "--model", str(bad), "--json", str(tmp_path / "d.json"))
     rep = json.loads((tmp_path / "d.json").read_text())
-    assert r.returncode == 1 and rep["family"] == "hpd" and not rep["ok"]
+    assert rc == 1 and rep["family"] == "hpd" and not rep["ok"]
     text = "\n".join(rep["problems"])
     assert "P-MTP head" in text and "language_model.mtp.0.fc.weight" in text
     assert "lacks HPD protocol tokens: <FORK>" in text
