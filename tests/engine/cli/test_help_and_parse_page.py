@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -16,8 +17,13 @@ from tests.conftest import ROOT
 CLI = [sys.executable, "-m", "padoc_ray.cli"]
 
 
-def run_cli(*args, timeout=300):
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def run_cli(capsys, *args) -> types.SimpleNamespace:
+    """``padoc-ray ARGS`` in this process (usage errors and bad input: nothing of a process is tested), as a
+    finished process would report it (returncode, stdout, stderr)."""
+    from tests.helpers.cli import run_main
+
+    rc, out, err = run_main(capsys, *args)
+    return types.SimpleNamespace(returncode=rc, stdout=out, stderr=err)
 
 
 class _OnEngineLoop:
@@ -95,30 +101,32 @@ def test_no_command_prints_help_and_fails(capsys, monkeypatch):
     assert "COMMAND" in capsys.readouterr().out
 
 
-def test_a_page_past_the_end_is_a_usage_error(tiny_model_dir):
+def test_a_page_past_the_end_is_a_usage_error(tiny_model_dir, capsys):
     """memo.pdf has one page: --page 2 is refused before any engine starts."""
-    out = run_cli("parse-page", os.path.join(ROOT, "examples", "memo.pdf"), "--model", tiny_model_dir, "--page", "2")
+    memo = os.path.join(ROOT, "examples", "memo.pdf")
+    out = run_cli(capsys, "parse-page", memo, "--model", tiny_model_dir, "--page", "2")
     assert out.returncode == 2 and "page 2 does not exist in" in out.stderr and out.stdout == ""
 
 
-def test_build_tiny_model_refuses_a_non_empty_dir(tmp_path):
+def test_build_tiny_model_refuses_a_non_empty_dir(tmp_path, capsys):
     (tmp_path / "x").write_text("keep")
-    out = run_cli("build-tiny-model", str(tmp_path))
+    out = run_cli(capsys, "build-tiny-model", str(tmp_path))
     assert out.returncode == 2 and "--force" in out.stderr and (tmp_path / "x").exists()
 
 
-def test_parse_page_bad_inputs_are_clear(tmp_path, tiny_model_dir):
-    out = run_cli("parse-page", str(tmp_path / "missing.pdf"), "--model", tiny_model_dir)
+def test_parse_page_bad_inputs_are_clear(tmp_path, tiny_model_dir, capsys):
+    out = run_cli(capsys, "parse-page", str(tmp_path / "missing.pdf"), "--model", tiny_model_dir)
     assert out.returncode == 2 and "no such file" in out.stderr
-    out = run_cli("parse-page", os.path.join(ROOT, "examples", "memo.pdf"), "--model", str(tmp_path / "nomodel"))
+    memo = os.path.join(ROOT, "examples", "memo.pdf")
+    out = run_cli(capsys, "parse-page", memo, "--model", str(tmp_path / "nomodel"))
     assert out.returncode == 2 and "model directory not found" in out.stderr
     notpdf = tmp_path / "notes.pdf"
     notpdf.write_text("just text")
-    out = run_cli("parse-page", str(notpdf), "--model", tiny_model_dir)
+    out = run_cli(capsys, "parse-page", str(notpdf), "--model", tiny_model_dir)
     assert out.returncode == 1 and "not_pdf" in out.stderr
     empty = tmp_path / "empty.pdf"
     empty.write_bytes(b"")
-    out = run_cli("parse-page", str(empty), "--model", tiny_model_dir)
+    out = run_cli(capsys, "parse-page", str(empty), "--model", tiny_model_dir)
     assert out.returncode == 1 and "empty_file" in out.stderr
 
 
