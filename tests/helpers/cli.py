@@ -4,6 +4,8 @@ tests/engine/cli/test_demo_and_bench_commands.py)."""
 
 from __future__ import annotations
 
+import types
+
 
 def run_main(capsys, *argv: str) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of ``padoc-ray ARGV``; a command that stops with ``SystemExit`` (``die``: the
@@ -17,3 +19,9 @@ def run_main(capsys, *argv: str) -> tuple[int, str, str]:
         rc = e.code
     got = capsys.readouterr()
     return rc, got.out, got.err
+
+
+def run_cli(capsys, *argv: str) -> types.SimpleNamespace:
+    """:func:`run_main`'s result as a finished process reports it (``returncode``, ``stdout``, ``stderr``)."""
+    rc, out, err = run_main(capsys, *argv)
+    return types.SimpleNamespace(returncode=rc, stdout=out, stderr=err)

@@ -8,22 +8,13 @@ import json
 import os
 import subprocess
 import sys
-import types
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers.cli import run_cli
 
 CLI = [sys.executable, "-m", "padoc_ray.cli"]
-
-
-def run_cli(capsys, *args) -> types.SimpleNamespace:
-    """``padoc-ray ARGS`` in this process (usage errors and bad input: nothing of a process is tested), as a
-    finished process would report it (returncode, stdout, stderr)."""
-    from tests.helpers.cli import run_main
-
-    rc, out, err = run_main(capsys, *args)
-    return types.SimpleNamespace(returncode=rc, stdout=out, stderr=err)
 
 
 class _OnEngineLoop:

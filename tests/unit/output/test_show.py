@@ -16,7 +16,7 @@ from padoc_ray.output.rows import PAGE_SCHEMA
 from padoc_ray.output.show import ShowError, category_color, show_page
 
 from tests.helpers.pdf_factory import text_pdf
-from tests.engine.cli.test_help_and_parse_page import run_cli
+from tests.helpers.cli import run_cli
 
 W, H = 306, 396  # the row's image size: a 612x792 pt page rendered at longest side 396
 
@@ -87,9 +87,9 @@ def test_errors_are_specific(output):
         show_page(str(tmp / "empty"), did, 0, str(tmp / "p.png"))
 
 
-def test_cli_exit_codes(output):
+def test_cli_exit_codes(output, capsys):
     tmp, did = output
-    ok = run_cli("show", str(tmp / "out"), "--doc", did, "--page", "0", "--out", str(tmp / "c.png"))
+    ok = run_cli(capsys, "show", str(tmp / "out"), "--doc", did, "--page", "0", "--out", str(tmp / "c.png"))
     assert ok.returncode == 0 and "2 predicted regions" in ok.stdout and (tmp / "c.png").exists()
-    bad = run_cli("show", str(tmp / "out"), "--doc", did, "--page", "3", "--out", str(tmp / "d.png"))
+    bad = run_cli(capsys, "show", str(tmp / "out"), "--doc", did, "--page", "3", "--out", str(tmp / "d.png"))
     assert bad.returncode == 2 and "no row for page 3" in bad.stderr and not (tmp / "d.png").exists()
