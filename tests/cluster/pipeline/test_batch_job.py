@@ -211,17 +211,17 @@ def test_batch_flags_each_show_their_effect(ray_cluster, tiny_model_dir, tmp_pat
     assert cfg["pages"] == [1, 2, 3] and cfg["max_pages_per_doc"] == 2 and cfg["host"]["scheduler"]["deadline_s"] == 4
 
 
-def test_reannotate_compares_modes_and_families_with_the_corpus_and_resumes(ray_cluster, tmp_path, tiny_model_dir,
-                                                                            tiny_hpd_dir, tiny_dots_dir):
+def test_reannotate_compares_the_checkpoint_earlier_sets_and_families_with_the_corpus_and_resumes(
+        ray_cluster, tmp_path, tiny_model_dir, tiny_hpd_dir, tiny_dots_dir):
     """Re-annotation over the example corpus with every kind of prediction set in one run: the padoc
     checkpoint (its default mode, fork), a folder of earlier predictions (``again``), and the hpd and
     dots checkpoints as parsers beside it (``--compare NAME=<checkpoint>``: a batch job each, on the
     module's `ray start` cluster), all teacher-forced by the annotations themselves: every set agrees
     with the corpus and with every other; a page whose source is gone gets a reason; each family's
     rows have the padoc family's schema; a rerun parses nothing again and reproduces the agreement table.
-    (``--modes fork,sequential``, a batch run per mode, each in its mode: test_reannotate_exit_codes in
-    tests/cluster/pipeline/test_shared_outputs_and_caps.py; a sequential batch job on this engine:
-    test_batch_flags_each_show_their_effect above.)"""
+    (``--modes fork,sequential``, a batch run per mode, each in its mode: tests/cluster/pipeline/
+    test_shared_outputs_and_caps.py's test_reannotate_runs_one_batch_per_mode_and_its_exit_codes; a
+    sequential batch job on this engine: test_batch_flags_each_show_their_effect above.)"""
     from padoc_ray.output import rows as page_rows_schema
 
     # the corpus: the examples' pages, each cut to its first 4 regions (agreement needs regions, not whole pages,

@@ -542,7 +542,7 @@ def test_parse_exits_1_when_an_input_is_not_accounted_for_and_2_on_bad_arguments
         assert e.value.code == 2, bad
 
 
-def test_reannotate_exit_codes(tmp_path, monkeypatch, capsys):
+def test_reannotate_runs_one_batch_per_mode_and_its_exit_codes(tmp_path, monkeypatch, capsys):
     from padoc_ray.cli import build_parser
     from padoc_ray.cli.common import EXAMPLES_DIR
     from padoc_ray.cli.batch import reannotate_from_args

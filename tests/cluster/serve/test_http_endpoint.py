@@ -863,8 +863,9 @@ def test_fuzzing_the_openapi_schema_finds_no_5xx(svc, tmp_path):
 
 def test_every_route_of_the_schema_needs_the_token(svc):
     """Default-deny: every path of the OpenAPI schema (with its parameters filled in) answers 401
-    without the token, but the open ones; with a body the route cannot read (broken JSON, a broken
-    multipart form) too: the guard answers before any body is read."""
+    without the token, but the open ones; with a body the route could not read (broken JSON, a broken
+    multipart form) too: 401, never the body's 4xx or a 5xx (that the guard reads no body then:
+    tests/unit/serve/test_guard.py)."""
     schema = requests.get(f"{svc.url}/openapi.json", timeout=30).json()
     open_ = {"/healthz", "/readyz"}
     bodies = ({}, {"data": b'{"content_base64": ', "headers": {"Content-Type": "application/json"}},
