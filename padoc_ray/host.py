@@ -182,6 +182,7 @@ class PageHost:
         self.meter = EngineMeter()
         self.dead: str | None = None  # why the engine died, once it has
         self.pages_running = 0
+        #: records this host returned (ok or not, prepared or refused before the engine): what its metric counts
         self.pages_done = 0
         self.pages_admitted = 0  #: admission order of pages (SchedulerConfig.page_priority)
         self.started = False
@@ -278,6 +279,7 @@ class PageHost:
         :class:`EngineDeadError` (the engine is gone) and :class:`asyncio.CancelledError`.
         ``on_event`` receives its region events as they happen (see :meth:`events`)."""
         rec = await self._parse(page, on_event)
+        self.pages_done += 1  # one home with the metric: the stat and ray_padoc_pages_total{stage="engine"} agree
         metrics.get().page(rec)
         return rec
 
@@ -348,7 +350,6 @@ class PageHost:
                                    page.page_index)
             finally:
                 self._in_flight(-1)
-        self.pages_done += 1
         return rec
 
     def _input(self, page: PageRequest, page_id: str, cache_salt: str) -> PageInput:

@@ -160,18 +160,22 @@ class Service:
                                  timeout=http_timeout)
 
     def engine_stats(self) -> dict:
-        """The engine replica's counts (``pages_done`` counts pages the engine finished, not result files);
-        /readyz shows them to an authenticated caller only."""
+        """The engine replica's counts (``pages_done`` counts the page records its host returned, a page
+        refused before the engine included, not result files); /readyz shows them to an authenticated
+        caller only."""
         r = requests.get(f"{self.url}/readyz", headers=self.headers, timeout=60)
         assert r.status_code == 200, r.text
         return r.json()["engine"]
 
-    def wait_engine_idle(self, timeout=30) -> dict:
+    def wait_engine_idle(self, timeout=60) -> dict:
+        """The engine replica's counts once no page runs and no request is unfinished; fails after
+        ``timeout`` s (counts read while a page still runs would race what the caller compares them with)."""
         end = time.monotonic() + timeout
         while True:
             st = self.engine_stats()
-            if (st["unfinished_requests"] == 0 and st["pages_running"] == 0) or time.monotonic() > end:
+            if st["unfinished_requests"] == 0 and st["pages_running"] == 0:
                 return st
+            assert time.monotonic() < end, f"the engine still had work after {timeout} s: {st}"
             time.sleep(0.3)
 
 
@@ -682,7 +686,7 @@ def test_a_client_that_disconnects_mid_parse_leaves_no_engine_work(svc, long_doc
     assert busy is not None, "the request never reached the engine"
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
-    st = svc.wait_engine_idle(timeout=30)
+    st = svc.wait_engine_idle()
     assert st["unfinished_requests"] == 0 and st["pages_running"] == 0, st
     assert st["pages_done"] - busy["pages_done"] < 20  # it stopped: not every page was parsed
 
@@ -779,7 +783,7 @@ def test_deleting_a_job_stops_its_engine_work(svc, long_doc):
     at_cancel = svc.engine_stats()["pages_done"]
     assert r.status_code == 200 and r.json()["status"] in ("cancelling", "cancelled"), r.text
     st = _wait_job(svc, job["id"], lambda s: s["status"] == "cancelled", timeout=60)
-    idle = svc.wait_engine_idle(timeout=30)
+    idle = svc.wait_engine_idle()
     assert idle["unfinished_requests"] == 0 and idle["pages_running"] == 0
     # the engine finished (almost) nothing after the cancel: without it, the job's other pages would run
     assert idle["pages_done"] - at_cancel <= 2 < LONG_PAGES - st["pages_done"], (at_cancel, idle, st)
@@ -999,9 +1003,9 @@ def test_a_tokenless_service_answers_only_to_its_own_names(tight, svc):
 
 
 def test_serves_metrics_count_each_page_once(svc):
-    """Scraped from the service's Prometheus endpoint (`--metrics-port`): every page the engine
-    finished counted once (the engine host counts it; the ingress does not count it again), and the
-    HTTP requests by route and code."""
+    """Scraped from the service's Prometheus endpoint (`--metrics-port`): every page record the engine
+    host returned counted once, as ``pages_done`` counts it (the engine host counts it; the ingress does
+    not count it again), and the HTTP requests by route and code."""
     svc.parse(os.path.join(EXAMPLES, "paper.pdf"))
     done = svc.wait_engine_idle()["pages_done"]
     end = time.monotonic() + 90  # workers push every 10 s

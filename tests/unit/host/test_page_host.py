@@ -71,6 +71,26 @@ def test_an_undecodable_image_is_one_error_record():
     assert rec.status != "image_unreadable"
 
 
+def test_pages_done_counts_every_record_the_metric_counts(monkeypatch):
+    """The host's ``pages_done`` (what /readyz shows) and its pages metric count the same records: a
+    page refused before the engine (an undecodable image, a mode the family lacks) counts in both."""
+    from padoc_ray import metrics
+
+    counted = []
+
+    class Pages(metrics.Recorder):
+        def page(self, rec):
+            counted.append(rec.status)
+
+    monkeypatch.setattr(metrics, "get", lambda: Pages())
+    h = host(ScriptedEngine(), truth={("doc.pdf", 0): page(2)})
+    asyncio.run(h.parse(hp()))
+    asyncio.run(h.parse(hp(index=1, image=None, image_bytes=b"not an image", width=10, height=10)))
+    asyncio.run(h.parse(hp(index=2, mode="nonsense")))
+    assert counted == ["ok", "image_unreadable", "internal_error"]
+    assert h.pages_done == len(counted) == h.stats()["pages_done"]
+
+
 def test_an_engine_death_is_fatal_to_the_host_and_only_then():
     eng = ScriptedEngine(fail=lambda req: EngineDeadError("gone"))
     h = host(eng)
