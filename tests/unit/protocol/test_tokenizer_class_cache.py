@@ -11,8 +11,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
-
 from tests.conftest import _env
 
 #: what the child prints of each tokenizer it loads (argv: DIR=1 to trust the checkpoint's code, DIR=0 not), in
