@@ -23,6 +23,9 @@ import dataclasses
 import logging
 import logging.handlers
 import os
+import shutil
+import tempfile
+import weakref
 from typing import AsyncIterator, Sequence
 
 from . import memory
@@ -168,19 +171,35 @@ SPAWN_BOOT_PARENT = "PADOC_RAY_SPAWN_BOOT_PARENT"
 
 
 @contextlib.contextmanager
-def _spawn_env(cfg: EngineConfig):
+def _spawn_env(cfg: EngineConfig, temp_dir: str | None = None):
     """OMP_NUM_THREADS, ONEDNN_PRIMITIVE_CACHE_CAPACITY and LD_PRELOAD (``cfg.allocator``) for the
-    engine processes spawned inside the block (a spawned process reads them when it starts), and the
-    start-up folder (:data:`SPAWN_BOOT`: the collector paused while they import vLLM). Yields the
-    LD_PRELOAD they get (None: this process's, unchanged)."""
+    engine processes spawned inside the block (a spawned process reads them when it starts), the
+    start-up folder (:data:`SPAWN_BOOT`: the collector paused while they import vLLM), and TMPDIR
+    ``temp_dir`` when given (the engine's own temp folder, see :class:`VllmEngine`; torch.compile's cache
+    stays where it was). Yields the LD_PRELOAD they get (None: this process's, unchanged)."""
     cache = None if cfg.onednn_primitive_cache is None else str(cfg.onednn_primitive_cache)
     preload = _preload(cfg.allocator)
     path = os.pathsep.join(p for p in (SPAWN_BOOT, os.environ.get("PYTHONPATH")) if p)
+    tempfile.gettempdir()  # this process's own temp folder, chosen (and kept: Python caches it) before TMPDIR moves
     with scoped_env("OMP_NUM_THREADS", None if cfg.cpu_threads is None else str(cfg.cpu_threads)), \
             scoped_env("ONEDNN_PRIMITIVE_CACHE_CAPACITY", cache), \
-            scoped_env("LD_PRELOAD", preload), \
+            scoped_env("LD_PRELOAD", preload), scoped_env("TMPDIR", temp_dir), \
+            scoped_env("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir() if temp_dir else None), \
             scoped_env("PYTHONPATH", path), scoped_env(SPAWN_BOOT_PARENT, str(os.getpid())):
         yield preload
+
+
+def _inductor_cache_dir() -> str | None:
+    """Where torch.compile's kernels are cached for this process (TORCHINDUCTOR_CACHE_DIR, else torch's
+    default, a folder in the temp folder): the engine processes keep it, not their own temp folder's,
+    so what one engine compiled (on a GPU) is still there for the next one. None: torch decides."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # another torch: its own default, then in the engine's temp folder
+        return None
+    return default_cache_dir()
 
 
 def _preload(allocator: str | None) -> str | None:
@@ -231,9 +250,11 @@ def _kept_memory_handlers():
 
 #: seconds vLLM gives its engine core process to exit after SIGTERM before it kills it, on CPU. The
 #: core leaves its loop at once and then sits in teardown until vLLM's default 5 s grace runs out
-#: (vLLM 0.32, tiny model: every shutdown took 5.0 s, then "force killing remaining process"). On
-#: CPU nothing outlives the process; on a GPU vLLM's default stands (device memory must be released).
-CPU_SHUTDOWN_GRACE_S = 1.0
+#: (vLLM 0.32, tiny model: every shutdown took 5.0 s, then "force killing remaining process"); with a
+#: 1 s grace it still was killed every time, after a second of CPU in its collector; with 0.25 s, 0.35
+#: CPU-s. On CPU nothing outlives the process (what the core leaves in its temp folder goes with the
+#: folder: :class:`VllmEngine`); on a GPU vLLM's default stands (device memory must be released).
+CPU_SHUTDOWN_GRACE_S = 0.25
 
 
 def _first_token_s(out) -> float | None:
@@ -272,11 +293,22 @@ def _counting_logger(sink: dict):
 
 class VllmEngine:
     """Hosts one ``AsyncLLM`` (its engine core runs in a spawned process: entry scripts need an
-    ``if __name__ == "__main__":`` guard). Create it inside the event loop that will drive it."""
+    ``if __name__ == "__main__":`` guard). Create it inside the event loop that will drive it.
+
+    The engine's processes get a temp folder of their own (TMPDIR: :attr:`temp_dir`), removed at
+    :meth:`shutdown` (or when the engine is collected, or at exit): the engine core puts its
+    ``torch.distributed`` file store there (``vllm_dist_<uuid>``), which it never removes itself when
+    vLLM kills it at shutdown or it dies, so each engine start left one file in /tmp."""
 
     def __init__(self, cfg: EngineConfig):
-        with memory.paused_gc():  # vLLM's import and the engine's start: 1.7-2 CPU-s less (see memory)
-            self._start(cfg)
+        self.temp_dir = tempfile.mkdtemp(prefix="padoc-engine-")
+        self._remove_temp_dir = weakref.finalize(self, shutil.rmtree, self.temp_dir, True)
+        try:
+            with memory.paused_gc():  # vLLM's import and the engine's start: 1.7-2 CPU-s less (see memory)
+                self._start(cfg)
+        except BaseException:
+            self._remove_temp_dir()
+            raise
 
     def _start(self, cfg: EngineConfig) -> None:
         if "VLLM_CPU_KVCACHE_SPACE" in os.environ and cfg.kv_cache_memory_bytes is not None:
@@ -292,7 +324,7 @@ class VllmEngine:
         #: what it did: releases, and RSS bytes returned here (frontend) and in vLLM's workers (engine)
         self.heap_releases = {"releases": 0, "frontend_bytes": 0, "engine_bytes": 0}
         self._fault = EngineFault.from_env()  # test-only (padoc_ray.engine.faults); None normally
-        with _spawn_env(cfg) as preload, _kept_memory_handlers():
+        with _spawn_env(cfg, self.temp_dir) as preload, _kept_memory_handlers():
             #: "v1" | "v2": vLLM's choice for this configuration, read from its own config
             self.runner = engine_runner(cfg)
             #: this engine's own counters (Prometheus's registry is process-wide: a second engine in
@@ -492,3 +524,4 @@ class VllmEngine:
 
             llm.shutdown(timeout=CPU_SHUTDOWN_GRACE_S if current_platform.is_cpu() else None)
             del llm  # let AsyncLLM.__del__ run now, not at interpreter exit
+        self._remove_temp_dir()  # the engine core is gone (vLLM waited for it or killed it)

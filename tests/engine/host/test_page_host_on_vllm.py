@@ -53,7 +53,8 @@ def test_a_sigkilled_engine_core_is_an_engine_death_within_seconds(tiny_model_di
     AsyncLLM) is SIGKILLed while pages run on an engine of this test's own. Every page then ends
     with EngineDeadError, none hangs, within a bound (vLLM's own engine-core monitor notices: about
     0.1 s measured here; the bound is 60 s), and the host refuses every later page at once: before it
-    is admitted, so nothing of it reaches the engine."""
+    is admitted, so nothing of it reaches the engine. The engine core kept its files in the engine's own
+    temp folder, which is gone once the host shut down (the killed core could not remove its file store)."""
     import signal
     import time
 
@@ -72,6 +73,8 @@ def test_a_sigkilled_engine_core_is_an_engine_death_within_seconds(tiny_model_di
         try:
             cores = sorted(set(engine_core_pids()) - before)
             assert len(cores) == 1, cores  # this engine's core: one process, a child of this one
+            # the core's torch.distributed file store: in the engine's temp folder (its TMPDIR), not /tmp
+            assert glob.glob(os.path.join(host.engine.temp_dir, "vllm_dist_*")), os.listdir(host.engine.temp_dir)
             first = await host.parse(pages[0])  # the engine works before the crash
             assert first.status == "ok", first.message
             tasks = [asyncio.create_task(host.parse(p)) for p in pages * 3]
@@ -93,10 +96,12 @@ def test_a_sigkilled_engine_core_is_an_engine_death_within_seconds(tiny_model_di
             assert host.pages_admitted == admitted  # refused before it was admitted: no request of it was made
             assert not psutil.pid_exists(cores[0]) or psutil.Process(cores[0]).status() == psutil.STATUS_ZOMBIE
         finally:
+            temp_dir = host.engine.temp_dir
             host.shutdown()
             await asyncio.sleep(0.1)
+        return temp_dir
 
-    asyncio.run(go())
+    assert not os.path.exists(asyncio.run(go()))
 
 
 def test_engine_fault_spec(monkeypatch, tmp_path):
