@@ -296,8 +296,7 @@ class VllmEngine:
     ``if __name__ == "__main__":`` guard). Create it inside the event loop that will drive it.
 
     The engine's processes get a temp folder of their own (TMPDIR: :attr:`temp_dir`), removed at
-    :meth:`shutdown`, when the engine core is found dead, or when the engine is collected or the process
-    exits (a process killed outright leaves it): the engine core puts its
+    :meth:`shutdown` (or when the engine is collected, or at exit): the engine core puts its
     ``torch.distributed`` file store there (``vllm_dist_<uuid>``), which it never removes itself when
     vLLM kills it at shutdown or it dies, so each engine start left one file in /tmp."""
 
@@ -446,9 +445,6 @@ class VllmEngine:
         from vllm.v1.engine.exceptions import EngineDeadError as VllmDead
 
         if isinstance(e, VllmDead) or (self.llm is not None and self.llm.errored):
-            # its core is gone, and nothing else uses its temp folder: remove it now (an engine whose core
-            # died is often never shut down: its process is replaced, an engine actor restarted by Ray)
-            self._remove_temp_dir()
             return EngineDeadError(f"vLLM engine died: {e}")
         if isinstance(e, (ValueError, TypeError)) or type(e).__name__ in (
                 "VLLMValidationError", "VLLMClientError", "GracefulHTTPError"):  # validation: too long, bad params

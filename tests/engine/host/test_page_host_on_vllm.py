@@ -54,8 +54,7 @@ def test_a_sigkilled_engine_core_is_an_engine_death_within_seconds(tiny_model_di
     with EngineDeadError, none hangs, within a bound (vLLM's own engine-core monitor notices: about
     0.1 s measured here; the bound is 60 s), and the host refuses every later page at once: before it
     is admitted, so nothing of it reaches the engine. The engine core kept its files in the engine's own
-    temp folder, which is gone once the engine is found dead (the killed core could not remove its file
-    store, and an engine actor whose engine died is restarted, not shut down)."""
+    temp folder, which is gone once the host shut down (the killed core could not remove its file store)."""
     import signal
     import time
 
@@ -89,7 +88,6 @@ def test_a_sigkilled_engine_core_is_an_engine_death_within_seconds(tiny_model_di
             print(f"engine core SIGKILL -> every page ended in {detect_s:.3f} s")
             errors = [r for r in done if isinstance(r, BaseException)]
             assert errors and all(isinstance(e, EngineDeadError) for e in errors), [repr(e) for e in errors]
-            assert not os.path.exists(host.engine.temp_dir)  # removed once the engine was found dead
             assert all(r.status == "ok" for r in done if not isinstance(r, BaseException))  # done before the kill
             assert host.dead is not None and host.engine.llm.errored
             admitted = host.pages_admitted
