@@ -268,10 +268,10 @@ class PageHost:
             raise
 
     def _check_alive(self) -> None:
+        if self.dead is not None:  # first: a host whose dead engine was shut down is still a dead one
+            raise EngineDeadError(f"the engine died earlier: {self.dead}")
         if not self.started:
             raise RuntimeError("PageHost.start() was not awaited")
-        if self.dead is not None:
-            raise EngineDeadError(f"the engine died earlier: {self.dead}")
 
     # ---- pages ------------------------------------------------------------------------------------------
     async def parse(self, page: PageRequest, *, on_event: EventSink | None = None) -> PageRecord:

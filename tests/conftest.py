@@ -75,6 +75,16 @@ def own_model_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def no_ray_usage_stats():
+    """Ray's usage statistics off for every cluster, driver and command the run starts (the machine
+    reaches no Ray server; Ray Data starts a collection actor on each cluster for them, about 5 CPU-s
+    each). Set before any Ray cluster starts, as the caches above."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def own_tokenizer_cache(tmp_path_factory):
     """The tokenizer classes the run's checkpoints resolve to are remembered in a folder of this session
     (never ~/.cache/padoc-ray/tokenizer-classes): each worker's first load of a checkpoint goes through

@@ -176,7 +176,8 @@ def _spawn_env(cfg: EngineConfig, temp_dir: str | None = None):
     engine processes spawned inside the block (a spawned process reads them when it starts), the
     start-up folder (:data:`SPAWN_BOOT`: the collector paused while they import vLLM), and TMPDIR
     ``temp_dir`` when given (the engine's own temp folder, see :class:`VllmEngine`; torch.compile's cache
-    stays where it was). Yields the LD_PRELOAD they get (None: this process's, unchanged)."""
+    stays where it was; vLLM's ZeroMQ sockets there too, see :func:`_rpc_base_path`). Yields the LD_PRELOAD
+    they get (None: this process's, unchanged)."""
     cache = None if cfg.onednn_primitive_cache is None else str(cfg.onednn_primitive_cache)
     preload = _preload(cfg.allocator)
     path = os.pathsep.join(p for p in (SPAWN_BOOT, os.environ.get("PYTHONPATH")) if p)
@@ -185,8 +186,28 @@ def _spawn_env(cfg: EngineConfig, temp_dir: str | None = None):
             scoped_env("ONEDNN_PRIMITIVE_CACHE_CAPACITY", cache), \
             scoped_env("LD_PRELOAD", preload), scoped_env("TMPDIR", temp_dir), \
             scoped_env("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir() if temp_dir else None), \
+            scoped_env("VLLM_RPC_BASE_PATH", _rpc_base_path(temp_dir)), \
             scoped_env("PYTHONPATH", path), scoped_env(SPAWN_BOOT_PARENT, str(os.getpid())):
         yield preload
+
+
+#: the longest path of a Unix socket (``sun_path`` holds 108 bytes with its terminating zero)
+UNIX_SOCKET_PATH_MAX = 107
+#: what vLLM appends to its socket folder: ``/<uuid4>``
+_RPC_NAME_LEN = 37
+
+
+def _rpc_base_path(temp_dir: str | None) -> str | None:
+    """Where vLLM binds the ZeroMQ sockets between the engine's processes (``VLLM_RPC_BASE_PATH``): the
+    engine's own temp folder, removed with it. By default vLLM binds three in the temp folder and leaves
+    their files behind even after a clean shutdown (one engine start, three files in /tmp). None (vLLM's
+    own choice): no ``temp_dir``, the user set the variable, or a socket there would pass the length that
+    Unix sockets allow."""
+    if temp_dir is None or os.environ.get("VLLM_RPC_BASE_PATH"):
+        return None
+    if len(os.fsencode(temp_dir)) + _RPC_NAME_LEN > UNIX_SOCKET_PATH_MAX:
+        return None
+    return temp_dir
 
 
 def _inductor_cache_dir() -> str | None:
@@ -298,7 +319,8 @@ class VllmEngine:
     The engine's processes get a temp folder of their own (TMPDIR: :attr:`temp_dir`), removed at
     :meth:`shutdown` (or when the engine is collected, or at exit): the engine core puts its
     ``torch.distributed`` file store there (``vllm_dist_<uuid>``), which it never removes itself when
-    vLLM kills it at shutdown or it dies, so each engine start left one file in /tmp."""
+    vLLM kills it at shutdown or it dies, and vLLM binds the sockets between the processes there, whose
+    files it leaves even after a clean shutdown: each engine start left four files in /tmp."""
 
     def __init__(self, cfg: EngineConfig):
         self.temp_dir = tempfile.mkdtemp(prefix="padoc-engine-")

@@ -59,7 +59,10 @@ class EngineReplica:
         return self.host.stats()
 
     async def check_health(self) -> None:
+        """Serve replaces a replica whose check raises, killing its process outright: an engine found dead
+        is shut down first (its core ended if it still runs, its temp folder removed)."""
         if self.host.dead is not None:
+            self.host.shutdown()
             raise RuntimeError(f"engine died: {self.host.dead}")
 
     def __del__(self):

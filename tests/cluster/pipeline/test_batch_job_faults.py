@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from datetime import datetime, timezone
 
@@ -66,13 +67,18 @@ def test_an_engine_crash_restarts_the_actor_and_every_page_lands_once(ray_cluste
     page written exactly once, all ok, some of them after the crash. --max-live-branches rides along
     (every page still completes). Each page is forced to its first 4 regions (4 branches, one more than
     --max-live-branches): the test is about the actors, and a full page's decoding only made each
-    actor's share longer. (An actor process killed from outside: the no-op run below.)"""
+    actor's share longer. The actor whose engine died shuts it down before it exits: no engine leaves
+    its temp folder or a socket in the job's temp folder. (An actor process killed from outside: the
+    no-op run below.)"""
     n = 2  # 10 pages, 50 requests (a page's layout stream and its 4 branches)
     example_copies(tmp_path / "in", n)
     gt = gt_for_copies(tmp_path / "gt.json", n, regions=4)
     out, marker = tmp_path / "out", tmp_path / "engine_died"
+    # the job's temp folder, where each engine makes its own (VllmEngine.temp_dir); short, as in /tmp, so that
+    # vLLM's sockets fit in the engine's folder (a Unix socket's path has at most 107 bytes)
+    temp = tempfile.mkdtemp(prefix="padoc-test-job-")
     fault = {"die_at_request": 12, "once": str(marker), "how": "kill_engine_core"}
-    runtime_env = {"env_vars": {"PADOC_RAY_ENGINE_FAULTS": json.dumps(fault)},
+    runtime_env = {"env_vars": {"PADOC_RAY_ENGINE_FAULTS": json.dumps(fault), "TMPDIR": temp},
                    "excludes": [".venv", "models", "out", ".git", "*.parquet"]}
     cmd = [os.path.join(BIN, "ray"), "job", "submit", "--address", ray_cluster["dashboard"], "--working-dir", ROOT,
            "--runtime-env-json", json.dumps(runtime_env), "--", "python", "jobs/batch_parse.py",
@@ -90,6 +96,8 @@ def test_an_engine_crash_restarts_the_actor_and_every_page_lands_once(ray_cluste
     finally:
         stop_session(proc)
         log.close()
+        left = os.listdir(temp)
+        shutil.rmtree(temp, ignore_errors=True)
     text = open(tmp_path / "job.log").read()
     assert rc == 0, text[-4000:]
     # the engine died in the first actor, which exited; Ray started another, which finished the pages
@@ -104,6 +112,10 @@ def test_an_engine_crash_restarts_the_actor_and_every_page_lands_once(ray_cluste
     crash_time = datetime.fromtimestamp(os.path.getmtime(marker), timezone.utc)  # written as the fault fires
     assert sum(r["processed_at"] > crash_time for r in rows) >= 1  # parsed after the crash, by the new actor
     assert json.load(open(out / "summary.json"))["config"]["host"]["max_live_branches"] == 3
+    # the actor whose engine died shut it down before exiting, as the other one did at the job's end: no engine's
+    # temp folder (its core's file store, the sockets between its processes) is left behind, nor a socket
+    assert not [p for p in left if p.startswith("padoc-engine-")], left
+    assert not [p for p in left if len(p) == 36 and p.count("-") == 4], left  # vLLM's sockets: uuid4 names
 
 
 def test_a_killed_actor_and_an_interrupted_driver_complete_on_rerun_without_duplicates(ray_cluster, tiny_model_dir,

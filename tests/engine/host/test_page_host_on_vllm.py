@@ -54,27 +54,37 @@ def test_a_sigkilled_engine_core_is_an_engine_death_within_seconds(tiny_model_di
     with EngineDeadError, none hangs, within a bound (vLLM's own engine-core monitor notices: about
     0.1 s measured here; the bound is 60 s), and the host refuses every later page at once: before it
     is admitted, so nothing of it reaches the engine. The engine core kept its files in the engine's own
-    temp folder, which is gone once the host shut down (the killed core could not remove its file store)."""
+    temp folder, which is gone once the host shut down (the killed core could not remove its file store),
+    and so are the sockets between its processes, bound there. Serve's health check of the host fails and
+    shuts the dead engine down itself."""
     import signal
+    import stat
     import time
 
     import psutil
 
     from padoc_ray.engine.faults import engine_core_pids
     from padoc_ray.engine.interface import EngineDeadError
+    from padoc_ray.serve.engine import EngineReplica
 
     truth = load_truth(os.path.join(ROOT, "examples", "ground_truth.json"))
     pages = [it.page for it in load_pages(sorted(glob.glob(os.path.join(ROOT, "examples", "*.pdf"))))]
     host = PageHost(tiny_model_dir, HostConfig(pages_in_flight=4), truth=truth)
+    temp_dir = None
 
     async def go():
         before = set(engine_core_pids())  # the session's shared engine, if a test started it
         await host.start()
         try:
+            nonlocal temp_dir
+            temp_dir = host.engine.temp_dir
             cores = sorted(set(engine_core_pids()) - before)
             assert len(cores) == 1, cores  # this engine's core: one process, a child of this one
             # the core's torch.distributed file store: in the engine's temp folder (its TMPDIR), not /tmp
             assert glob.glob(os.path.join(host.engine.temp_dir, "vllm_dist_*")), os.listdir(host.engine.temp_dir)
+            # and the sockets between the engine's processes (vLLM leaves their files even after a clean shutdown)
+            kept = [p for p in glob.glob(os.path.join(host.engine.temp_dir, "*")) if stat.S_ISSOCK(os.lstat(p).st_mode)]
+            assert len(kept) >= 2, os.listdir(host.engine.temp_dir)
             first = await host.parse(pages[0])  # the engine works before the crash
             assert first.status == "ok", first.message
             tasks = [asyncio.create_task(host.parse(p)) for p in pages * 3]
@@ -95,13 +105,21 @@ def test_a_sigkilled_engine_core_is_an_engine_death_within_seconds(tiny_model_di
                 await host.parse(pages[0])
             assert host.pages_admitted == admitted  # refused before it was admitted: no request of it was made
             assert not psutil.pid_exists(cores[0]) or psutil.Process(cores[0]).status() == psutil.STATUS_ZOMBIE
+            # Serve's health check on this host (an engine replica's): it fails, and shuts the dead engine down
+            # first (Serve then kills the replica's process outright, which would leave the folder behind)
+            replica = EngineReplica.__new__(EngineReplica)  # its __init__ starts a host of its own
+            replica.host = host
+            with pytest.raises(RuntimeError, match="engine died"):
+                await replica.check_health()
+            assert host.engine is None and not os.path.exists(temp_dir)
+            with pytest.raises(EngineDeadError, match="died earlier"):  # still dead, not "not started"
+                await host.parse(pages[0])
         finally:
-            temp_dir = host.engine.temp_dir
             host.shutdown()
             await asyncio.sleep(0.1)
-        return temp_dir
 
-    assert not os.path.exists(asyncio.run(go()))
+    asyncio.run(go())
+    assert not os.path.exists(temp_dir)
 
 
 def test_engine_fault_spec(monkeypatch, tmp_path):

@@ -164,6 +164,30 @@ def test_the_engine_processes_get_onednns_kernel_cache_cap(tiny_model_dir, monke
         assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
 
 
+def test_the_engine_processes_bind_their_sockets_in_the_engines_temp_folder(tiny_model_dir, monkeypatch, tmp_path):
+    """vLLM's ZeroMQ sockets (VLLM_RPC_BASE_PATH) go in the engine's temp folder while its processes start,
+    so they are removed with it; a folder the user chose stands, and so does vLLM's default where a
+    socket's path would be longer than Unix allows. (The real engine: tests/engine/host/test_page_host_on_vllm.py.)"""
+    from padoc_ray.engine.vllm_engine import UNIX_SOCKET_PATH_MAX, _spawn_env
+
+    cfg = cpu_engine_config(tiny_model_dir)
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
+    with _spawn_env(cfg, str(tmp_path)):
+        assert os.environ["VLLM_RPC_BASE_PATH"] == str(tmp_path) and os.environ["TMPDIR"] == str(tmp_path)
+    assert "VLLM_RPC_BASE_PATH" not in os.environ
+    with _spawn_env(cfg):  # no folder of its own: vLLM's default
+        assert "VLLM_RPC_BASE_PATH" not in os.environ
+    longest = tmp_path / ("d" * (UNIX_SOCKET_PATH_MAX - len(str(tmp_path)) - 1 - 37))  # + "/<uuid4>": 107 bytes
+    too_long = str(longest) + "x"
+    with _spawn_env(cfg, str(longest)):
+        assert os.environ["VLLM_RPC_BASE_PATH"] == str(longest)
+    with _spawn_env(cfg, too_long):
+        assert "VLLM_RPC_BASE_PATH" not in os.environ and os.environ["TMPDIR"] == too_long
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", "/run/mine")
+    with _spawn_env(cfg, str(tmp_path)):
+        assert os.environ["VLLM_RPC_BASE_PATH"] == "/run/mine"
+
+
 def test_the_heap_release_is_on_by_default_and_its_extension_reaches_vllm(tiny_model_dir):
     from padoc_ray.engine.memory import EXTENSION, FreeHeapExtension, RPC_METHOD
     from padoc_ray.engine.vllm_engine import engine_kwargs
