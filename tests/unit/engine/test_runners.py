@@ -164,27 +164,28 @@ def test_the_engine_processes_get_onednns_kernel_cache_cap(tiny_model_dir, monke
         assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
 
 
-def test_the_engine_processes_bind_their_sockets_in_the_engines_temp_folder(tiny_model_dir, monkeypatch, tmp_path):
+def test_the_engine_processes_bind_their_sockets_in_the_engines_temp_folder(tiny_model_dir, monkeypatch):
     """vLLM's ZeroMQ sockets (VLLM_RPC_BASE_PATH) go in the engine's temp folder while its processes start,
     so they are removed with it; a folder the user chose stands, and so does vLLM's default where a
     socket's path would be longer than Unix allows. (The real engine: tests/engine/host/test_page_host_on_vllm.py.)"""
     from padoc_ray.engine.vllm_engine import UNIX_SOCKET_PATH_MAX, _spawn_env
 
     cfg = cpu_engine_config(tiny_model_dir)
+    folder = "/tmp/padoc-engine-k2x9q1zw"  # what tempfile.mkdtemp makes in /tmp (the block only names it)
     monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
-    with _spawn_env(cfg, str(tmp_path)):
-        assert os.environ["VLLM_RPC_BASE_PATH"] == str(tmp_path) and os.environ["TMPDIR"] == str(tmp_path)
+    with _spawn_env(cfg, folder):
+        assert os.environ["VLLM_RPC_BASE_PATH"] == folder and os.environ["TMPDIR"] == folder
     assert "VLLM_RPC_BASE_PATH" not in os.environ
     with _spawn_env(cfg):  # no folder of its own: vLLM's default
         assert "VLLM_RPC_BASE_PATH" not in os.environ
-    longest = tmp_path / ("d" * (UNIX_SOCKET_PATH_MAX - len(str(tmp_path)) - 1 - 37))  # + "/<uuid4>": 107 bytes
-    too_long = str(longest) + "x"
-    with _spawn_env(cfg, str(longest)):
-        assert os.environ["VLLM_RPC_BASE_PATH"] == str(longest)
-    with _spawn_env(cfg, too_long):
+    longest = folder + "d" * (UNIX_SOCKET_PATH_MAX - len(folder) - 37)  # + "/<uuid4>": 107 bytes
+    too_long = longest + "x"
+    with _spawn_env(cfg, longest):
+        assert os.environ["VLLM_RPC_BASE_PATH"] == longest
+    with _spawn_env(cfg, too_long):  # a long TMPDIR: the folder still, the sockets where vLLM puts them
         assert "VLLM_RPC_BASE_PATH" not in os.environ and os.environ["TMPDIR"] == too_long
     monkeypatch.setenv("VLLM_RPC_BASE_PATH", "/run/mine")
-    with _spawn_env(cfg, str(tmp_path)):
+    with _spawn_env(cfg, folder):
         assert os.environ["VLLM_RPC_BASE_PATH"] == "/run/mine"
 
 
