@@ -241,6 +241,16 @@ class PageHost:
         self.engine = None
         self.started = False
 
+    def shutdown_dead_engine(self) -> None:
+        """:meth:`shutdown` for a host whose engine died, just before the process hosting it goes (a batch
+        engine actor's ``os._exit``, Serve's kill of an engine replica whose health check failed, neither of
+        which runs a finalizer): the engine's core ends if it still runs and its temp folder goes. Never
+        raises: the process goes either way (a failure is logged)."""
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001 - the caller exits or fails its health check next
+            logger.exception("shutting the dead engine down failed")
+
     # ---- state ------------------------------------------------------------------------------------------
     def unfinished_requests(self) -> int:
         return self.engine.num_unfinished_requests() if self.engine is not None else 0

@@ -311,12 +311,10 @@ def plot_report(report: dict, out_dir: str) -> list[str]:
     names = []
     for key, label, name in PLOTS:
         fig, ax = plt.subplots(figsize=(5, 3.6), dpi=110)
-        drawn = 0
         for m in [m for m in MODES_ORDER if any(r["mode"] == m for r in rows)]:
             pts = sorted((r["concurrency"], r[key]) for r in rows if r["mode"] == m and r[key] is not None)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
-                drawn += 1
         ax.set_xscale("log", base=2)
         cs = sorted({r["concurrency"] for r in rows})
         ax.set_xticks(cs, [str(c) for c in cs])
@@ -324,7 +322,7 @@ def plot_report(report: dict, out_dir: str) -> list[str]:
         ax.set_ylabel(label)
         ax.set_title(f"{label} vs concurrency ({report['config']['target']})", fontsize=9)
         ax.grid(True, alpha=0.3)
-        if drawn:
+        if ax.get_lines():
             ax.legend()
         else:  # e.g. P95 latency of valid pages where no page was valid: say so, not an empty legend
             ax.text(0.5, 0.5, f"no {label} in this run", transform=ax.transAxes, ha="center", va="center")

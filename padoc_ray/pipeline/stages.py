@@ -179,16 +179,6 @@ class EngineStage:
             self.host = await PageHost.from_config(self.cfg.model, self.cfg.engines.host, self.cfg.storage,
                                                    self.cfg.replay_gt)
 
-    def _shutdown_dead_host(self) -> None:
-        """Before the actor exits for an engine death: shut the engine down, which ends its core if it
-        still runs and removes the engine's temp folder (``os._exit`` runs no finalizer). It must not keep
-        the actor from exiting: any error is logged, and vLLM bounds its own wait for the core."""
-        try:
-            if self.host is not None:
-                self.host.shutdown()
-        except Exception:  # noqa: BLE001 - the actor exits either way
-            logger.exception("shutting the dead engine down failed")
-
     async def __call__(self, batch: pa.Table) -> AsyncIterator[pa.Table]:
         from padoc_ray.engine.interface import EngineDeadError
 
@@ -204,7 +194,8 @@ class EngineStage:
             out = [await t for t in tasks]
         except EngineDeadError:
             logger.exception("engine died in actor pid %d: exiting so Ray restarts the actor", os.getpid())
-            self._shutdown_dead_host()
+            if self.host is not None:
+                self.host.shutdown_dead_engine()  # os._exit runs no finalizer: the engine's folder would stay
             os._exit(1)
         for r in metas:  # once the batch's output exists: a batch retried after an engine death counts once
             record_render(r)

@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 from typing import AsyncIterator
 
 from padoc_ray.serve.config import ServeConfig
 from padoc_ray.serve.runner import EngineBusy
-
-logger = logging.getLogger(__name__)
 
 
 class EngineReplica:
@@ -65,10 +62,7 @@ class EngineReplica:
         """Serve replaces a replica whose check raises, killing its process outright: an engine found dead
         is shut down first (its core ended if it still runs, its temp folder removed)."""
         if self.host.dead is not None:
-            try:
-                self.host.shutdown()
-            except Exception:  # noqa: BLE001 - the check fails either way, for the engine's death
-                logger.exception("shutting the dead engine down failed")
+            self.host.shutdown_dead_engine()
             raise RuntimeError(f"engine died: {self.host.dead}")
 
     def __del__(self):

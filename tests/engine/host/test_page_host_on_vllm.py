@@ -81,10 +81,10 @@ def test_a_sigkilled_engine_core_is_an_engine_death_within_seconds(tiny_model_di
             cores = sorted(set(engine_core_pids()) - before)
             assert len(cores) == 1, cores  # this engine's core: one process, a child of this one
             # the core's torch.distributed file store: in the engine's temp folder (its TMPDIR), not /tmp
-            assert glob.glob(os.path.join(host.engine.temp_dir, "vllm_dist_*")), os.listdir(host.engine.temp_dir)
+            assert glob.glob(os.path.join(temp_dir, "vllm_dist_*")), os.listdir(temp_dir)
             # and the sockets between the engine's processes (vLLM leaves their files even after a clean shutdown)
-            kept = [p for p in glob.glob(os.path.join(host.engine.temp_dir, "*")) if stat.S_ISSOCK(os.lstat(p).st_mode)]
-            assert len(kept) >= 2, os.listdir(host.engine.temp_dir)
+            kept = [p for p in glob.glob(os.path.join(temp_dir, "*")) if stat.S_ISSOCK(os.lstat(p).st_mode)]
+            assert len(kept) >= 2, os.listdir(temp_dir)
             first = await host.parse(pages[0])  # the engine works before the crash
             assert first.status == "ok", first.message
             tasks = [asyncio.create_task(host.parse(p)) for p in pages * 3]

@@ -201,3 +201,29 @@ def test_page_priority_runs_older_pages_first_and_layout_streams_ahead_of_their_
     seen.clear()
     asyncio.run(plain.parse(hp()))
     assert {p for _, p in seen} == {0} and plain.cfg.engine_config("unused").scheduling_policy == "fcfs"
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_shutting_a_dead_engine_down_never_raises(fails, monkeypatch, caplog):
+    """``shutdown_dead_engine``: what a batch engine actor calls before its ``os._exit`` and an engine
+    replica's failing health check before Serve kills it. The host's own engine (here the no-op one) is
+    shut down; a shutdown that fails is logged, never raised, so the process still goes."""
+    import logging
+
+    h = PageHost("unused", HostConfig(engine="noop"), model_protocol=P)
+    asyncio.run(h.start())
+    engine, calls = h.engine, []
+
+    def shutdown():
+        calls.append(1)
+        if fails:
+            raise OSError("the engine's temp folder could not be removed")
+
+    monkeypatch.setattr(engine, "shutdown", shutdown)
+    h.dead = "vLLM engine died: core gone"
+    with caplog.at_level(logging.ERROR, logger="padoc_ray.host"):
+        h.shutdown_dead_engine()
+    assert calls == [1]
+    assert ("shutting the dead engine down failed" in caplog.text) == fails
+    with pytest.raises(EngineDeadError, match="died earlier"):  # still dead, not "not started"
+        asyncio.run(h.parse(hp()))
