@@ -34,13 +34,6 @@ PROFILE := '.[cpu,dev]'
 
 # CPU profile. PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break imports next to
 # torch+cpu: remove them, then let padoc_ray.compat decide whether the torchvision stand-in is needed.
-# Bytecode: pip compiled the 32,000 modules it installed one by one (about 55 s); here they are compiled
-# once the set is final, on every core (about 30 s on 2), but for the 8,000 that nothing here imports
-# (NO_BYTECODE: the packages' own tests, pip, the Anthropic SDK of vLLM's API server, moto's CloudFormation
-# linter), which Python compiles where something does. A few files in the wheels are for newer Pythons
-# (torch's py312_intrinsics.py) and do not compile: compileall then exits 1, where pip says nothing.
-NO_BYTECODE := /(tests?|pip|anthropic|cfnlint)/
-SITE = $$($(VPY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 $(STAMP): pyproject.toml | $(VPY)
 	export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1; $(UV) pip install -q --python $(VPY) --index-strategy unsafe-best-match \
 	  $(PIP_SOURCES) -e $(PROFILE) || { echo "uv did not install the profile: pip installs it"; \
@@ -49,10 +42,25 @@ $(STAMP): pyproject.toml | $(VPY)
 	PADOC_RAY_DISABLE_TORCHVISION_SHIM=1 $(VPY) -c 'import torchvision.transforms.v2' >/dev/null 2>&1 \
 	  || $(VPY) -m pip uninstall -y -q torchvision || true
 	$(VPY) -m padoc_ray.compat.torchvision_fallback install
-	$(VPY) -m compileall -q -j 0 -x '$(NO_BYTECODE)' "$(SITE)" >/dev/null || true
 	touch $(STAMP)
 
-install: $(STAMP)
+# Bytecode. `make install` (and so `make demo`) compiles the environment once the set is final, on every core
+# (about 30 s on 2; pip compiled its 32,000 modules one by one, about 55 s), but for the 8,000 that nothing here
+# imports (NO_BYTECODE: the packages' own tests, pip, the Anthropic SDK of vLLM's API server, moto's CloudFormation
+# linter): a machine may set PYTHONDONTWRITEBYTECODE, and then each Ray worker and command would compile vLLM, Ray
+# and torch again as it starts (about 23 CPU-s against 10). A few files in the wheels are for newer Pythons (torch's
+# py312_intrinsics.py) and do not compile: compileall then exits 1, where pip says nothing.
+# The test targets need no such pass: they run with bytecode written (WRITE_BYTECODE), so a module is compiled
+# by the first process that imports it and read by every later one, and the 60% of the environment that no test
+# imports is never compiled (a fresh clone's `make test`: about 25 CPU-s instead of 60).
+COMPILED := $(VENV)/.padoc-compiled
+NO_BYTECODE := /(tests?|pip|anthropic|cfnlint)/
+SITE = $$($(VPY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+$(COMPILED): $(STAMP)
+	$(VPY) -m compileall -q -j 0 -x '$(NO_BYTECODE)' "$(SITE)" >/dev/null || true
+	touch $(COMPILED)
+
+install: $(STAMP) $(COMPILED)
 
 $(MODEL)/padoc_protocol.json: | $(STAMP)
 	$(VENV)/bin/padoc-ray build-tiny-model $(MODEL) --force
@@ -85,25 +93,22 @@ tcmalloc:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4; }
 
 # The tests start a few hundred Python processes (CLI runs, Ray workers, Serve replicas) that import this
-# package: compiled once here, they read its bytecode instead of compiling it each (PYTHONDONTWRITEBYTECODE,
-# set on some machines, stops them from writing it).
-BYTECODE := $(VPY) -m compileall -q padoc_ray jobs tests
+# package and its dependencies: with bytecode written (PYTHONDONTWRITEBYTECODE, set on some machines, cleared
+# for the run and every process it starts), each module is compiled once, by its first importer.
+WRITE_BYTECODE := env -u PYTHONDONTWRITEBYTECODE
 
-test: install browser tcmalloc
-	$(BYTECODE) >/dev/null
-	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+test: $(STAMP) browser tcmalloc
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(WRITE_BYTECODE) $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 	  -m "not nightly" $(PYTEST_ARGS)
 
 # The long end-to-end checks whose parts make test covers elsewhere (cluster/gpu_check.sh's V1 leg, the
 # data loop, ...): marked nightly, left out of make test, run here (each file on a worker of its own).
-test-nightly: install
-	$(BYTECODE) >/dev/null
-	$(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m nightly $(PYTEST_ARGS)
+test-nightly: $(STAMP)
+	$(WRITE_BYTECODE) $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m nightly $(PYTEST_ARGS)
 
 # The fast tiers (docs/testing.md): a test there that starts Ray or an engine fails (tests/helpers/tiers.py).
-test-fast: install
-	$(BYTECODE) >/dev/null
-	$(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests/unit tests/contracts $(PYTEST_ARGS)
+test-fast: $(STAMP)
+	$(WRITE_BYTECODE) $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile tests/unit tests/contracts $(PYTEST_ARGS)
 
 check-gpu-profile:
 	PYTHON=$(PY) cluster/check_gpu_profile.sh
