@@ -44,6 +44,11 @@ class EngineConfig:
     #: (InternVL's remote-code config; the host sets it for the hpd family). Only for checkpoints you trust
     trust_remote_code: bool = False
     enforce_eager: bool = False
+    #: False: the engine's processes start with TORCH_COMPILE_DISABLE=1, so nothing of vLLM's is compiled,
+    #: also what enforce_eager leaves compiled: vLLM 0.32 compiles its logprob rank count
+    #: (vllm/v1/sample/ops/logprobs.py) whatever the mode, which on CPU is a dynamo trace and an inductor C++
+    #: build (g++) at the first draft check of every engine process. True: vLLM's choice
+    torch_compile: bool = True
     attention_backend: str | None = None  #: e.g. "FLASHINFER"; None = vLLM picks (FlashInfer on GPU when present)
     scheduling_policy: str = "fcfs"  #: "priority" lets the layout stream run ahead of branches
     #: where the model runs: None = vLLM's choice (on CPU a separate worker process that the engine
@@ -82,7 +87,9 @@ class EngineConfig:
 def cpu_engine_config(model: str, **overrides: Any) -> EngineConfig:
     """Settings measured to work for the tiny model on a 2-core CPU machine.
 
-    float32 (bf16 outputs were not deterministic under concurrent load), eager mode, 32-token KV
+    float32 (bf16 outputs were not deterministic under concurrent load), eager mode and nothing
+    compiled (``torch_compile=False``: the first draft check of each engine process cost about 5 CPU-s
+    and 6 s, a dynamo trace and g++ building inductor's header, for a rank count), 32-token KV
     blocks (CPU KV blocks must be multiples of 32), a 256 MiB KV budget instead of a fraction of
     RAM, 4096 batched tokens (CPU prefill is slow; big chunks stall decode). The model runs in the
     engine core process with one OpenMP thread (``executor="uni"``, ``cpu_threads=1``): vLLM's CPU
@@ -101,7 +108,7 @@ def cpu_engine_config(model: str, **overrides: Any) -> EngineConfig:
     42), against 21.6 (floor 9.9) over 2 hours on glibc.
     """
     base = EngineConfig(
-        model=model, dtype="float32", enforce_eager=True, block_size=32,
+        model=model, dtype="float32", enforce_eager=True, torch_compile=False, block_size=32,
         kv_cache_memory_bytes=256 << 20, max_num_batched_tokens=4096, executor="uni", cpu_threads=1,
         mm_processor_cache_gb=0.25, onednn_primitive_cache=8,
     )

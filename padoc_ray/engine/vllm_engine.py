@@ -7,12 +7,12 @@ process that dies (even by SIGKILL) is vLLM's to notice, and it does (its engine
 on the process's sentinel; the output socket's task fails too): the client is marked dead
 (``llm.errored``) and every request in flight, and every later one, fails with vLLM's
 ``EngineDeadError``, which we map. Measured on the CPU engine: a SIGKILL mid-page ended every page
-in 0.1-0.2 s (tests/engine/host/test_page_host_on_vllm.py); killed while idle, ``errored`` was set within 0.3 s. It asks vLLM which
-model runner it will use (:mod:`padoc_ray.engine.runners`) and registers that runner's logits
-processors: on V1 :mod:`~padoc_ray.engine.forcing` and :mod:`~padoc_ray.engine.layout_constraint`,
-on Model Runner V2 :mod:`~padoc_ray.engine.layout_constraint_v2` with vLLM's trace replay doing the
-teacher forcing. It knows nothing of layouts, branches or pages. vLLM is imported here, in
-:mod:`~padoc_ray.engine.runners` and in those processor modules, nowhere else.
+in 0.1-0.2 s (tests/engine/host/test_page_host_on_vllm.py); killed while idle, ``errored`` was set
+within 0.3 s. It asks vLLM which model runner it will use (:mod:`padoc_ray.engine.runners`) and
+registers that runner's logits processors: on V1 :mod:`~padoc_ray.engine.forcing` and
+:mod:`~padoc_ray.engine.layout_constraint`, on Model Runner V2 :mod:`~padoc_ray.engine.layout_constraint_v2`
+with vLLM's trace replay doing the teacher forcing. It knows nothing of layouts, branches or pages.
+vLLM is imported here, in :mod:`~padoc_ray.engine.runners` and in those processor modules, nowhere else.
 """
 
 from __future__ import annotations
@@ -172,18 +172,19 @@ SPAWN_BOOT_PARENT = "PADOC_RAY_SPAWN_BOOT_PARENT"
 
 @contextlib.contextmanager
 def _spawn_env(cfg: EngineConfig, temp_dir: str | None = None):
-    """OMP_NUM_THREADS, ONEDNN_PRIMITIVE_CACHE_CAPACITY and LD_PRELOAD (``cfg.allocator``) for the
-    engine processes spawned inside the block (a spawned process reads them when it starts), the
-    start-up folder (:data:`SPAWN_BOOT`: the collector paused while they import vLLM), and TMPDIR
-    ``temp_dir`` when given (the engine's own temp folder, see :class:`VllmEngine`; torch.compile's cache
-    stays where it was; vLLM's ZeroMQ sockets there too, see :func:`_rpc_base_path`). Yields the LD_PRELOAD
-    they get (None: this process's, unchanged)."""
+    """OMP_NUM_THREADS, ONEDNN_PRIMITIVE_CACHE_CAPACITY, TORCH_COMPILE_DISABLE (``cfg.torch_compile``)
+    and LD_PRELOAD (``cfg.allocator``) for the engine processes spawned inside the block (a spawned
+    process reads them when it starts), the start-up folder (:data:`SPAWN_BOOT`: the collector paused
+    while they import vLLM), and TMPDIR ``temp_dir`` when given (the engine's own temp folder, see
+    :class:`VllmEngine`; torch.compile's cache stays where it was; vLLM's ZeroMQ sockets there too, see
+    :func:`_rpc_base_path`). Yields the LD_PRELOAD they get (None: this process's, unchanged)."""
     cache = None if cfg.onednn_primitive_cache is None else str(cfg.onednn_primitive_cache)
     preload = _preload(cfg.allocator)
     path = os.pathsep.join(p for p in (SPAWN_BOOT, os.environ.get("PYTHONPATH")) if p)
     tempfile.gettempdir()  # this process's own temp folder, chosen (and kept: Python caches it) before TMPDIR moves
     with scoped_env("OMP_NUM_THREADS", None if cfg.cpu_threads is None else str(cfg.cpu_threads)), \
             scoped_env("ONEDNN_PRIMITIVE_CACHE_CAPACITY", cache), \
+            scoped_env("TORCH_COMPILE_DISABLE", None if cfg.torch_compile else "1"), \
             scoped_env("LD_PRELOAD", preload), scoped_env("TMPDIR", temp_dir), \
             scoped_env("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir() if temp_dir else None), \
             scoped_env("VLLM_RPC_BASE_PATH", _rpc_base_path(temp_dir)), \

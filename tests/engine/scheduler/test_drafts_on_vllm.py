@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 
 import pytest
 from PIL import Image, ImageDraw
@@ -111,6 +112,11 @@ def test_a_self_draft_is_accepted_whole_and_a_corrupted_one_up_to_its_first_wron
     assert acc.agreed == k and acc.tokens == tuple(plain[:k + 1])
     assert corrupted == plain
     assert cpu_engine.num_unfinished_requests() == 0
+    # the CPU preset compiles nothing (torch_compile=False): vLLM's compiled logprob rank count would have had
+    # inductor build its C++ header with g++ in the engine processes' temp folder at the first check
+    assert not cpu_engine.cfg.torch_compile
+    assert not [f for f in os.listdir(cpu_engine.temp_dir) if f.startswith("torchinductor")], \
+        os.listdir(cpu_engine.temp_dir)
 
 
 def test_a_forced_branch_checks_its_draft_against_its_trace_without_the_engine(cpu_engine, model_protocol,

@@ -164,6 +164,26 @@ def test_the_engine_processes_get_onednns_kernel_cache_cap(tiny_model_dir, monke
         assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
 
 
+def test_the_cpu_presets_engine_processes_compile_nothing(tiny_model_dir, monkeypatch):
+    """The CPU preset starts the engine's processes with torch.compile off (vLLM compiles its logprob rank
+    count even when eager: a dynamo trace and a g++ build at each engine's first draft check); the GPU
+    preset leaves vLLM its choice, and a variable the user set stands. (The real engine:
+    tests/engine/scheduler/test_drafts_on_vllm.py.)"""
+    from padoc_ray.engine.vllm_engine import _spawn_env
+
+    monkeypatch.delenv("TORCH_COMPILE_DISABLE", raising=False)
+    cpu = cpu_engine_config(tiny_model_dir)
+    assert cpu.torch_compile is False and cpu.enforce_eager
+    with _spawn_env(cpu):
+        assert os.environ["TORCH_COMPILE_DISABLE"] == "1"
+    assert "TORCH_COMPILE_DISABLE" not in os.environ
+    with _spawn_env(EngineConfig(model=tiny_model_dir)):
+        assert "TORCH_COMPILE_DISABLE" not in os.environ
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "1")
+    with _spawn_env(EngineConfig(model=tiny_model_dir)):
+        assert os.environ["TORCH_COMPILE_DISABLE"] == "1"
+
+
 def test_the_engine_processes_bind_their_sockets_in_the_engines_temp_folder(tiny_model_dir, monkeypatch):
     """vLLM's ZeroMQ sockets (VLLM_RPC_BASE_PATH) go in the engine's temp folder while its processes start,
     so they are removed with it; a folder the user chose stands, and so does vLLM's default where a
