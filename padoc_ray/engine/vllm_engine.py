@@ -176,12 +176,15 @@ def _spawn_env(cfg: EngineConfig, temp_dir: str | None = None):
     and LD_PRELOAD (``cfg.allocator``) for the engine processes spawned inside the block (a spawned
     process reads them when it starts), the start-up folder (:data:`SPAWN_BOOT`: the collector paused
     while they import vLLM), and TMPDIR ``temp_dir`` when given (the engine's own temp folder, see
-    :class:`VllmEngine`; torch.compile's cache stays where it was; vLLM's ZeroMQ sockets there too, see
-    :func:`_rpc_base_path`). Yields the LD_PRELOAD they get (None: this process's, unchanged)."""
+    :class:`VllmEngine`; torch.compile's cache stays where it was, and so do inductor's C++ headers, see
+    :func:`_link_inductor_home`; vLLM's ZeroMQ sockets there too, see :func:`_rpc_base_path`). Yields the
+    LD_PRELOAD they get (None: this process's, unchanged)."""
     cache = None if cfg.onednn_primitive_cache is None else str(cfg.onednn_primitive_cache)
     preload = _preload(cfg.allocator)
     path = os.pathsep.join(p for p in (SPAWN_BOOT, os.environ.get("PYTHONPATH")) if p)
     tempfile.gettempdir()  # this process's own temp folder, chosen (and kept: Python caches it) before TMPDIR moves
+    if temp_dir is not None and cfg.torch_compile:
+        _link_inductor_home(temp_dir)
     with scoped_env("OMP_NUM_THREADS", None if cfg.cpu_threads is None else str(cfg.cpu_threads)), \
             scoped_env("ONEDNN_PRIMITIVE_CACHE_CAPACITY", cache), \
             scoped_env("TORCH_COMPILE_DISABLE", None if cfg.torch_compile else "1"), \
@@ -209,6 +212,22 @@ def _rpc_base_path(temp_dir: str | None) -> str | None:
     if len(os.fsencode(temp_dir)) + _RPC_NAME_LEN > UNIX_SOCKET_PATH_MAX:
         return None
     return temp_dir
+
+
+def _link_inductor_home(temp_dir: str) -> None:
+    """torch keeps inductor's precompiled C++ headers in its folder in the temp folder whatever
+    TORCHINDUCTOR_CACHE_DIR says (``_HEADER_DIR`` in torch/_inductor/codecache.py): in the engine's own
+    temp folder they would be removed with it, and each engine start that compiles for the CPU would
+    build them again (g++, seconds). A link there to this process's folder of the same name keeps them."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # another torch: its own layout
+        return
+    home = default_cache_dir()  # in this process's temp folder (tempfile cached it before TMPDIR moved)
+    link = os.path.join(temp_dir, os.path.basename(home))
+    os.makedirs(home, exist_ok=True)
+    if not os.path.lexists(link):
+        os.symlink(home, link)  # removing the engine's folder removes the link, not what it points to
 
 
 def _inductor_cache_dir() -> str | None:

@@ -184,6 +184,35 @@ def test_the_cpu_presets_engine_processes_compile_nothing(tiny_model_dir, monkey
         assert os.environ["TORCH_COMPILE_DISABLE"] == "1"
 
 
+def test_an_engine_that_compiles_keeps_inductors_headers_past_its_temp_folder(tiny_model_dir, tmp_path, monkeypatch):
+    """torch puts inductor's precompiled C++ headers in its folder in the temp folder, which is the engine's own
+    (removed at shutdown) in the engine's processes: the folder they get there is a link to this process's, so
+    the next engine start does not build them again; nothing is linked where nothing compiles."""
+    import shutil
+    import tempfile
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from padoc_ray.engine.vllm_engine import _spawn_env
+
+    home = default_cache_dir()
+    from torch._inductor import codecache  # where torch puts the headers: under that folder, wherever the cache is
+
+    assert codecache._HEADER_DIR == os.path.join(home, "precompiled_headers")
+    compiling, eager = tmp_path / "compiling", tmp_path / "eager"
+    for folder, cfg in ((compiling, EngineConfig(model=tiny_model_dir)), (eager, cpu_engine_config(tiny_model_dir))):
+        folder.mkdir()
+        with _spawn_env(cfg, str(folder)):
+            assert os.environ["TMPDIR"] == str(folder)
+    with monkeypatch.context() as m:  # what torch computes in an engine process, whose temp folder is the engine's
+        m.setattr(tempfile, "tempdir", str(compiling))
+        in_engine = default_cache_dir()
+    assert in_engine.startswith(str(compiling)) and os.path.realpath(in_engine) == os.path.realpath(home)
+    assert os.listdir(eager) == []
+    shutil.rmtree(compiling)  # what the engine's shutdown does: the link goes, the headers' folder stays
+    assert os.path.isdir(home)
+
+
 def test_the_engine_processes_bind_their_sockets_in_the_engines_temp_folder(tiny_model_dir, monkeypatch):
     """vLLM's ZeroMQ sockets (VLLM_RPC_BASE_PATH) go in the engine's temp folder while its processes start,
     so they are removed with it; a folder the user chose stands, and so does vLLM's default where a
