@@ -98,8 +98,8 @@ tcmalloc:
 WRITE_BYTECODE := env -u PYTHONDONTWRITEBYTECODE
 
 test: $(STAMP) browser tcmalloc
-	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(WRITE_BYTECODE) $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-	  -m "not nightly" $(PYTEST_ARGS)
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(WRITE_BYTECODE) $(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile \
+	  --no-loadscope-reorder -m "not nightly" $(PYTEST_ARGS)
 
 # The long end-to-end checks whose parts make test covers elsewhere (cluster/gpu_check.sh's V1 leg, the
 # data loop, ...): marked nightly, left out of make test, run here (each file on a worker of its own).
