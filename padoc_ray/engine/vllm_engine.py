@@ -219,11 +219,9 @@ def _link_inductor_home(temp_dir: str) -> None:
     TORCHINDUCTOR_CACHE_DIR says (``_HEADER_DIR`` in torch/_inductor/codecache.py): in the engine's own
     temp folder they would be removed with it, and each engine start that compiles for the CPU would
     build them again (g++, seconds). A link there to this process's folder of the same name keeps them."""
-    try:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-    except ImportError:  # another torch: its own layout
+    home = _torch_inductor_home()  # in this process's temp folder (tempfile cached it before TMPDIR moved)
+    if home is None:
         return
-    home = default_cache_dir()  # in this process's temp folder (tempfile cached it before TMPDIR moved)
     link = os.path.join(temp_dir, os.path.basename(home))
     os.makedirs(home, exist_ok=True)
     if not os.path.lexists(link):
@@ -234,11 +232,15 @@ def _inductor_cache_dir() -> str | None:
     """Where torch.compile's kernels are cached for this process (TORCHINDUCTOR_CACHE_DIR, else torch's
     default, a folder in the temp folder): the engine processes keep it, not their own temp folder's,
     so what one engine compiled (on a GPU) is still there for the next one. None: torch decides."""
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or _torch_inductor_home()
+
+
+def _torch_inductor_home() -> str | None:
+    """torch's own inductor folder for this process, in its temp folder; None: another torch, whose layout
+    is its own (its default is then in the engine's temp folder)."""
     try:
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-    except ImportError:  # another torch: its own default, then in the engine's temp folder
+    except ImportError:
         return None
     return default_cache_dir()
 
