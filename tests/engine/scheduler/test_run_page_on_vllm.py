@@ -216,15 +216,25 @@ def test_cancelling_mid_page_leaves_no_live_requests(bundled, cpu_engine, model_
 
     async def go():
         task = asyncio.create_task(run_page(spy, model_protocol, replay_input(model_protocol, truth, inp, "fork")))
-        while sum(_branch(r.request_id) is not None for r in spy.requests) < 5:
-            await asyncio.sleep(0.01)
-        assert cpu_engine.num_unfinished_requests() >= 2
-        task.cancel()
         try:
-            await task
-        except asyncio.CancelledError:
-            return True
-        return False
+            # Cancel at the first moment the engine holds two of the page's requests, a branch forked. The check
+            # and the cancel share one loop turn (vLLM's output handler runs in this loop), so both are still live
+            # when the cancel lands, however loaded the machine. The layout stream and its 13 branches overlap
+            # for most of the page's run.
+            while not (any(_branch(r.request_id) is not None for r in spy.requests)
+                       and cpu_engine.num_unfinished_requests() >= 2):
+                assert not task.done(), "the page ended before the engine held two of its requests at once"
+                await asyncio.sleep(0.005)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                return True
+            return False
+        finally:  # a failed check must not leave the page running into the module's next tests
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     assert loop_thread.run(go(), timeout=300)
     assert cpu_engine.num_unfinished_requests() == 0
