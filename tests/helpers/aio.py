@@ -28,7 +28,14 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        return self.submit(coro).result(timeout)
+        """``coro``'s result; past ``timeout`` s, TimeoutError, and ``coro`` is cancelled (a call that timed
+        out must not go on running into the calls after it)."""
+        fut = self.submit(coro)
+        try:
+            return fut.result(timeout)
+        except TimeoutError:
+            fut.cancel()
+            raise
 
     def stop(self) -> None:
         if self.loop.is_running():
