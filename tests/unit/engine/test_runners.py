@@ -191,13 +191,12 @@ def test_an_engine_that_compiles_keeps_inductors_headers_past_its_temp_folder(ti
     import shutil
     import tempfile
 
+    from torch._inductor import codecache  # where torch puts the headers: under that folder, wherever the cache is
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     from padoc_ray.engine.vllm_engine import _spawn_env
 
     home = default_cache_dir()
-    from torch._inductor import codecache  # where torch puts the headers: under that folder, wherever the cache is
-
     assert codecache._HEADER_DIR == os.path.join(home, "precompiled_headers")
     compiling, eager = tmp_path / "compiling", tmp_path / "eager"
     for folder, cfg in ((compiling, EngineConfig(model=tiny_model_dir)), (eager, cpu_engine_config(tiny_model_dir))):
