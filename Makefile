@@ -1,11 +1,12 @@
 # padoc-ray: `make demo` and `make test` each set up a fresh machine by themselves.
 # The interpreter the venv is made from: the distribution's CPython 3.11 (/usr/bin/python3.11) where it can make a
-# venv, else the first python3.11 on PATH; `make install PY=...` picks another. Debian's has the interpreter linked
-# into its executable; pyenv's default build, first on PATH on this project's machines, loads a shared libpython
-# built without --enable-optimizations. Over the same packages, Debian's used 7% less CPU: importing vLLM's engine
-# frontend 5.5-5.9 against 6.3-6.8 user CPU-s, the unit and engine test tiers 8% and the batch-job modules 6% less.
+# venv and has its C headers (packages that compile, torch's inductor), else the first python3.11 on PATH;
+# `make install PY=...` picks another. Debian's has the interpreter linked into its executable; pyenv's default
+# build, first on PATH on this project's machines, loads a shared libpython built without --enable-optimizations.
+# Over the same packages Debian's used 6-8% less CPU (docs/testing.md#speed).
+PY_USABLE := import ensurepip, os, sysconfig, venv; assert os.path.isfile(sysconfig.get_path("include") + "/Python.h")
 PY      ?= $(shell for p in /usr/bin/python3.11 python3.11; do \
-             $$p -c 'import ensurepip, venv' >/dev/null 2>&1 && { echo $$p; exit; }; done; echo python3.11)
+             $$p -c '$(PY_USABLE)' >/dev/null 2>&1 && { echo $$p; exit; }; done; echo python3.11)
 VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.padoc-installed
