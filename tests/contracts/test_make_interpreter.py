@@ -6,10 +6,7 @@ installed."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-
-import pytest
 
 from tests.conftest import ROOT
 
@@ -31,9 +28,6 @@ def _usable(python: str) -> bool:
              "assert sys.version_info[:2] == (3, 11); "
              "assert os.path.isfile(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))")
     return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
-
-
-pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
 
 
 def test_the_distributions_python_when_it_can_make_a_venv_with_headers(tmp_path):
