@@ -207,8 +207,8 @@ class PageHost:
             return self
         with paused_gc():  # the tokenizer's and vLLM's imports: 1.7-2 CPU-s less (padoc_ray.engine.memory)
             self._start()
-        if self._own_engine:  # what its start left lives on: out of each full collection's walk (shutdown thaws it)
-            freeze_startup_heap()
+            if self._own_engine:  # what its start left lives on: out of each collection's walk (shutdown thaws it).
+                freeze_startup_heap()  # Inside the pause: the first collection after it would walk all of it again
         self.started = True
         logger.info("page host pid %d ready (model %s, engine %s)", os.getpid(), self.model_dir, self.cfg.engine)
         return self

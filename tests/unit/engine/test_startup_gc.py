@@ -99,10 +99,12 @@ class _Cycle:
 
 def test_a_started_host_freezes_what_its_start_left_and_gives_it_back_when_it_shuts_down(monkeypatch):
     """After PageHost.start (its own engine) the objects alive then (here a cycle the start built and kept) are
-    out of the collector's view, and cyclic garbage from before the start is gone (collected first, not frozen);
-    after shutdown nothing is frozen, so the cycles the engine leaves can be collected."""
+    out of the collector's view, frozen while the collector is still off, and cyclic garbage from before the start
+    is gone (collected first, not frozen); after shutdown nothing is frozen, so the cycles the engine leaves can be
+    collected."""
     import weakref
 
+    import padoc_ray.host
     import padoc_ray.tokenizer as tokenizer
 
     gc.unfreeze()  # what the suite's workers froze (tests/helpers/worker_gc.py)
@@ -116,9 +118,19 @@ def test_a_started_host_freezes_what_its_start_left_and_gives_it_back_when_it_sh
     garbage = _Cycle()
     gone = weakref.ref(garbage)
     del garbage
+    collector_on_at_freeze = []
+
+    def freeze():
+        collector_on_at_freeze.append(gc.isenabled())
+        memory.freeze_startup_heap()
+
+    monkeypatch.setattr(padoc_ray.host, "freeze_startup_heap", freeze)
     host = PageHost("unused", HostConfig(engine="noop"), truth={})
     try:
         asyncio.run(host.start())
+        # frozen before the collector is back on: everything the start made is in the youngest generation until a
+        # collection, so an automatic one after the pause would walk it all before the freeze's own pass
+        assert collector_on_at_freeze == [False] and gc.isenabled()
         assert gone() is None  # collected before the freeze
         assert gc.get_freeze_count() > 0
         assert not any(o is kept[0] for o in gc.get_objects())  # frozen: no generation holds it
@@ -155,7 +167,7 @@ def _spawned_report(cfg) -> dict:
 
 def test_an_engine_process_imports_its_target_with_the_collector_off_and_runs_it_with_it_on(monkeypatch):
     """The spawned process imports its target's module (for the engine core: vLLM) with the collector off and
-    runs the target with it on; PYTHONPATH, sys.path and the environment carry nothing of the start-up folder by
+    runs the target with it on, the preparation's garbage collected and what it left alive frozen; PYTHONPATH, sys.path and the environment carry nothing of the start-up folder by
     then (what it starts in turn is unchanged), and this process's environment is as before."""
     from padoc_ray.engine.config import cpu_engine_config
     from padoc_ray.engine.vllm_engine import SPAWN_BOOT_PARENT
@@ -164,7 +176,8 @@ def test_an_engine_process_imports_its_target_with_the_collector_off_and_runs_it
     before = dict(os.environ)
     got = _spawned_report(cpu_engine_config("unused"))
     assert got == {"imported_with_gc": False, "gc_at_target": True, "pythonpath": "/nonexistent-kept",
-                   "parent_var": None, "boot_on_sys_path": False}
+                   "parent_var": None, "boot_on_sys_path": False, "preparation_garbage_collected": True,
+                   "kept_frozen": True}
     assert dict(os.environ) == before and SPAWN_BOOT_PARENT not in os.environ
 
 
