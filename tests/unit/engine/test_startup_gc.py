@@ -167,8 +167,9 @@ def _spawned_report(cfg) -> dict:
 
 def test_an_engine_process_imports_its_target_with_the_collector_off_and_runs_it_with_it_on(monkeypatch):
     """The spawned process imports its target's module (for the engine core: vLLM) with the collector off and
-    runs the target with it on, the preparation's garbage collected and what it left alive frozen; PYTHONPATH, sys.path and the environment carry nothing of the start-up folder by
-    then (what it starts in turn is unchanged), and this process's environment is as before."""
+    runs the target with it on, the preparation's garbage collected and what it left alive frozen; PYTHONPATH,
+    sys.path and the environment carry nothing of the start-up folder by then (what it starts in turn is
+    unchanged), and this process's environment is as before."""
     from padoc_ray.engine.config import cpu_engine_config
     from padoc_ray.engine.vllm_engine import SPAWN_BOOT_PARENT
 
