@@ -7,7 +7,9 @@ import sys
 import weakref
 
 
-class _Cycle:
+class Cycle:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
     def __init__(self):
         self.me = self
 
@@ -15,8 +17,8 @@ class _Cycle:
 #: the collector's state while the spawned process imported its target's module
 IMPORTED_WITH_GC = gc.isenabled()
 #: made while the process prepared: a cycle that lives on, and one that is garbage as soon as it is made
-KEPT = _Cycle()
-_GARBAGE = weakref.ref(_Cycle())
+KEPT = Cycle()
+_GARBAGE = weakref.ref(Cycle())
 
 
 def report(queue) -> None:

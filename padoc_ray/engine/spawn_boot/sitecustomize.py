@@ -63,8 +63,9 @@ def _pause_until_the_target_starts() -> None:
 
     def _bootstrap(self, *args, **kwargs):
         process.BaseProcess._bootstrap = bootstrap
-        gc.collect()  # the preparation's garbage, with the collector still off: one full pass
-        gc.freeze()  # what the imports built lives on: out of every later pass's walk
+        from padoc_ray.engine.memory import freeze_startup_heap  # the package is importable here: the parent runs it
+
+        freeze_startup_heap()  # with the collector still off: the preparation's garbage, then the rest out of its walk
         gc.enable()
         return bootstrap(self, *args, **kwargs)
 

@@ -16,6 +16,7 @@ from padoc_ray.engine import memory
 from padoc_ray.engine.fake import ScriptedEngine
 from padoc_ray.host import HostConfig, PageHost
 
+from tests.helpers.spawn_probe import Cycle
 from tests.unit.scheduler.test_run_page import P
 
 
@@ -92,11 +93,6 @@ def test_a_host_builds_its_protocol_and_engine_with_the_collector_off(monkeypatc
     assert host.started and isinstance(host.engine, Engine) and gc.isenabled()
 
 
-class _Cycle:
-    def __init__(self):
-        self.me = self
-
-
 def test_a_started_host_freezes_what_its_start_left_and_gives_it_back_when_it_shuts_down(monkeypatch):
     """After PageHost.start (its own engine) the objects alive then (here a cycle the start built and kept) are
     out of the collector's view, frozen while the collector is still off, and cyclic garbage from before the start
@@ -111,11 +107,11 @@ def test_a_started_host_freezes_what_its_start_left_and_gives_it_back_when_it_sh
     kept = []
 
     def protocol(model_dir):
-        kept.append(_Cycle())
+        kept.append(Cycle())
         return P
 
     monkeypatch.setattr(tokenizer, "ModelProtocol", protocol)
-    garbage = _Cycle()
+    garbage = Cycle()
     gone = weakref.ref(garbage)
     del garbage
     collector_on_at_freeze = []
