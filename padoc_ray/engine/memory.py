@@ -87,7 +87,8 @@ def paused_gc():
 
 def freeze_startup_heap() -> None:
     """Collect once, then keep every object that survived out of the collector's passes (``gc.freeze``):
-    for a process whose start is over and whose startup objects live on (an engine host, once started).
+    for a process whose start is over and whose startup objects live on (an engine host, once started; the
+    engine core vLLM spawns, once its imports are done: padoc_ray/engine/spawn_boot/sitecustomize.py).
     Reference counting still frees frozen objects; only cycles among them wait for :func:`thaw_heap`."""
     gc.collect()
     gc.freeze()
