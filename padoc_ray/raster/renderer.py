@@ -261,6 +261,18 @@ class IsolatedRenderer:
                 pass
         return busy
 
+    def _runnable(self) -> bool:
+        """Whether the renderer is running or queued for a CPU right now (state R in /proc/PID/stat). The
+        kernel adds a queued task's wait to its schedstat only when the task gets a CPU, so a renderer that a
+        loaded machine starves for longer than a check's interval shows no wait yet: its state says it."""
+        if self._proc is None:
+            return False
+        try:
+            with open(f"/proc/{self._proc.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):
+            return False
+
     def _recv(self, doc: _DocState, cancel: threading.Event | None):
         """The renderer's next answer about ``doc``. Its time is the renderer's CPU time since the last
         answer, charged to the document: the wait ends with _TimedOut once that passes what the page
@@ -282,7 +294,7 @@ class IsolatedRenderer:
                 reply = self._answer(time.monotonic() + wait, cancel)
             except _TimedOut:
                 busy = self._busy()
-                if busy - still >= _CPU_TICK_S:
+                if busy - still >= _CPU_TICK_S or self._runnable():
                     still_at, still = time.monotonic(), busy
                 continue
             except _Died:
