@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from tests.helpers import suite_order, tiers, worker_gc
+from tests.helpers import suite_order, tiers, worker_crash, worker_gc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.normpath(os.path.join(ROOT, "..", "shared"))
@@ -39,9 +39,10 @@ if ROOT not in sys.path:
 def pytest_configure(config) -> None:
     """The tiers' hooks (tests/helpers/tiers.py): the fast tiers' guard around each test's setup, call
     and teardown, and the seconds per tier after the slowest tests; the workers' garbage collector
-    (tests/helpers/worker_gc.py)."""
+    (tests/helpers/worker_gc.py); what a crashed worker left running, stopped (tests/helpers/worker_crash.py)."""
     config.pluginmanager.register(tiers, "padoc-tiers")
     config.pluginmanager.register(worker_gc, "padoc-worker-gc")
+    config.pluginmanager.register(worker_crash, "padoc-worker-crash")
 
 
 @pytest.hookimpl(tryfirst=True)  # before --failed-first / --new-first (which then still put theirs first) and -m
