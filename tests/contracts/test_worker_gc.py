@@ -65,3 +65,36 @@ def test_a_module_s_end_collects_and_freezes_what_is_left(tmp_path):
                          capture_output=True, text=True, timeout=120, cwd=ROOT,
                          env={"PYTHONPATH": ROOT, "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0 and "3 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+HANGS_AT_COLLECTION = '''
+import signal, time
+
+class StuckFinalizer:
+    """Cyclic garbage whose finalizer never returns to Python (as a C wait would)."""
+
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        time.sleep(3600)
+
+def test_leaves_a_stuck_finalizer():
+    StuckFinalizer()
+'''
+
+
+def test_a_module_end_collection_that_hangs_ends_the_worker_with_the_stacks(tmp_path):
+    """The collection runs the module's finalizers outside any test's timers: one that never returns is ended by
+    faulthandler (``faulthandler_timeout``, 3 s here), with its stack, not left to hang the run."""
+    (tmp_path / "test_a_first.py").write_text(HANGS_AT_COLLECTION)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                          "-p", "tests.helpers.worker_gc", "-c", "/dev/null", "--rootdir", str(tmp_path),
+                          "-o", "faulthandler_timeout=3", "-o", "faulthandler_exit_on_timeout=true",
+                          str(tmp_path / "test_a_first.py")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT,  # without the guard: an hour
+                         env={"PYTHONPATH": ROOT, "PATH": "/usr/bin:/bin"})
+    out = run.stdout + run.stderr
+    assert run.returncode == 1 and "Timeout (0:00:03)!" in out, out[-3000:]
+    assert "in __del__" in out and "in freeze_startup_heap" in out, out[-3000:]
